@@ -1,0 +1,20 @@
+//! The Qwen3.5 / Qwen3.6 / Qwen3-Next text model: config parsing, checkpoint loading (safetensors,
+//! sharded, dummy weights) and the forward pass written once against `deltaserve_tensor::Backend`.
+//! Nothing here knows about requests, HTTP or tokenizers.
+
+pub mod config;
+pub mod dummy;
+pub mod error;
+pub mod npy;
+pub mod safetensors;
+pub mod source;
+pub mod cache;
+pub mod forward;
+pub mod greedy;
+pub mod mtp;
+pub mod weights;
+
+pub use cache::{CacheGeometry, HybridCache};
+pub use greedy::argmax;
+pub use forward::{ForwardInput, ForwardOutput, LayerObserver, Model};
+pub use mtp::{MtpError, MtpInput};

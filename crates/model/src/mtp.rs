@@ -1,0 +1,58 @@
+//! The MTP head forward (spec §6): from the trunk's post-norm hidden state of token t and the id of
+//! token t+1, predict token t+2. One full-attention layer with its own KV pool (`HybridCache::mtp_kv`),
+//! sharing the trunk's embedding and lm_head. Positions are those of the hidden states' tokens.
+
+use crate::cache::HybridCache;
+use crate::forward::{ForwardOutput, Model};
+use deltaserve_tensor::{Backend, BatchLayout};
+
+/// Why the MTP head cannot run.
+#[derive(Debug, thiserror::Error)]
+pub enum MtpError {
+    #[error("this model has no MTP head (mtp_num_hidden_layers is 0 or its weights were not loaded)")]
+    NoHead,
+    #[error("the cache was built without an MTP KV pool")]
+    NoCache,
+}
+
+/// One MTP step over a ragged batch.
+pub struct MtpInput<'a> {
+    /// `[T, hidden]`: post-norm hidden state of token t for every row (trunk output, or the MTP's
+    /// own output for draft steps after the first).
+    pub hidden: &'a [f32],
+    /// Token t+1 for every row.
+    pub next_tokens: &'a [u32],
+    /// Positions are those of token t; block tables index the MTP KV pool.
+    pub batch: &'a BatchLayout,
+    pub output_rows: &'a [u32],
+}
+
+impl<B: Backend> Model<B> {
+    pub fn has_mtp(&self) -> bool {
+        self.weights.mtp.is_some()
+    }
+
+    /// Runs the MTP head; returns logits for token t+2 and the MTP's post-`mtp.norm` hidden state
+    /// (the hidden input of the next draft step) for `output_rows`.
+    pub fn mtp_forward(&self, input: &MtpInput<'_>, cache: &mut HybridCache<B>) -> Result<ForwardOutput<B>, MtpError> {
+        let mtp = self.weights.mtp.as_ref().ok_or(MtpError::NoHead)?;
+        if cache.mtp_kv.is_none() {
+            return Err(MtpError::NoCache);
+        }
+        let (be, c) = (&self.backend, &self.config);
+        let hsz = c.hidden_size;
+        let t = input.next_tokens.len();
+        let mut embedded = be.zeros(t * hsz);
+        be.embedding(&self.weights.embed, input.next_tokens, &mut embedded);
+        let e = self.norm(&embedded, &mtp.pre_fc_norm_embedding);
+        let h = self.norm(&be.from_host(input.hidden), &mtp.pre_fc_norm_hidden);
+        let mut both = be.zeros(t * 2 * hsz);
+        be.concat_cols(&e, &h, hsz, hsz, &mut both);
+        let mut u = be.zeros(t * hsz);
+        be.matmul(&both, &mtp.fc, &mut u, t);
+        let positions = input.batch.positions();
+        self.decoder_layer(&mtp.layer, &mut u, t, &positions, input.batch, cache, None);
+        let picked = be.gather_rows(&u, hsz, input.output_rows);
+        Ok(self.logits_of_normed(self.norm(&picked, &mtp.norm)))
+    }
+}

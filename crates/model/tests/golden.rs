@@ -1,0 +1,217 @@
+//! The model against Hugging Face transformers: every fixture under tests/fixtures/ (made by
+//! scripts/make_fixtures.py) is loaded on each CPU backend and must reproduce transformers' prefill
+//! logits, step-by-step decode logits, greedy continuation and the MTP head's logits.
+
+use deltaserve_model::config::ModelConfig;
+use deltaserve_model::safetensors::SafetensorsSource;
+use deltaserve_model::weights::Weights;
+use deltaserve_model::{npy, ForwardInput, HybridCache, Model, MtpInput};
+use deltaserve_tensor::cpu::CpuBackend;
+use deltaserve_tensor::reference::ReferenceBackend;
+use deltaserve_tensor::{Backend, BatchLayout};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+/// transformers and we both compute in f32 (we accumulate some sums in f64); differences come from
+/// summation order and bf16 rounding points and stay far below this on the tiny fixtures.
+const LOGIT_TOLERANCE: f32 = 2e-3;
+
+fn fixtures_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
+}
+
+fn fixture_dirs() -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(fixtures_dir())
+        .expect("tests/fixtures exists")
+        .map(|e| e.expect("readable dir entry").path())
+        .filter(|p| p.join("expected.json").is_file() && p.join("config.json").is_file())
+        .collect();
+    dirs.sort();
+    assert!(dirs.len() >= 6, "expected the six fixture models, found {dirs:?}");
+    dirs
+}
+
+fn ids(expected: &Value, key: &str) -> Vec<u32> {
+    expected[key]
+        .as_array()
+        .unwrap_or_else(|| panic!("expected.json has no array `{key}`"))
+        .iter()
+        .map(|v| v.as_u64().expect("token id") as u32)
+        .collect()
+}
+
+fn load<B: Backend>(backend: B, dir: &Path) -> Model<B> {
+    let config = ModelConfig::from_dir(dir).unwrap();
+    let source = SafetensorsSource::open(dir).unwrap();
+    let weights = Weights::load(&backend, &config, &source, true, &mut |_, _| {}).unwrap();
+    Model::new(config, backend, weights)
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "length mismatch");
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+fn assert_close(what: &str, dir: &Path, ours: &[f32], theirs: &[f32]) {
+    let diff = max_abs_diff(ours, theirs);
+    println!("{}: {what}: max |diff| = {diff:.2e}", dir.file_name().unwrap().to_string_lossy());
+    assert!(diff <= LOGIT_TOLERANCE, "{}: {what} differs from transformers by {diff}", dir.display());
+}
+
+fn full_cache<B: Backend>(m: &Model<B>, slots: usize, tokens: usize) -> HybridCache<B> {
+    let geometry = deltaserve_model::CacheGeometry { num_blocks: slots * tokens.div_ceil(16), block_size: 16, state_slots: slots, mtp: m.has_mtp() };
+    HybridCache::new(&m.backend, &m.config, geometry)
+}
+
+/// Blocks of sequence `s` when each sequence owns `per_seq` blocks, interleaved across sequences so
+/// that no block table is contiguous.
+fn blocks_of(s: usize, per_seq: usize, seqs: usize) -> Vec<u32> {
+    (0..per_seq).map(|i| (i * seqs + s) as u32).collect()
+}
+
+fn prefill_logits<B: Backend>(m: &Model<B>, ids: &[u32]) -> Vec<f32> {
+    let mut cache = full_cache(m, 1, ids.len());
+    let batch = BatchLayout::packed(16, [(ids.len(), 0, blocks_of(0, ids.len().div_ceil(16), 1), 0)]);
+    let rows: Vec<u32> = (0..ids.len() as u32).collect();
+    let out = m.forward(&ForwardInput { tokens: ids, batch: &batch, output_rows: &rows }, &mut cache);
+    m.backend.to_host(&out.logits)
+}
+
+fn check_fixture<B: Backend>(m: &Model<B>, dir: &Path) {
+    let expected: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+    let vocab = m.config.vocab_size;
+
+    // 1. One prefill forward over 100 tokens (crosses a GDN chunk boundary).
+    let prefill = ids(&expected, "prefill_ids");
+    let (_, theirs) = npy::read_f32(&dir.join("prefill_logits.npy")).unwrap();
+    let ours = prefill_logits(m, &prefill);
+    assert_close("prefill logits", dir, &ours, &theirs);
+
+    // 2. The same tokens fed one at a time (recurrent GDN path, growing KV) give the same logits.
+    let mut cache = full_cache(m, 1, prefill.len());
+    let blocks = blocks_of(0, prefill.len().div_ceil(16), 1);
+    let mut stepwise = Vec::with_capacity(ours.len());
+    for (i, &tok) in prefill.iter().enumerate() {
+        let batch = BatchLayout::packed(16, [(1, i, blocks.clone(), 0)]);
+        let out = m.forward(&ForwardInput { tokens: &[tok], batch: &batch, output_rows: &[0] }, &mut cache);
+        stepwise.extend(m.backend.to_host(&out.logits));
+    }
+    assert_close("token-by-token logits vs transformers prefill", dir, &stepwise, &theirs);
+
+    // 3. Prefill then decode through the cache, as transformers did with past_key_values.
+    let prompt = ids(&expected, "decode_prompt_ids");
+    let steps = ids(&expected, "decode_ids");
+    let (_, theirs) = npy::read_f32(&dir.join("decode_logits.npy")).unwrap();
+    let total = prompt.len() + steps.len();
+    let mut cache = full_cache(m, 1, total);
+    let blocks = blocks_of(0, total.div_ceil(16), 1);
+    let batch = BatchLayout::packed(16, [(prompt.len(), 0, blocks.clone(), 0)]);
+    m.forward(&ForwardInput { tokens: &prompt, batch: &batch, output_rows: &[0] }, &mut cache);
+    let mut decoded = Vec::new();
+    for (i, &tok) in steps.iter().enumerate() {
+        let batch = BatchLayout::packed(16, [(1, prompt.len() + i, blocks.clone(), 0)]);
+        let out = m.forward(&ForwardInput { tokens: &[tok], batch: &batch, output_rows: &[0] }, &mut cache);
+        decoded.extend(m.backend.to_host(&out.logits));
+    }
+    assert_close("decode logits", dir, &decoded, &theirs);
+
+    // 4. Greedy continuation, token for token.
+    let greedy_prompt = ids(&expected, "greedy_prompt_ids");
+    let want = ids(&expected, "greedy_tokens");
+    let got = m.generate_greedy(&greedy_prompt, want.len(), &[], &mut |_| {});
+    assert_eq!(got, want, "{}: greedy continuation differs from transformers", dir.display());
+
+    // 5. MTP head over (post-norm hidden of t, token t+1) pairs.
+    if dir.join("mtp_logits.npy").is_file() {
+        let mtp_ids = ids(&expected, "mtp_ids");
+        let n = mtp_ids.len();
+        let mut cache = full_cache(m, 1, n);
+        let blocks = blocks_of(0, n.div_ceil(16), 1);
+        let batch = BatchLayout::packed(16, [(n, 0, blocks.clone(), 0)]);
+        let rows: Vec<u32> = (0..n as u32).collect();
+        let trunk = m.forward(&ForwardInput { tokens: &mtp_ids, batch: &batch, output_rows: &rows }, &mut cache);
+        let hidden = m.backend.to_host(&trunk.hidden);
+        let h = m.config.hidden_size;
+        let pairs = n - 1;
+        let batch = BatchLayout::packed(16, [(pairs, 0, blocks, 0)]);
+        let rows: Vec<u32> = (0..pairs as u32).collect();
+        let out = m
+            .mtp_forward(&MtpInput { hidden: &hidden[..pairs * h], next_tokens: &mtp_ids[1..], batch: &batch, output_rows: &rows }, &mut cache)
+            .unwrap();
+        let (_, theirs) = npy::read_f32(&dir.join("mtp_logits.npy")).unwrap();
+        assert_close("MTP logits", dir, &m.backend.to_host(&out.logits), &theirs);
+        let (_, theirs_hidden) = npy::read_f32(&dir.join("mtp_hidden.npy")).unwrap();
+        assert_close("MTP hidden", dir, &m.backend.to_host(&out.hidden), &theirs_hidden);
+    }
+    let _ = vocab;
+}
+
+/// Three sequences in one ragged batch: a prefill, a prefill continuing from cache, and a decode.
+/// Each must get exactly (bitwise) the logits it gets alone.
+fn check_batch_invariance<B: Backend>(m: &Model<B>, dir: &Path) {
+    let expected: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+    let ids = ids(&expected, "prefill_ids");
+    let per_seq = ids.len().div_ceil(16);
+    let seqs: [(&[u32], usize); 3] = [(&ids[..70], 0), (&ids[10..90], 30), (&ids[50..51], 40)];
+    // Context already in the cache for sequences 1 and 2: their first `pos` tokens.
+    let contexts: [&[u32]; 3] = [&[], &ids[..30], &ids[..40]];
+
+    let run_alone = |s: usize| -> Vec<f32> {
+        let mut cache = full_cache(m, 3, ids.len());
+        let blocks = blocks_of(s, per_seq, 3);
+        let (new, pos) = seqs[s];
+        if pos > 0 {
+            let batch = BatchLayout::packed(16, [(pos, 0, blocks.clone(), s)]);
+            m.forward(&ForwardInput { tokens: contexts[s], batch: &batch, output_rows: &[0] }, &mut cache);
+        }
+        let batch = BatchLayout::packed(16, [(new.len(), pos, blocks, s)]);
+        let rows: Vec<u32> = (0..new.len() as u32).collect();
+        m.backend.to_host(&m.forward(&ForwardInput { tokens: new, batch: &batch, output_rows: &rows }, &mut cache).logits)
+    };
+    let alone: Vec<Vec<f32>> = (0..3).map(run_alone).collect();
+
+    let mut cache = full_cache(m, 3, ids.len());
+    for s in 1..3 {
+        let batch = BatchLayout::packed(16, [(seqs[s].1, 0, blocks_of(s, per_seq, 3), s)]);
+        m.forward(&ForwardInput { tokens: contexts[s], batch: &batch, output_rows: &[0] }, &mut cache);
+    }
+    let batch = BatchLayout::packed(16, (0..3).map(|s| (seqs[s].0.len(), seqs[s].1, blocks_of(s, per_seq, 3), s)));
+    let tokens: Vec<u32> = seqs.iter().flat_map(|(new, _)| new.iter().copied()).collect();
+    let rows: Vec<u32> = (0..tokens.len() as u32).collect();
+    let together = m.backend.to_host(&m.forward(&ForwardInput { tokens: &tokens, batch: &batch, output_rows: &rows }, &mut cache).logits);
+    let vocab = m.config.vocab_size;
+    let mut offset = 0;
+    for (s, solo) in alone.iter().enumerate() {
+        let part = &together[offset * vocab..(offset + seqs[s].0.len()) * vocab];
+        assert!(part == solo.as_slice(), "{}: sequence {s} logits change when batched (max diff {})", dir.display(), max_abs_diff(part, solo));
+        offset += seqs[s].0.len();
+    }
+}
+
+#[test]
+fn reference_backend_matches_transformers() {
+    for dir in fixture_dirs() {
+        check_fixture(&load(ReferenceBackend, &dir), &dir);
+    }
+}
+
+#[test]
+fn cpu_backend_matches_transformers() {
+    for dir in fixture_dirs() {
+        check_fixture(&load(CpuBackend::new(0), &dir), &dir);
+    }
+}
+
+#[test]
+fn reference_backend_is_batch_invariant() {
+    for dir in fixture_dirs() {
+        check_batch_invariance(&load(ReferenceBackend, &dir), &dir);
+    }
+}
+
+#[test]
+fn cpu_backend_is_batch_invariant() {
+    for dir in fixture_dirs() {
+        check_batch_invariance(&load(CpuBackend::new(0), &dir), &dir);
+    }
+}

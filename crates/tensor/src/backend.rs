@@ -1,0 +1,144 @@
+//! The `Backend` trait: every op the Qwen3.5 / Qwen3-Next forward pass needs, on a ragged batch.
+//! The forward pass is written once against this trait; `reference` defines what each op means and
+//! every other backend is tested against it op by op.
+//!
+//! Conventions: activations are `Buf`s of f32 laid out row-major as `[tokens, ...]`; matrices are
+//! `Mat`s stored `[out, in]` as in the checkpoint; `matmul` computes `x @ w^T`.
+
+use crate::batch::BatchLayout;
+use crate::cache::{KvLayerPool, StateLayerPool};
+use crate::host::{HostTensor, TensorError};
+
+/// Geometry of a gated full-attention layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttnShape {
+    pub q_heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+}
+
+/// Geometry of a Gated DeltaNet layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GdnShape {
+    /// HK: query/key heads.
+    pub key_heads: usize,
+    /// HV: value heads; a multiple of `key_heads` (value head h reads key head h / (HV/HK)).
+    pub value_heads: usize,
+    /// dk
+    pub key_dim: usize,
+    /// dv
+    pub value_dim: usize,
+}
+
+impl GdnShape {
+    /// Channels of the conv input: q | k | v.
+    pub fn conv_dim(&self) -> usize {
+        2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
+    }
+}
+
+/// One routed (token, expert) pair of an MoE layer with its combine weight.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RouteChoice {
+    pub token: u32,
+    pub expert: u32,
+    pub weight: f32,
+}
+
+/// The ops of the model. `&self` everywhere: a backend is shared by the engine thread and `doctor`.
+pub trait Backend: Send + Sync {
+    /// f32 activations and small parameter vectors (norm weights, gates, caches).
+    type Buf: Send + Sync;
+    /// A weight matrix `[out, in]` in the backend's storage dtype.
+    type Mat: Send + Sync;
+
+    fn name(&self) -> &'static str;
+
+    // ---- memory -------------------------------------------------------------------------------
+    fn zeros(&self, len: usize) -> Self::Buf;
+    fn from_host(&self, data: &[f32]) -> Self::Buf;
+    fn to_host(&self, buf: &Self::Buf) -> Vec<f32>;
+    fn buf_len(&self, buf: &Self::Buf) -> usize;
+    /// A 2-D `[out, in]` tensor (an embedding table is one too: `[vocab, hidden]`).
+    fn load_mat(&self, t: &HostTensor) -> Result<Self::Mat, TensorError>;
+    /// Any tensor, as f32 (norm weights, conv weights, A_log, dt_bias).
+    fn load_vec(&self, t: &HostTensor) -> Result<Self::Buf, TensorError> {
+        Ok(self.from_host(&t.to_f32_vec()))
+    }
+    /// `(rows, cols)` of a matrix.
+    fn mat_shape(&self, m: &Self::Mat) -> (usize, usize);
+
+    // ---- dense ops ----------------------------------------------------------------------------
+    /// `out[t] = table[ids[t]]`; out `[T, hidden]`.
+    fn embedding(&self, table: &Self::Mat, ids: &[u32], out: &mut Self::Buf);
+    /// `out [T, out] = x [T, in] @ w^T`.
+    fn matmul(&self, x: &Self::Buf, w: &Self::Mat, out: &mut Self::Buf, tokens: usize);
+    /// Zero-centred RMSNorm over rows of `dim`: `x * rsqrt(mean(x^2) + eps) * (1 + w)`.
+    fn rms_norm(&self, x: &Self::Buf, w: &Self::Buf, eps: f32, dim: usize, out: &mut Self::Buf);
+    /// Plain gated RMSNorm over rows of `dim`: `w * x * rsqrt(mean(x^2) + eps) * silu(z)`.
+    fn gated_rms_norm(&self, x: &Self::Buf, z: &Self::Buf, w: &Self::Buf, eps: f32, dim: usize, out: &mut Self::Buf);
+    /// `acc += x`.
+    fn add_inplace(&self, acc: &mut Self::Buf, x: &Self::Buf);
+    /// `out = silu(gate) * up`.
+    fn silu_mul(&self, gate: &Self::Buf, up: &Self::Buf, out: &mut Self::Buf);
+    /// `x *= sigmoid(gate)`, elementwise.
+    fn sigmoid_mul_inplace(&self, x: &mut Self::Buf, gate: &Self::Buf);
+    /// Rotate-half (NeoX) RoPE on the first `rotary_dim` dims of every head; x `[T, heads, head_dim]`.
+    fn rope(&self, x: &mut Self::Buf, positions: &[u32], heads: usize, head_dim: usize, rotary_dim: usize, theta: f32);
+    /// `out [T, a_dim + b_dim] = concat(a [T, a_dim], b [T, b_dim])` along columns.
+    fn concat_cols(&self, a: &Self::Buf, b: &Self::Buf, a_dim: usize, b_dim: usize, out: &mut Self::Buf);
+    /// `out [rows.len(), dim] = src[rows]`.
+    fn gather_rows(&self, src: &Self::Buf, dim: usize, rows: &[u32]) -> Self::Buf;
+    /// `acc[rows[i]] += weights[i] * src[i]`, rows of `dim`.
+    fn scatter_add_rows(&self, acc: &mut Self::Buf, src: &Self::Buf, dim: usize, rows: &[u32], weights: &[f32]);
+    /// `x[t] *= sigmoid(gate[t])` for rows of `dim` (a scalar gate per row).
+    fn sigmoid_scale_rows(&self, x: &mut Self::Buf, gate: &Self::Buf, dim: usize);
+
+    // ---- attention ----------------------------------------------------------------------------
+    /// Writes the new `k`, `v` (`[T, kv_heads, head_dim]`) into `pool` at each sequence's positions,
+    /// then computes causal softmax attention of `q` (`[T, q_heads, head_dim]`) over each sequence's
+    /// cached keys, scale `head_dim^-0.5`, GQA with consecutive grouping. `out` `[T, q_heads, head_dim]`.
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &self,
+        q: &Self::Buf,
+        k: &Self::Buf,
+        v: &Self::Buf,
+        pool: &mut KvLayerPool<Self>,
+        batch: &BatchLayout,
+        shape: AttnShape,
+        out: &mut Self::Buf,
+    );
+
+    // ---- Gated DeltaNet -----------------------------------------------------------------------
+    /// Depthwise causal conv (kernel K = conv history + 1) then SiLU over `x [T, conv_dim]`, with
+    /// `w [conv_dim, K]` (`w[c, K-1]` multiplies the current token) and each sequence's conv window
+    /// in `pool` as history; the window is updated (and snapshotted where the layout asks).
+    fn causal_conv1d(&self, x: &Self::Buf, w: &Self::Buf, pool: &mut StateLayerPool<Self>, batch: &BatchLayout, out: &mut Self::Buf);
+    /// `g = -exp(a_log) * softplus(a + dt_bias)`, `beta = sigmoid(b)`; all `[T, value_heads]`.
+    fn gdn_gates(&self, a: &Self::Buf, b: &Self::Buf, a_log: &Self::Buf, dt_bias: &Self::Buf, g: &mut Self::Buf, beta: &mut Self::Buf);
+    /// The gated delta rule over `mixed [T, conv_dim]` (the conv output: q | k | v), including the
+    /// l2-norm of q and k, the `key_dim^-0.5` query scale and GVA. Sequences with `len > 1` and no
+    /// snapshot slots use the chunked form (chunk 64); others the recurrent form token by token.
+    /// Reads and writes each sequence's recurrent state in `pool`. `out [T, value_heads, value_dim]`.
+    #[allow(clippy::too_many_arguments)]
+    fn gated_delta_rule(
+        &self,
+        mixed: &Self::Buf,
+        g: &Self::Buf,
+        beta: &Self::Buf,
+        pool: &mut StateLayerPool<Self>,
+        batch: &BatchLayout,
+        shape: GdnShape,
+        out: &mut Self::Buf,
+    );
+    /// Zeroes a state slot (a new sequence starts from an empty state).
+    fn reset_state_slot(&self, pool: &mut StateLayerPool<Self>, slot: usize);
+    /// Copies the conv window and recurrent state of slot `src` into `dst`.
+    fn copy_state_slot(&self, pool: &mut StateLayerPool<Self>, src: usize, dst: usize);
+
+    // ---- MoE ----------------------------------------------------------------------------------
+    /// Softmax (f32) over `logits [T, experts]`, top-`k` per token (ties: lower expert index first),
+    /// weights renormalised to sum 1 when `renormalize`. Returned grouped by token, in rank order.
+    fn route_top_k(&self, logits: &Self::Buf, experts: usize, top_k: usize, renormalize: bool) -> Vec<RouteChoice>;
+}

@@ -1,0 +1,85 @@
+//! Cache storage a backend owns: the paged KV pool of one full-attention layer and the state pool
+//! (conv window + recurrent state) of one Gated DeltaNet layer. Which block or slot belongs to whom
+//! is the engine's business; these types only hold the memory and its geometry.
+
+use crate::backend::Backend;
+
+/// Paged K and V of one full-attention layer.
+/// Element layout of `k` and `v`: `[num_blocks, block_size, kv_heads, head_dim]`, f32 on the CPU
+/// backends. K is stored after q/k-norm and RoPE, V as projected.
+pub struct KvLayerPool<B: Backend + ?Sized> {
+    pub k: B::Buf,
+    pub v: B::Buf,
+    pub num_blocks: usize,
+    pub block_size: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl<B: Backend + ?Sized> KvLayerPool<B> {
+    pub fn new(backend: &B, num_blocks: usize, block_size: usize, kv_heads: usize, head_dim: usize) -> Self {
+        let len = num_blocks * block_size * kv_heads * head_dim;
+        Self { k: backend.zeros(len), v: backend.zeros(len), num_blocks, block_size, kv_heads, head_dim }
+    }
+
+    /// Offset (in elements) of token `position` of a sequence owning `blocks`.
+    pub fn offset(&self, blocks: &[u32], position: usize) -> usize {
+        let block = blocks[position / self.block_size] as usize;
+        ((block * self.block_size) + position % self.block_size) * self.kv_heads * self.head_dim
+    }
+
+    pub fn bytes(&self) -> usize {
+        2 * self.num_blocks * self.block_size * self.kv_heads * self.head_dim * 4
+    }
+}
+
+/// Conv windows and recurrent states of one GDN layer, one slot per sequence (plus snapshot slots).
+/// `conv`: `[slots, kernel-1, conv_dim]` (the last kernel-1 pre-conv inputs, oldest first).
+/// `ssm`: `[slots, value_heads, key_dim, value_dim]`, always f32.
+pub struct StateLayerPool<B: Backend + ?Sized> {
+    pub conv: B::Buf,
+    pub ssm: B::Buf,
+    pub slots: usize,
+    pub conv_dim: usize,
+    pub conv_history: usize,
+    pub value_heads: usize,
+    pub key_dim: usize,
+    pub value_dim: usize,
+}
+
+impl<B: Backend + ?Sized> StateLayerPool<B> {
+    pub fn new(
+        backend: &B,
+        slots: usize,
+        conv_dim: usize,
+        conv_kernel: usize,
+        value_heads: usize,
+        key_dim: usize,
+        value_dim: usize,
+    ) -> Self {
+        let conv_history = conv_kernel - 1;
+        Self {
+            conv: backend.zeros(slots * conv_history * conv_dim),
+            ssm: backend.zeros(slots * value_heads * key_dim * value_dim),
+            slots,
+            conv_dim,
+            conv_history,
+            value_heads,
+            key_dim,
+            value_dim,
+        }
+    }
+
+    pub fn conv_slot_len(&self) -> usize {
+        self.conv_history * self.conv_dim
+    }
+
+    pub fn ssm_slot_len(&self) -> usize {
+        self.value_heads * self.key_dim * self.value_dim
+    }
+
+    /// Bytes one slot holds (conv window at 4 bytes per element plus the f32 state).
+    pub fn slot_bytes(&self) -> usize {
+        (self.conv_slot_len() + self.ssm_slot_len()) * 4
+    }
+}
