@@ -1,0 +1,139 @@
+//! What the engine offers the outside world (the HTTP server, the CLI, tests): submit a request, get
+//! its tokens as a stream of events, abort it, read pool and queue statistics. No tensors here.
+
+use std::sync::Arc;
+
+/// Sampling parameters of one request, already validated (the API layer rejects bad values).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplingParams {
+    /// 0 means greedy.
+    pub temperature: f32,
+    /// 1.0 means off.
+    pub top_p: f32,
+    /// 0 means off.
+    pub top_k: usize,
+    /// 0.0 means off.
+    pub min_p: f32,
+    /// OpenAI presence penalty: subtracted once from the logit of every token already generated.
+    pub presence_penalty: f32,
+    /// OpenAI frequency penalty: subtracted per occurrence in the generated tokens.
+    pub frequency_penalty: f32,
+    /// HF/vLLM repetition penalty over prompt and generated tokens; 1.0 means off.
+    pub repetition_penalty: f32,
+    /// Per-request seed: the same seed gives the same tokens whatever else is batched.
+    pub seed: Option<u64>,
+    /// Number of top alternatives to report per token; `None` = no logprobs at all.
+    pub logprobs: Option<usize>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            temperature: 0.0,
+            top_p: 1.0,
+            top_k: 0,
+            min_p: 0.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repetition_penalty: 1.0,
+            seed: None,
+            logprobs: None,
+        }
+    }
+}
+
+/// One generation request (one choice: the API layer submits `n` requests for `n` choices).
+#[derive(Clone, Debug)]
+pub struct GenerationRequest {
+    pub prompt_ids: Vec<u32>,
+    pub sampling: SamplingParams,
+    pub max_new_tokens: usize,
+    /// Generation stops after emitting any of these (eos ids, user stop ids). The stop token itself
+    /// is emitted as the last `Token` event.
+    pub stop_token_ids: Vec<u32>,
+    /// Turn speculative decoding off for this request even when the server has it on.
+    pub disable_speculation: bool,
+}
+
+pub type RequestId = u64;
+
+/// Log-probability information of one generated token.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprob {
+    pub logprob: f32,
+    /// `(token id, logprob)` of the top alternatives, best first.
+    pub top: Vec<(u32, f32)>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// A stop token was generated.
+    Stop,
+    /// `max_new_tokens` reached, or the context length.
+    Length,
+    /// Aborted by the caller (client disconnect, stop string matched outside the engine, ...).
+    Abort,
+}
+
+/// Token counts of a finished request.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    /// Speculative decoding: tokens drafted and accepted for this request (0 when off).
+    pub draft_tokens: usize,
+    pub accepted_draft_tokens: usize,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum EngineEvent {
+    Token { id: u32, logprob: Option<TokenLogprob> },
+    Finished { reason: FinishReason, usage: Usage },
+    /// The request failed inside the engine; no further events follow.
+    Error { message: String },
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SubmitError {
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    #[error("the prompt has {prompt} tokens and max_tokens is {max_new}: {total} exceeds the context length {context}")]
+    TooLong { prompt: usize, max_new: usize, total: usize, context: usize },
+    #[error("token id {id} is outside the vocabulary ({vocab} tokens)")]
+    BadToken { id: u32, vocab: usize },
+    #[error("the request queue is full ({0} waiting)")]
+    QueueFull(usize),
+    #[error("the engine has stopped")]
+    Stopped,
+}
+
+/// A snapshot of the engine's occupancy.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct EngineStats {
+    pub running: usize,
+    pub queued: usize,
+    pub kv_blocks_used: usize,
+    pub kv_blocks_total: usize,
+    pub state_slots_used: usize,
+    pub state_slots_total: usize,
+}
+
+/// The receiving end of one request's events.
+pub type EventReceiver = tokio::sync::mpsc::UnboundedReceiver<EngineEvent>;
+
+/// The engine as the outside sees it. Cloneable and usable from any thread.
+pub trait EngineHandle: Send + Sync {
+    fn submit(&self, request: GenerationRequest) -> Result<(RequestId, EventReceiver), SubmitError>;
+    /// Stops a request; its receiver gets `Finished { reason: Abort }` unless it already finished.
+    /// Frees its KV blocks and state slot. Unknown or finished ids are ignored.
+    fn abort(&self, id: RequestId);
+    fn stats(&self) -> EngineStats;
+    fn context_length(&self) -> usize;
+    fn vocab_size(&self) -> usize;
+    /// The engine's own metrics in Prometheus text format (pools, queue, speculative decoding).
+    fn prometheus_metrics(&self) -> String {
+        String::new()
+    }
+}
+
+pub type SharedEngine = Arc<dyn EngineHandle>;

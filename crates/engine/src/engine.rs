@@ -1,0 +1,356 @@
+//! The engine thread: owns the model and its cache, takes requests over a channel, and runs the
+//! schedule -> forward -> sample loop, streaming each request's tokens to its own channel. The
+//! `LocalEngine` handle is what the server and the CLI hold.
+
+use crate::api::*;
+use crate::metrics::EngineMetrics;
+use crate::sampler;
+use crate::scheduler::{Scheduled, Scheduler, SchedulerLimits};
+use crate::sequence::Sequence;
+use deltaserve_model::{CacheGeometry, ForwardInput, HybridCache, Model};
+use deltaserve_tensor::{Backend, BatchLayout, SeqLayout};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::{Instant, SystemTime};
+
+/// Sizes and limits of one engine, decided at start-up (see `plan_pools` in the server).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EngineConfig {
+    pub max_running_requests: usize,
+    pub num_kv_blocks: usize,
+    pub block_size: usize,
+    pub state_slots: usize,
+    pub chunked_prefill_size: usize,
+    pub context_length: usize,
+    pub max_queued_requests: usize,
+    /// Print a decode summary line every this many decode steps (0 = never).
+    pub decode_log_interval: usize,
+}
+
+enum Command {
+    Submit(Box<Sequence>),
+    Abort(RequestId),
+}
+
+/// Handle to an engine running on its own thread.
+pub struct LocalEngine {
+    commands: Mutex<Sender<Command>>,
+    next_id: AtomicU64,
+    queued: Arc<AtomicUsize>,
+    stats: Arc<Mutex<EngineStats>>,
+    metrics: Arc<EngineMetrics>,
+    config: EngineConfig,
+    vocab_size: usize,
+}
+
+impl LocalEngine {
+    /// Starts the engine thread for `model`. The cache is allocated here, from `config`.
+    pub fn spawn<B: Backend + 'static>(model: Model<B>, config: EngineConfig) -> Arc<Self> {
+        let geometry = CacheGeometry {
+            num_blocks: config.num_kv_blocks,
+            block_size: config.block_size,
+            state_slots: config.state_slots,
+            mtp: false,
+        };
+        let cache = HybridCache::new(&model.backend, &model.config, geometry);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stats = Arc::new(Mutex::new(EngineStats {
+            kv_blocks_total: config.num_kv_blocks,
+            state_slots_total: config.state_slots,
+            ..Default::default()
+        }));
+        let metrics = Arc::new(EngineMetrics::default());
+        let queued = Arc::new(AtomicUsize::new(0));
+        let limits = SchedulerLimits {
+            max_running: config.max_running_requests,
+            block_size: config.block_size,
+            chunk_size: config.chunked_prefill_size,
+        };
+        let vocab_size = model.config.vocab_size;
+        let worker = Worker {
+            scheduler: Scheduler::new(limits, config.num_kv_blocks, config.state_slots),
+            model,
+            cache,
+            commands: rx,
+            stats: stats.clone(),
+            metrics: metrics.clone(),
+            queued: queued.clone(),
+            log_interval: config.decode_log_interval,
+            window: LogWindow::new(),
+            context_length: config.context_length,
+        };
+        std::thread::Builder::new()
+            .name("deltaserve-engine".into())
+            .spawn(move || worker.run())
+            .expect("spawning the engine thread");
+        Arc::new(Self { commands: Mutex::new(tx), next_id: AtomicU64::new(1), queued, stats, metrics, config, vocab_size })
+    }
+
+    pub fn metrics(&self) -> &EngineMetrics {
+        &self.metrics
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    fn send(&self, command: Command) -> bool {
+        self.commands.lock().map(|tx| tx.send(command).is_ok()).unwrap_or(false)
+    }
+}
+
+/// A seed for requests that did not bring one.
+fn fresh_seed(id: RequestId) -> u64 {
+    let nanos = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    nanos ^ id.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
+impl EngineHandle for LocalEngine {
+    fn submit(&self, request: GenerationRequest) -> Result<(RequestId, EventReceiver), SubmitError> {
+        if request.prompt_ids.is_empty() {
+            return Err(SubmitError::EmptyPrompt);
+        }
+        if let Some(&id) = request.prompt_ids.iter().find(|&&id| id as usize >= self.vocab_size) {
+            return Err(SubmitError::BadToken { id, vocab: self.vocab_size });
+        }
+        let total = request.prompt_ids.len() + request.max_new_tokens;
+        if total > self.config.context_length {
+            return Err(SubmitError::TooLong {
+                prompt: request.prompt_ids.len(),
+                max_new: request.max_new_tokens,
+                total,
+                context: self.config.context_length,
+            });
+        }
+        let queued = self.queued.load(Ordering::Relaxed);
+        if queued >= self.config.max_queued_requests {
+            return Err(SubmitError::QueueFull(queued));
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let seed = request.sampling.seed.unwrap_or_else(|| fresh_seed(id));
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        self.queued.fetch_add(1, Ordering::Relaxed);
+        if !self.send(Command::Submit(Box::new(Sequence::new(id, request, seed, tx)))) {
+            self.queued.fetch_sub(1, Ordering::Relaxed);
+            return Err(SubmitError::Stopped);
+        }
+        Ok((id, rx))
+    }
+
+    fn abort(&self, id: RequestId) {
+        self.send(Command::Abort(id));
+    }
+
+    fn stats(&self) -> EngineStats {
+        self.stats.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    fn context_length(&self) -> usize {
+        self.config.context_length
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    fn prometheus_metrics(&self) -> String {
+        self.metrics.render(&self.stats())
+    }
+}
+
+/// Decode statistics since the last log line.
+struct LogWindow {
+    since: Instant,
+    decode_steps: usize,
+    generated: usize,
+}
+
+impl LogWindow {
+    fn new() -> Self {
+        Self { since: Instant::now(), decode_steps: 0, generated: 0 }
+    }
+}
+
+struct Worker<B: Backend> {
+    model: Model<B>,
+    cache: HybridCache<B>,
+    scheduler: Scheduler,
+    commands: Receiver<Command>,
+    stats: Arc<Mutex<EngineStats>>,
+    metrics: Arc<EngineMetrics>,
+    queued: Arc<AtomicUsize>,
+    log_interval: usize,
+    window: LogWindow,
+    context_length: usize,
+}
+
+impl<B: Backend> Worker<B> {
+    fn run(mut self) {
+        loop {
+            if self.scheduler.is_idle() {
+                match self.commands.recv() {
+                    Ok(command) => self.handle(command),
+                    Err(_) => return,
+                }
+            }
+            while let Ok(command) = self.commands.try_recv() {
+                self.handle(command);
+            }
+            self.step();
+            self.publish_stats();
+        }
+    }
+
+    fn handle(&mut self, command: Command) {
+        match command {
+            Command::Submit(seq) => self.scheduler.waiting.push_back(*seq),
+            Command::Abort(id) => self.finish_by_id(id, FinishReason::Abort),
+        }
+    }
+
+    fn publish_stats(&self) {
+        let s = &self.scheduler;
+        self.queued.store(s.waiting.len(), Ordering::Relaxed);
+        if let Ok(mut stats) = self.stats.lock() {
+            *stats = EngineStats {
+                running: s.running.len(),
+                queued: s.waiting.len(),
+                kv_blocks_used: s.kv.used(),
+                kv_blocks_total: s.kv.total(),
+                state_slots_used: s.slots.used(),
+                state_slots_total: s.slots.total(),
+            };
+        }
+    }
+
+    /// Ends a request wherever it is (queued or running) and frees what it holds.
+    fn finish_by_id(&mut self, id: RequestId, reason: FinishReason) {
+        if let Some(i) = self.scheduler.waiting.iter().position(|s| s.id == id) {
+            if let Some(seq) = self.scheduler.waiting.remove(i) {
+                seq.send(EngineEvent::Finished { reason, usage: seq.usage.clone() });
+            }
+        } else if let Some(i) = self.scheduler.running.iter().position(|s| s.id == id) {
+            let mut seq = self.scheduler.running.remove(i);
+            self.scheduler.release(&mut seq);
+            seq.send(EngineEvent::Finished { reason, usage: seq.usage.clone() });
+        }
+    }
+
+    fn step(&mut self) {
+        let (work, events) = self.scheduler.plan();
+        EngineMetrics::add(&self.metrics.preemptions, events.preempted as u64);
+        for seq in events.impossible {
+            seq.send(EngineEvent::Error {
+                message: format!("the request needs more KV blocks than the whole pool holds ({} blocks)", self.scheduler.kv.total()),
+            });
+        }
+        if work.is_empty() {
+            return;
+        }
+        for slot in events.fresh_slots {
+            self.cache.reset_slot(&self.model.backend, slot as usize);
+        }
+        let logits = self.forward(&work);
+        self.commit(&work, &logits);
+    }
+
+    /// Runs one ragged forward over the scheduled work; returns the host logits of sampling rows.
+    fn forward(&mut self, work: &[Scheduled]) -> Vec<f32> {
+        let running = &self.scheduler.running;
+        let mut tokens = Vec::new();
+        let mut seqs = Vec::with_capacity(work.len());
+        let mut output_rows = Vec::new();
+        for w in work {
+            let seq = &running[w.index];
+            let start = tokens.len();
+            tokens.extend_from_slice(&seq.tokens[seq.computed..seq.computed + w.len]);
+            if w.samples {
+                output_rows.push((tokens.len() - 1) as u32);
+            }
+            seqs.push(SeqLayout {
+                start,
+                len: w.len,
+                pos: seq.computed,
+                blocks: seq.blocks.clone(),
+                slot: seq.slot.expect("running sequences hold a slot") as usize,
+                snapshot_slots: Vec::new(),
+            });
+        }
+        let batch = BatchLayout { seqs, block_size: self.scheduler.limits.block_size };
+        EngineMetrics::add(&self.metrics.forward_steps, 1);
+        EngineMetrics::add(&self.metrics.batch_tokens, tokens.len() as u64);
+        let out = self.model.forward(&ForwardInput { tokens: &tokens, batch: &batch, output_rows: &output_rows }, &mut self.cache);
+        self.model.backend.to_host(&out.logits)
+    }
+
+    /// Advances every scheduled sequence, samples where a step reached the end of its tokens,
+    /// streams tokens and finishes sequences that hit a stop condition.
+    fn commit(&mut self, work: &[Scheduled], logits: &[f32]) {
+        let vocab = self.model.config.vocab_size;
+        let context = self.context_length;
+        let mut finished = Vec::new();
+        let mut row = 0;
+        let mut decoded = 0;
+        for w in work {
+            let seq = &mut self.scheduler.running[w.index];
+            if seq.computed < seq.prompt_len {
+                EngineMetrics::add(&self.metrics.prompt_tokens_computed, w.len.min(seq.prompt_len - seq.computed) as u64);
+            }
+            seq.computed += w.len;
+            if !w.samples {
+                continue;
+            }
+            let row_logits = &logits[row * vocab..(row + 1) * vocab];
+            row += 1;
+            let token = sampler::sample(row_logits, &seq.request.sampling, &seq.history, &mut seq.rng);
+            let logprob = seq.request.sampling.logprobs.map(|k| sampler::logprobs(row_logits, token, k));
+            seq.tokens.push(token);
+            seq.history.record(token);
+            seq.usage.completion_tokens += 1;
+            seq.first_token_at.get_or_insert_with(Instant::now);
+            decoded += 1;
+            let delivered = seq.send(EngineEvent::Token { id: token, logprob });
+            let reason = if !delivered {
+                Some(FinishReason::Abort)
+            } else if seq.request.stop_token_ids.contains(&token) {
+                Some(FinishReason::Stop)
+            } else if seq.generated() >= seq.request.max_new_tokens || seq.tokens.len() >= context {
+                Some(FinishReason::Length)
+            } else {
+                None
+            };
+            if let Some(reason) = reason {
+                finished.push((seq.id, reason));
+            }
+        }
+        EngineMetrics::add(&self.metrics.generated_tokens, decoded as u64);
+        for (id, reason) in finished {
+            self.finish_by_id(id, reason);
+        }
+        self.log_decode(decoded);
+    }
+
+    fn log_decode(&mut self, decoded: usize) {
+        if decoded == 0 || self.log_interval == 0 {
+            return;
+        }
+        self.window.decode_steps += 1;
+        self.window.generated += decoded;
+        if self.window.decode_steps < self.log_interval {
+            return;
+        }
+        let s = &self.scheduler;
+        let secs = self.window.since.elapsed().as_secs_f64().max(1e-9);
+        eprintln!(
+            "decode: running={} queued={} kv_usage={:.2} state_slots={}/{} accept_len=- draft_accept=- gen_tok/s={:.1}",
+            s.running.len(),
+            s.waiting.len(),
+            s.kv.used() as f64 / s.kv.total().max(1) as f64,
+            s.slots.used(),
+            s.slots.total(),
+            self.window.generated as f64 / secs
+        );
+        self.window = LogWindow::new();
+    }
+}

@@ -1,0 +1,15 @@
+//! The engine room: requests and sequences, the hybrid cache pools (paged KV blocks + GDN state
+//! slots), the continuous-batching scheduler with chunked prefill and preemption, the sampler and the
+//! metrics. It runs on its own thread and talks to the outside only through `EngineHandle`.
+
+pub mod api;
+pub mod engine;
+pub mod metrics;
+pub mod pools;
+pub mod rng;
+pub mod sampler;
+pub mod scheduler;
+pub mod sequence;
+
+pub use api::*;
+pub use engine::{EngineConfig, LocalEngine};

@@ -1,0 +1,66 @@
+//! One request inside the engine: its tokens (prompt then generated), how many of them the cache
+//! already holds, the KV blocks and state slot it owns, its sampler state and its event channel.
+
+use crate::api::{EngineEvent, GenerationRequest, RequestId, Usage};
+use crate::rng::Rng;
+use crate::sampler::PenaltyHistory;
+use std::time::Instant;
+use tokio::sync::mpsc::UnboundedSender;
+
+pub struct Sequence {
+    pub id: RequestId,
+    pub request: GenerationRequest,
+    /// Prompt followed by every generated token.
+    pub tokens: Vec<u32>,
+    pub prompt_len: usize,
+    /// Tokens whose KV and GDN state are in the cache; `tokens[computed..]` still have to run.
+    pub computed: usize,
+    pub blocks: Vec<u32>,
+    pub slot: Option<u32>,
+    pub rng: Rng,
+    pub history: PenaltyHistory,
+    pub sender: UnboundedSender<EngineEvent>,
+    pub arrival: Instant,
+    pub first_token_at: Option<Instant>,
+    pub usage: Usage,
+    /// Times this sequence was preempted (its cache dropped and recomputed).
+    pub preemptions: usize,
+}
+
+impl Sequence {
+    pub fn new(id: RequestId, request: GenerationRequest, seed: u64, sender: UnboundedSender<EngineEvent>) -> Self {
+        let history = PenaltyHistory::new(&request.prompt_ids);
+        let tokens = request.prompt_ids.clone();
+        let prompt_len = tokens.len();
+        Self {
+            id,
+            request,
+            tokens,
+            prompt_len,
+            computed: 0,
+            blocks: Vec::new(),
+            slot: None,
+            rng: Rng::new(seed),
+            history,
+            sender,
+            arrival: Instant::now(),
+            first_token_at: None,
+            usage: Usage { prompt_tokens: prompt_len, ..Usage::default() },
+            preemptions: 0,
+        }
+    }
+
+    pub fn generated(&self) -> usize {
+        self.tokens.len() - self.prompt_len
+    }
+
+    /// Tokens still to run through the model before the next token can be sampled.
+    pub fn pending(&self) -> usize {
+        self.tokens.len() - self.computed
+    }
+
+    /// Sends an event; false when the receiver is gone (the client disconnected).
+    pub fn send(&self, event: EngineEvent) -> bool {
+        self.sender.send(event).is_ok()
+    }
+}
