@@ -97,7 +97,7 @@ fn run_on<B: Backend>(m: &Model<B>, prefill_len: usize, decode_len: usize) -> Ti
     let bs = cache.geometry.block_size;
     let start = Instant::now();
     let batch = BatchLayout::packed(bs, [(prompt.len(), 0, blocks.clone(), 0)]);
-    let out = m.forward(&ForwardInput { tokens: &prompt, batch: &batch, output_rows: &[prompt.len() as u32 - 1] }, &mut cache);
+    let out = m.forward(&ForwardInput { tokens: &prompt, batch: &batch, logit_rows: &[prompt.len() as u32 - 1], hidden_rows: &[] }, &mut cache);
     let mut next = argmax(&m.backend.to_host(&out.logits));
     let prefill_s = start.elapsed().as_secs_f64();
     let bar = indicatif::ProgressBar::new(decode_len as u64);
@@ -105,7 +105,7 @@ fn run_on<B: Backend>(m: &Model<B>, prefill_len: usize, decode_len: usize) -> Ti
     for step in 0..decode_len {
         let t0 = Instant::now();
         let batch = BatchLayout::packed(bs, [(1, prefill_len + step, blocks.clone(), 0)]);
-        let out = m.forward(&ForwardInput { tokens: &[next], batch: &batch, output_rows: &[0] }, &mut cache);
+        let out = m.forward(&ForwardInput { tokens: &[next], batch: &batch, logit_rows: &[0], hidden_rows: &[] }, &mut cache);
         next = argmax(&m.backend.to_host(&out.logits));
         decode_s.push(t0.elapsed().as_secs_f64());
         bar.inc(1);

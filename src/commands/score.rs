@@ -44,7 +44,7 @@ pub fn run(args: ScoreArgs) -> Result<()> {
         let blocks = (0..cache.geometry.num_blocks as u32).collect();
         let batch = BatchLayout::packed(cache.geometry.block_size, [(ids.len(), 0, blocks, 0)]);
         let rows: Vec<u32> = (0..ids.len() as u32).collect();
-        let out = m.forward(&ForwardInput { tokens: &ids, batch: &batch, output_rows: &rows }, &mut cache);
+        let out = m.forward(&ForwardInput { tokens: &ids, batch: &batch, logit_rows: &rows, hidden_rows: &[] }, &mut cache);
         m.backend.to_host(&out.logits)
     });
     let vocab = logits.len() / ids.len();

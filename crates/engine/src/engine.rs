@@ -280,7 +280,7 @@ impl<B: Backend> Worker<B> {
         let batch = BatchLayout { seqs, block_size: self.scheduler.limits.block_size };
         EngineMetrics::add(&self.metrics.forward_steps, 1);
         EngineMetrics::add(&self.metrics.batch_tokens, tokens.len() as u64);
-        let out = self.model.forward(&ForwardInput { tokens: &tokens, batch: &batch, output_rows: &output_rows }, &mut self.cache);
+        let out = self.model.forward(&ForwardInput { tokens: &tokens, batch: &batch, logit_rows: &output_rows, hidden_rows: &[] }, &mut self.cache);
         self.model.backend.to_host(&out.logits)
     }
 

@@ -12,15 +12,17 @@ pub struct ForwardInput<'a> {
     /// Token ids, one per batch row.
     pub tokens: &'a [u32],
     pub batch: &'a BatchLayout,
-    /// Rows whose logits (and post-norm hidden states) are wanted, e.g. the last row of each sequence.
-    pub output_rows: &'a [u32],
+    /// Rows whose logits are wanted, e.g. the last row of each sequence.
+    pub logit_rows: &'a [u32],
+    /// Rows whose post-norm hidden states are wanted (the MTP head's input); often empty.
+    pub hidden_rows: &'a [u32],
 }
 
-/// Results for `output_rows`, in that order.
 pub struct ForwardOutput<B: Backend> {
-    /// `[rows, vocab]`
+    /// `[logit_rows, vocab]`
     pub logits: B::Buf,
-    /// `[rows, hidden]`: the post-final-norm hidden state (the input of `lm_head` and of the MTP head).
+    /// `[hidden_rows, hidden]`: the post-final-norm hidden state (the input of `lm_head` and of the
+    /// MTP head).
     pub hidden: B::Buf,
 }
 
@@ -77,23 +79,18 @@ impl<B: Backend> Model<B> {
             self.decoder_layer(layer, &mut h, t, &positions, input.batch, cache, Some(pool));
             observer.after_layer(i, &h);
         }
-        self.head(&h, input.output_rows)
+        self.head(&h, &self.weights.norm, input.logit_rows, input.hidden_rows)
     }
 
-    /// Final norm and lm_head for the chosen rows of the residual stream `h`.
-    pub(crate) fn head(&self, h: &B::Buf, rows: &[u32]) -> ForwardOutput<B> {
+    /// Final norm `norm` of the chosen rows of the residual stream `h`, and lm_head (or the tied
+    /// embedding) over the normed `logit_rows`.
+    pub(crate) fn head(&self, h: &B::Buf, norm: &B::Buf, logit_rows: &[u32], hidden_rows: &[u32]) -> ForwardOutput<B> {
         let (be, c) = (&self.backend, &self.config);
-        let picked = be.gather_rows(h, c.hidden_size, rows);
-        self.logits_of_normed(self.norm(&picked, &self.weights.norm))
-    }
-
-    /// lm_head (or the tied embedding) applied to already-normed rows.
-    pub(crate) fn logits_of_normed(&self, hidden: B::Buf) -> ForwardOutput<B> {
-        let (be, c) = (&self.backend, &self.config);
-        let rows = be.buf_len(&hidden) / c.hidden_size;
+        let normed = self.norm(&be.gather_rows(h, c.hidden_size, logit_rows), norm);
         let head = self.weights.lm_head.as_ref().unwrap_or(&self.weights.embed);
-        let mut logits = be.zeros(rows * c.vocab_size);
-        be.matmul(&hidden, head, &mut logits, rows);
+        let mut logits = be.zeros(logit_rows.len() * c.vocab_size);
+        be.matmul(&normed, head, &mut logits, logit_rows.len());
+        let hidden = if hidden_rows == logit_rows { normed } else { self.norm(&be.gather_rows(h, c.hidden_size, hidden_rows), norm) };
         ForwardOutput { logits, hidden }
     }
 

@@ -50,7 +50,7 @@ impl<B: Backend> Model<B> {
         while generated.len() < max_new {
             let batch = BatchLayout::packed(BLOCK_SIZE, [(step.len(), pos, blocks.clone(), 0)]);
             let last = [step.len() as u32 - 1];
-            let out = self.forward(&ForwardInput { tokens: &step, batch: &batch, output_rows: &last }, &mut cache);
+            let out = self.forward(&ForwardInput { tokens: &step, batch: &batch, logit_rows: &last, hidden_rows: &[] }, &mut cache);
             pos += step.len();
             let next = argmax(&self.backend.to_host(&out.logits));
             generated.push(next);

@@ -24,7 +24,8 @@ pub struct MtpInput<'a> {
     pub next_tokens: &'a [u32],
     /// Positions are those of token t; block tables index the MTP KV pool.
     pub batch: &'a BatchLayout,
-    pub output_rows: &'a [u32],
+    pub logit_rows: &'a [u32],
+    pub hidden_rows: &'a [u32],
 }
 
 impl<B: Backend> Model<B> {
@@ -32,8 +33,8 @@ impl<B: Backend> Model<B> {
         self.weights.mtp.is_some()
     }
 
-    /// Runs the MTP head; returns logits for token t+2 and the MTP's post-`mtp.norm` hidden state
-    /// (the hidden input of the next draft step) for `output_rows`.
+    /// Runs the MTP head; returns logits for token t+2 for `logit_rows` and the MTP's post-`mtp.norm`
+    /// hidden state (the hidden input of the next draft step) for `hidden_rows`.
     pub fn mtp_forward(&self, input: &MtpInput<'_>, cache: &mut HybridCache<B>) -> Result<ForwardOutput<B>, MtpError> {
         let mtp = self.weights.mtp.as_ref().ok_or(MtpError::NoHead)?;
         if cache.mtp_kv.is_none() {
@@ -52,7 +53,6 @@ impl<B: Backend> Model<B> {
         be.matmul(&both, &mtp.fc, &mut u, t);
         let positions = input.batch.positions();
         self.decoder_layer(&mtp.layer, &mut u, t, &positions, input.batch, cache, None);
-        let picked = be.gather_rows(&u, hsz, input.output_rows);
-        Ok(self.logits_of_normed(self.norm(&picked, &mtp.norm)))
+        Ok(self.head(&u, &mtp.norm, input.logit_rows, input.hidden_rows))
     }
 }

@@ -73,7 +73,7 @@ fn prefill_logits<B: Backend>(m: &Model<B>, ids: &[u32]) -> Vec<f32> {
     let mut cache = full_cache(m, 1, ids.len());
     let batch = BatchLayout::packed(16, [(ids.len(), 0, blocks_of(0, ids.len().div_ceil(16), 1), 0)]);
     let rows: Vec<u32> = (0..ids.len() as u32).collect();
-    let out = m.forward(&ForwardInput { tokens: ids, batch: &batch, output_rows: &rows }, &mut cache);
+    let out = m.forward(&ForwardInput { tokens: ids, batch: &batch, logit_rows: &rows, hidden_rows: &[] }, &mut cache);
     m.backend.to_host(&out.logits)
 }
 
@@ -93,7 +93,7 @@ fn check_fixture<B: Backend>(m: &Model<B>, dir: &Path) {
     let mut stepwise = Vec::with_capacity(ours.len());
     for (i, &tok) in prefill.iter().enumerate() {
         let batch = BatchLayout::packed(16, [(1, i, blocks.clone(), 0)]);
-        let out = m.forward(&ForwardInput { tokens: &[tok], batch: &batch, output_rows: &[0] }, &mut cache);
+        let out = m.forward(&ForwardInput { tokens: &[tok], batch: &batch, logit_rows: &[0], hidden_rows: &[] }, &mut cache);
         stepwise.extend(m.backend.to_host(&out.logits));
     }
     assert_close("token-by-token logits vs transformers prefill", dir, &stepwise, &theirs);
@@ -106,11 +106,11 @@ fn check_fixture<B: Backend>(m: &Model<B>, dir: &Path) {
     let mut cache = full_cache(m, 1, total);
     let blocks = blocks_of(0, total.div_ceil(16), 1);
     let batch = BatchLayout::packed(16, [(prompt.len(), 0, blocks.clone(), 0)]);
-    m.forward(&ForwardInput { tokens: &prompt, batch: &batch, output_rows: &[0] }, &mut cache);
+    m.forward(&ForwardInput { tokens: &prompt, batch: &batch, logit_rows: &[0], hidden_rows: &[] }, &mut cache);
     let mut decoded = Vec::new();
     for (i, &tok) in steps.iter().enumerate() {
         let batch = BatchLayout::packed(16, [(1, prompt.len() + i, blocks.clone(), 0)]);
-        let out = m.forward(&ForwardInput { tokens: &[tok], batch: &batch, output_rows: &[0] }, &mut cache);
+        let out = m.forward(&ForwardInput { tokens: &[tok], batch: &batch, logit_rows: &[0], hidden_rows: &[] }, &mut cache);
         decoded.extend(m.backend.to_host(&out.logits));
     }
     assert_close("decode logits", dir, &decoded, &theirs);
@@ -129,14 +129,14 @@ fn check_fixture<B: Backend>(m: &Model<B>, dir: &Path) {
         let blocks = blocks_of(0, n.div_ceil(16), 1);
         let batch = BatchLayout::packed(16, [(n, 0, blocks.clone(), 0)]);
         let rows: Vec<u32> = (0..n as u32).collect();
-        let trunk = m.forward(&ForwardInput { tokens: &mtp_ids, batch: &batch, output_rows: &rows }, &mut cache);
+        let trunk = m.forward(&ForwardInput { tokens: &mtp_ids, batch: &batch, logit_rows: &rows, hidden_rows: &rows }, &mut cache);
         let hidden = m.backend.to_host(&trunk.hidden);
         let h = m.config.hidden_size;
         let pairs = n - 1;
         let batch = BatchLayout::packed(16, [(pairs, 0, blocks, 0)]);
         let rows: Vec<u32> = (0..pairs as u32).collect();
         let out = m
-            .mtp_forward(&MtpInput { hidden: &hidden[..pairs * h], next_tokens: &mtp_ids[1..], batch: &batch, output_rows: &rows }, &mut cache)
+            .mtp_forward(&MtpInput { hidden: &hidden[..pairs * h], next_tokens: &mtp_ids[1..], batch: &batch, logit_rows: &rows, hidden_rows: &rows }, &mut cache)
             .unwrap();
         let (_, theirs) = npy::read_f32(&dir.join("mtp_logits.npy")).unwrap();
         assert_close("MTP logits", dir, &m.backend.to_host(&out.logits), &theirs);
@@ -162,23 +162,23 @@ fn check_batch_invariance<B: Backend>(m: &Model<B>, dir: &Path) {
         let (new, pos) = seqs[s];
         if pos > 0 {
             let batch = BatchLayout::packed(16, [(pos, 0, blocks.clone(), s)]);
-            m.forward(&ForwardInput { tokens: contexts[s], batch: &batch, output_rows: &[0] }, &mut cache);
+            m.forward(&ForwardInput { tokens: contexts[s], batch: &batch, logit_rows: &[0], hidden_rows: &[] }, &mut cache);
         }
         let batch = BatchLayout::packed(16, [(new.len(), pos, blocks, s)]);
         let rows: Vec<u32> = (0..new.len() as u32).collect();
-        m.backend.to_host(&m.forward(&ForwardInput { tokens: new, batch: &batch, output_rows: &rows }, &mut cache).logits)
+        m.backend.to_host(&m.forward(&ForwardInput { tokens: new, batch: &batch, logit_rows: &rows, hidden_rows: &[] }, &mut cache).logits)
     };
     let alone: Vec<Vec<f32>> = (0..3).map(run_alone).collect();
 
     let mut cache = full_cache(m, 3, ids.len());
     for s in 1..3 {
         let batch = BatchLayout::packed(16, [(seqs[s].1, 0, blocks_of(s, per_seq, 3), s)]);
-        m.forward(&ForwardInput { tokens: contexts[s], batch: &batch, output_rows: &[0] }, &mut cache);
+        m.forward(&ForwardInput { tokens: contexts[s], batch: &batch, logit_rows: &[0], hidden_rows: &[] }, &mut cache);
     }
     let batch = BatchLayout::packed(16, (0..3).map(|s| (seqs[s].0.len(), seqs[s].1, blocks_of(s, per_seq, 3), s)));
     let tokens: Vec<u32> = seqs.iter().flat_map(|(new, _)| new.iter().copied()).collect();
     let rows: Vec<u32> = (0..tokens.len() as u32).collect();
-    let together = m.backend.to_host(&m.forward(&ForwardInput { tokens: &tokens, batch: &batch, output_rows: &rows }, &mut cache).logits);
+    let together = m.backend.to_host(&m.forward(&ForwardInput { tokens: &tokens, batch: &batch, logit_rows: &rows, hidden_rows: &[] }, &mut cache).logits);
     let vocab = m.config.vocab_size;
     let mut offset = 0;
     for (s, solo) in alone.iter().enumerate() {

@@ -14,4 +14,5 @@ pub use backend::{AttnShape, Backend, GdnShape, RouteChoice};
 pub use batch::{BatchLayout, SeqLayout};
 pub use cache::{KvLayerPool, StateLayerPool};
 pub use dtype::DType;
+pub use cpu::CpuBackend;
 pub use host::{ByteOwner, HostTensor, TensorError};
