@@ -6,7 +6,8 @@ use crate::api::*;
 use crate::metrics::EngineMetrics;
 use crate::sampler;
 use crate::scheduler::{Scheduled, Scheduler, SchedulerLimits};
-use crate::sequence::Sequence;
+use crate::sequence::{Sequence, SpecState};
+use crate::speculative::{self, SpecConfig};
 use deltaserve_model::{CacheGeometry, ForwardInput, HybridCache, Model};
 use deltaserve_tensor::{Backend, BatchLayout, SeqLayout};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -26,6 +27,8 @@ pub struct EngineConfig {
     pub max_queued_requests: usize,
     /// Print a decode summary line every this many decode steps (0 = never).
     pub decode_log_interval: usize,
+    /// Speculative decoding with the model's MTP head; ignored when the model has none.
+    pub speculative: Option<SpecConfig>,
 }
 
 enum Command {
@@ -47,11 +50,12 @@ pub struct LocalEngine {
 impl LocalEngine {
     /// Starts the engine thread for `model`. The cache is allocated here, from `config`.
     pub fn spawn<B: Backend + 'static>(model: Model<B>, config: EngineConfig) -> Arc<Self> {
+        let speculative = config.speculative.clone().filter(|_| model.has_mtp());
         let geometry = CacheGeometry {
             num_blocks: config.num_kv_blocks,
             block_size: config.block_size,
             state_slots: config.state_slots,
-            mtp: false,
+            mtp: speculative.is_some(),
         };
         let cache = HybridCache::new(&model.backend, &model.config, geometry);
         let (tx, rx) = std::sync::mpsc::channel();
@@ -64,6 +68,7 @@ impl LocalEngine {
         let queued = Arc::new(AtomicUsize::new(0));
         let limits = SchedulerLimits {
             max_running: config.max_running_requests,
+            snapshot_slots: speculative.as_ref().map_or(0, |s| s.num_steps + 1),
             block_size: config.block_size,
             chunk_size: config.chunked_prefill_size,
         };
@@ -79,6 +84,7 @@ impl LocalEngine {
             log_interval: config.decode_log_interval,
             window: LogWindow::new(),
             context_length: config.context_length,
+            speculative,
         };
         std::thread::Builder::new()
             .name("deltaserve-engine".into())
@@ -160,29 +166,33 @@ impl EngineHandle for LocalEngine {
 }
 
 /// Decode statistics since the last log line.
-struct LogWindow {
+pub(crate) struct LogWindow {
     since: Instant,
     decode_steps: usize,
     generated: usize,
+    pub(crate) verify_steps: usize,
+    pub(crate) drafted: usize,
+    pub(crate) accepted: usize,
 }
 
 impl LogWindow {
     fn new() -> Self {
-        Self { since: Instant::now(), decode_steps: 0, generated: 0 }
+        Self { since: Instant::now(), decode_steps: 0, generated: 0, verify_steps: 0, drafted: 0, accepted: 0 }
     }
 }
 
-struct Worker<B: Backend> {
-    model: Model<B>,
-    cache: HybridCache<B>,
-    scheduler: Scheduler,
+pub(crate) struct Worker<B: Backend> {
+    pub(crate) model: Model<B>,
+    pub(crate) cache: HybridCache<B>,
+    pub(crate) scheduler: Scheduler,
     commands: Receiver<Command>,
     stats: Arc<Mutex<EngineStats>>,
-    metrics: Arc<EngineMetrics>,
+    pub(crate) metrics: Arc<EngineMetrics>,
     queued: Arc<AtomicUsize>,
     log_interval: usize,
-    window: LogWindow,
-    context_length: usize,
+    pub(crate) window: LogWindow,
+    pub(crate) context_length: usize,
+    pub(crate) speculative: Option<SpecConfig>,
 }
 
 impl<B: Backend> Worker<B> {
@@ -204,7 +214,12 @@ impl<B: Backend> Worker<B> {
 
     fn handle(&mut self, command: Command) {
         match command {
-            Command::Submit(seq) => self.scheduler.waiting.push_back(*seq),
+            Command::Submit(mut seq) => {
+                if self.speculative.is_some() && !seq.request.disable_speculation {
+                    seq.spec = Some(SpecState::default());
+                }
+                self.scheduler.waiting.push_back(*seq)
+            }
             Command::Abort(id) => self.finish_by_id(id, FinishReason::Abort),
         }
     }
@@ -251,77 +266,128 @@ impl<B: Backend> Worker<B> {
         for slot in events.fresh_slots {
             self.cache.reset_slot(&self.model.backend, slot as usize);
         }
-        let logits = self.forward(&work);
-        self.commit(&work, &logits);
+        let out = self.forward(&work);
+        let extends = self.commit(&work, &out);
+        if self.speculative.is_some() {
+            self.draft(extends);
+        }
     }
 
-    /// Runs one ragged forward over the scheduled work; returns the host logits of sampling rows.
-    fn forward(&mut self, work: &[Scheduled]) -> Vec<f32> {
+    /// Runs one ragged forward over the scheduled work.
+    fn forward(&mut self, work: &[Scheduled]) -> StepOutput {
         let running = &self.scheduler.running;
         let mut tokens = Vec::new();
         let mut seqs = Vec::with_capacity(work.len());
-        let mut output_rows = Vec::new();
+        let mut logit_rows = Vec::new();
+        let mut hidden_rows = Vec::new();
+        let mut rows = Vec::with_capacity(work.len());
         for w in work {
             let seq = &running[w.index];
             let start = tokens.len();
-            tokens.extend_from_slice(&seq.tokens[seq.computed..seq.computed + w.len]);
-            if w.samples {
-                output_rows.push((tokens.len() - 1) as u32);
+            let real = w.len - w.drafts;
+            tokens.extend_from_slice(&seq.tokens[seq.computed..seq.computed + real]);
+            let mut snapshot_slots = Vec::new();
+            if let Some(spec) = &seq.spec {
+                tokens.extend_from_slice(&spec.drafts[..w.drafts]);
+                hidden_rows.extend(start as u32..(start + w.len) as u32);
+                if w.drafts > 0 {
+                    snapshot_slots = spec.snapshot_slots[..w.len].iter().map(|&s| s as usize).collect();
+                }
             }
+            let first_logit = logit_rows.len();
+            if w.drafts > 0 {
+                logit_rows.extend(start as u32..(start + w.len) as u32);
+            } else if w.samples {
+                logit_rows.push((start + w.len - 1) as u32);
+            }
+            rows.push(WorkRows { first_logit, first_hidden: hidden_rows.len() - if seq.spec.is_some() { w.len } else { 0 } });
             seqs.push(SeqLayout {
                 start,
                 len: w.len,
                 pos: seq.computed,
                 blocks: seq.blocks.clone(),
                 slot: seq.slot.expect("running sequences hold a slot") as usize,
-                snapshot_slots: Vec::new(),
+                snapshot_slots,
             });
         }
         let batch = BatchLayout { seqs, block_size: self.scheduler.limits.block_size };
         EngineMetrics::add(&self.metrics.forward_steps, 1);
         EngineMetrics::add(&self.metrics.batch_tokens, tokens.len() as u64);
-        let out = self.model.forward(&ForwardInput { tokens: &tokens, batch: &batch, logit_rows: &output_rows, hidden_rows: &[] }, &mut self.cache);
-        self.model.backend.to_host(&out.logits)
+        let out = self.model.forward(&ForwardInput { tokens: &tokens, batch: &batch, logit_rows: &logit_rows, hidden_rows: &hidden_rows }, &mut self.cache);
+        StepOutput { logits: self.model.backend.to_host(&out.logits), hidden: self.model.backend.to_host(&out.hidden), rows }
     }
 
-    /// Advances every scheduled sequence, samples where a step reached the end of its tokens,
-    /// streams tokens and finishes sequences that hit a stop condition.
-    fn commit(&mut self, work: &[Scheduled], logits: &[f32]) {
+    /// Advances every scheduled sequence: samples where a step reached the end of its tokens,
+    /// verifies drafts, streams tokens and finishes sequences that hit a stop condition. Returns the
+    /// MTP extend work of speculating sequences that go on.
+    fn commit(&mut self, work: &[Scheduled], out: &StepOutput) -> Vec<Extend> {
         let vocab = self.model.config.vocab_size;
+        let hidden_size = self.model.config.hidden_size;
         let context = self.context_length;
         let mut finished = Vec::new();
-        let mut row = 0;
+        let mut extends = Vec::new();
         let mut decoded = 0;
-        for w in work {
+        for (w, rows) in work.iter().zip(&out.rows) {
             let seq = &mut self.scheduler.running[w.index];
+            let old_computed = seq.computed;
             if seq.computed < seq.prompt_len {
                 EngineMetrics::add(&self.metrics.prompt_tokens_computed, w.len.min(seq.prompt_len - seq.computed) as u64);
             }
-            seq.computed += w.len;
-            if !w.samples {
-                continue;
-            }
-            let row_logits = &logits[row * vocab..(row + 1) * vocab];
-            row += 1;
-            let token = sampler::sample(row_logits, &seq.request.sampling, &seq.history, &mut seq.rng);
-            let logprob = seq.request.sampling.logprobs.map(|k| sampler::logprobs(row_logits, token, k));
-            seq.tokens.push(token);
-            seq.history.record(token);
-            seq.usage.completion_tokens += 1;
-            seq.first_token_at.get_or_insert_with(Instant::now);
-            decoded += 1;
-            let delivered = seq.send(EngineEvent::Token { id: token, logprob });
-            let reason = if !delivered {
-                Some(FinishReason::Abort)
-            } else if seq.request.stop_token_ids.contains(&token) {
-                Some(FinishReason::Stop)
-            } else if seq.generated() >= seq.request.max_new_tokens || seq.tokens.len() >= context {
-                Some(FinishReason::Length)
+            let emitted: Vec<(u32, Option<TokenLogprob>)> = if w.drafts > 0 {
+                let spec = seq.spec.as_mut().expect("verify work belongs to a speculating sequence");
+                let target: Vec<&[f32]> = (0..w.len).map(|i| &out.logits[(rows.first_logit + i) * vocab..][..vocab]).collect();
+                let drafts = std::mem::take(&mut spec.drafts);
+                let dists = std::mem::take(&mut spec.draft_dists);
+                let v = speculative::verify(&target, &drafts, &dists, &seq.request.sampling, &mut seq.history, &mut seq.rng);
+                // Roll the GDN state back to just after the last accepted token.
+                let snapshot = spec.snapshot_slots[v.accepted] as usize;
+                self.cache.copy_slot(&self.model.backend, snapshot, seq.slot.expect("running sequences hold a slot") as usize);
+                seq.computed += 1 + v.accepted;
+                seq.usage.draft_tokens += drafts.len();
+                seq.usage.accepted_draft_tokens += v.accepted;
+                record_verify(&self.metrics, &mut self.window, drafts.len(), v.accepted);
+                let k = seq.request.sampling.logprobs;
+                v.emitted.iter().enumerate().map(|(i, &t)| (t, k.map(|k| crate::sampler::logprobs(target[i], t, k)))).collect()
             } else {
-                None
+                seq.computed += w.len;
+                if w.samples {
+                    let row_logits = &out.logits[rows.first_logit * vocab..][..vocab];
+                    let token = sampler::sample(row_logits, &seq.request.sampling, &seq.history, &mut seq.rng);
+                    seq.history.record(token);
+                    vec![(token, seq.request.sampling.logprobs.map(|k| sampler::logprobs(row_logits, token, k)))]
+                } else {
+                    Vec::new()
+                }
             };
-            if let Some(reason) = reason {
-                finished.push((seq.id, reason));
+            let mut reason = None;
+            for (token, logprob) in emitted {
+                seq.tokens.push(token);
+                seq.usage.completion_tokens += 1;
+                seq.first_token_at.get_or_insert_with(Instant::now);
+                decoded += 1;
+                reason = if !seq.send(EngineEvent::Token { id: token, logprob }) {
+                    Some(FinishReason::Abort)
+                } else if seq.request.stop_token_ids.contains(&token) {
+                    Some(FinishReason::Stop)
+                } else if seq.generated() >= seq.request.max_new_tokens || seq.tokens.len() >= context {
+                    Some(FinishReason::Length)
+                } else {
+                    None
+                };
+                if reason.is_some() {
+                    break;
+                }
+            }
+            match reason {
+                Some(reason) => finished.push((seq.id, reason)),
+                None if seq.spec.is_some() => {
+                    // Pairs (hidden of t, token t+1) for every newly computed position t.
+                    let positions = seq.computed - old_computed;
+                    let hidden = out.hidden[rows.first_hidden * hidden_size..(rows.first_hidden + positions) * hidden_size].to_vec();
+                    let next_tokens = seq.tokens[old_computed + 1..=seq.computed].to_vec();
+                    extends.push(Extend { id: seq.id, pos: old_computed, hidden, next_tokens });
+                }
+                None => {}
             }
         }
         EngineMetrics::add(&self.metrics.generated_tokens, decoded as u64);
@@ -329,6 +395,7 @@ impl<B: Backend> Worker<B> {
             self.finish_by_id(id, reason);
         }
         self.log_decode(decoded);
+        extends
     }
 
     fn log_decode(&mut self, decoded: usize) {
@@ -342,15 +409,60 @@ impl<B: Backend> Worker<B> {
         }
         let s = &self.scheduler;
         let secs = self.window.since.elapsed().as_secs_f64().max(1e-9);
+        let w = &self.window;
+        let (accept_len, draft_accept) = if w.verify_steps > 0 {
+            (
+                format!("{:.2}", (w.accepted + w.verify_steps) as f64 / w.verify_steps as f64),
+                format!("{:.2}", w.accepted as f64 / w.drafted.max(1) as f64),
+            )
+        } else {
+            ("-".to_string(), "-".to_string())
+        };
         eprintln!(
-            "decode: running={} queued={} kv_usage={:.2} state_slots={}/{} accept_len=- draft_accept=- gen_tok/s={:.1}",
+            "decode: running={} queued={} kv_usage={:.2} state_slots={}/{} accept_len={accept_len} draft_accept={draft_accept} gen_tok/s={:.1}",
             s.running.len(),
             s.waiting.len(),
             s.kv.used() as f64 / s.kv.total().max(1) as f64,
             s.slots.used(),
             s.slots.total(),
-            self.window.generated as f64 / secs
+            w.generated as f64 / secs
         );
         self.window = LogWindow::new();
     }
+}
+
+fn record_verify(m: &EngineMetrics, window: &mut LogWindow, drafted: usize, accepted: usize) {
+    EngineMetrics::add(&m.spec_verify_steps, 1);
+    EngineMetrics::add(&m.spec_draft_tokens, drafted as u64);
+    EngineMetrics::add(&m.spec_accepted_tokens, accepted as u64);
+    for counter in m.spec_accepted_at.iter().take(accepted) {
+        EngineMetrics::add(counter, 1);
+    }
+    window.verify_steps += 1;
+    window.drafted += drafted;
+    window.accepted += accepted;
+}
+
+/// Where a work item's rows landed in the step's logits and hidden outputs.
+struct WorkRows {
+    first_logit: usize,
+    first_hidden: usize,
+}
+
+struct StepOutput {
+    /// `[logit rows, vocab]` on the host.
+    logits: Vec<f32>,
+    /// `[hidden rows, hidden]` on the host: post-norm hidden states of speculating sequences.
+    hidden: Vec<f32>,
+    rows: Vec<WorkRows>,
+}
+
+/// MTP work for one speculating sequence after a step: pairs (hidden of position `pos + i`,
+/// token at `pos + i + 1`).
+pub(crate) struct Extend {
+    pub(crate) id: RequestId,
+    pub(crate) pos: usize,
+    /// `[pairs, hidden]`
+    pub(crate) hidden: Vec<f32>,
+    pub(crate) next_tokens: Vec<u32>,
 }

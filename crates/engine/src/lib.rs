@@ -3,6 +3,7 @@
 //! metrics. It runs on its own thread and talks to the outside only through `EngineHandle`.
 
 pub mod api;
+pub mod drafting;
 pub mod engine;
 pub mod metrics;
 pub mod pools;
@@ -10,6 +11,8 @@ pub mod rng;
 pub mod sampler;
 pub mod scheduler;
 pub mod sequence;
+pub mod speculative;
 
 pub use api::*;
 pub use engine::{EngineConfig, LocalEngine};
+pub use speculative::{DraftFault, DraftScript, SpecConfig};

@@ -14,17 +14,21 @@ use std::collections::VecDeque;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SchedulerLimits {
     pub max_running: usize,
+    /// Snapshot slots a speculating sequence holds besides its own slot (k + 1; 0 without MTP).
+    pub snapshot_slots: usize,
     pub block_size: usize,
     /// Prefill tokens per step; also the chunk length prefills are cut into.
     pub chunk_size: usize,
 }
 
-/// One sequence's work in a step: `len` tokens starting at its `computed` position.
+/// One sequence's work in a step: `len` tokens starting at its `computed` position, the last
+/// `drafts` of which are speculative drafts to verify (they are not in `Sequence::tokens`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Scheduled {
     /// Index into `Scheduler::running`.
     pub index: usize,
     pub len: usize,
+    pub drafts: usize,
     /// The step reaches the end of the sequence's tokens, so a new token is sampled from it.
     pub samples: bool,
 }
@@ -63,11 +67,29 @@ impl Scheduler {
         end - seq.computed
     }
 
-    /// Gives a sequence's blocks and slot back to the pools.
+    /// Gives a sequence's blocks and slots back to the pools.
     pub fn release(&mut self, seq: &mut Sequence) {
         self.kv.give_back(seq.blocks.drain(..));
         if let Some(slot) = seq.slot.take() {
             self.slots.give_back([slot]);
+        }
+        if let Some(spec) = &mut seq.spec {
+            self.slots.give_back(spec.snapshot_slots.drain(..));
+            spec.drafts.clear();
+            spec.draft_dists.clear();
+        }
+    }
+
+    /// Grows `running[index]`'s block table to cover `upto` positions if the pool allows it now,
+    /// without preempting anyone.
+    pub fn try_reserve(&mut self, index: usize, upto: usize) -> bool {
+        let need = blocks_for(upto, self.limits.block_size).saturating_sub(self.running[index].blocks.len());
+        match self.kv.take(need) {
+            Some(ids) => {
+                self.running[index].blocks.extend(ids);
+                true
+            }
+            None => false,
         }
     }
 
@@ -106,8 +128,10 @@ impl Scheduler {
         let mut prefill_budget = self.limits.chunk_size;
         let mut index = 0;
         while index < self.running.len() {
-            let len = self.chunk_len(&self.running[index]);
-            let is_prefill = len > 1 || self.running[index].computed < self.running[index].prompt_len;
+            let seq = &self.running[index];
+            let is_prefill = seq.pending() > 1 || seq.computed < seq.prompt_len;
+            let drafts = if is_prefill { 0 } else { seq.draft_count() };
+            let len = self.chunk_len(seq) + drafts;
             if is_prefill && len > prefill_budget {
                 index += 1;
                 continue;
@@ -119,7 +143,7 @@ impl Scheduler {
             if is_prefill {
                 prefill_budget -= len;
             }
-            work.push(Scheduled { index, len, samples: upto == self.running[index].tokens.len() });
+            work.push(Scheduled { index, len, drafts, samples: upto - drafts == self.running[index].tokens.len() });
             index += 1;
         }
         // Preemption may have removed sequences that were already scheduled.
@@ -135,20 +159,24 @@ impl Scheduler {
                 continue;
             }
             let len = self.chunk_len(head);
-            if len > prefill_budget || whole > self.kv.available() || self.slots.available() == 0 {
+            let slots = head.slots_needed(self.limits.snapshot_slots);
+            if len > prefill_budget || whole > self.kv.available() || self.slots.available() < slots {
                 break;
             }
             let Some(mut seq) = self.waiting.pop_front() else { break };
             // Invariant: availability of both pools was checked just above.
             let slot = self.slots.take_one().expect("a free state slot");
             let blocks = self.kv.take(blocks_for(len, self.limits.block_size)).expect("free KV blocks");
+            if let Some(spec) = &mut seq.spec {
+                spec.snapshot_slots = self.slots.take(self.limits.snapshot_slots).expect("free snapshot slots");
+            }
             seq.slot = Some(slot);
             seq.blocks = blocks;
             events.fresh_slots.push(slot);
             prefill_budget -= len;
             self.running.push(seq);
             let index = self.running.len() - 1;
-            work.push(Scheduled { index, len, samples: len == self.running[index].tokens.len() });
+            work.push(Scheduled { index, len, drafts: 0, samples: len == self.running[index].tokens.len() });
         }
         (work, events)
     }

@@ -25,6 +25,18 @@ pub struct Sequence {
     pub usage: Usage,
     /// Times this sequence was preempted (its cache dropped and recomputed).
     pub preemptions: usize,
+    /// Present when this sequence decodes speculatively with the MTP head.
+    pub spec: Option<SpecState>,
+}
+
+/// A speculating sequence's extra state.
+#[derive(Clone, Debug, Default)]
+pub struct SpecState {
+    /// One state slot per verified position (the committed token and each draft), to roll back to.
+    pub snapshot_slots: Vec<u32>,
+    /// Drafts proposed for the next verify step, and the distributions they were drawn from.
+    pub drafts: Vec<u32>,
+    pub draft_dists: Vec<Vec<(u32, f32)>>,
 }
 
 impl Sequence {
@@ -47,7 +59,17 @@ impl Sequence {
             first_token_at: None,
             usage: Usage { prompt_tokens: prompt_len, ..Usage::default() },
             preemptions: 0,
+            spec: None,
         }
+    }
+
+    /// State slots this sequence holds while running.
+    pub fn slots_needed(&self, snapshots: usize) -> usize {
+        1 + if self.spec.is_some() { snapshots } else { 0 }
+    }
+
+    pub fn draft_count(&self) -> usize {
+        self.spec.as_ref().map_or(0, |s| s.drafts.len())
     }
 
     pub fn generated(&self) -> usize {

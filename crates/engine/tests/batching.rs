@@ -31,6 +31,7 @@ fn config(max_running: usize, blocks: usize, slots: usize) -> EngineConfig {
         context_length: 256,
         max_queued_requests: 64,
         decode_log_interval: 0,
+        speculative: None,
     }
 }
 

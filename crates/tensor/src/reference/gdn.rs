@@ -209,6 +209,9 @@ pub fn gated_delta_rule(mixed: &[f32], g: &[f32], beta: &[f32], ssm: &mut [f32],
                     let (q, k) = (&tok.q[kh * dk..(kh + 1) * dk], &tok.k[kh * dk..(kh + 1) * dk]);
                     let v = &tok.v[h * dv..(h + 1) * dv];
                     delta_rule_recurrent_step(&mut state, q, k, v, gate(i), strength(i), &mut o[i * dv..(i + 1) * dv]);
+                    // The cached state is f32: round after every token so that running k tokens here
+                    // equals k single-token steps bitwise (speculative rollback relies on it).
+                    state.iter_mut().for_each(|s| *s = *s as f32 as f64);
                     if let Some(&snap) = seq.snapshot_slots.get(i) {
                         let dst = snap * slot_len + h * head_state;
                         for (d, &s) in ssm[dst..dst + head_state].iter_mut().zip(&state) {

@@ -1,0 +1,142 @@
+//! The MTP side of speculative decoding, run after every engine step: "extend" the MTP head's KV
+//! cache with the pairs (target hidden of t, token t+1) of the positions just computed, then draft k
+//! tokens autoregressively for the next verify step (model-architecture.md §6). All speculating
+//! sequences are batched into one MTP forward per draft step.
+
+use crate::engine::{Extend, Worker};
+use crate::sampler::{draw, processed_distribution};
+use crate::speculative::DraftFault;
+use deltaserve_model::MtpInput;
+use deltaserve_tensor::{Backend, BatchLayout, SeqLayout};
+
+/// One sequence taking part in this round's MTP work.
+struct Participant {
+    /// Index into `Scheduler::running`.
+    index: usize,
+    /// Whether it drafts for the next step (else it only refreshes the MTP cache).
+    drafting: bool,
+}
+
+impl<B: Backend> Worker<B> {
+    pub(crate) fn draft(&mut self, extends: Vec<Extend>) {
+        let Some(spec) = self.speculative.clone() else { return };
+        if extends.is_empty() {
+            return;
+        }
+        let k = spec.num_steps;
+        let allow = spec.disable_batch_size.is_none_or(|n| self.scheduler.running.len() <= n);
+        let mut participants = Vec::with_capacity(extends.len());
+        for extend in &extends {
+            let Some(index) = self.scheduler.running.iter().position(|s| s.id == extend.id) else { continue };
+            let seq = &self.scheduler.running[index];
+            // Drafts are verified at positions computed..=computed+k: reserve their blocks now, since
+            // the MTP cache writes up to computed+k-2 while drafting.
+            let decoding = seq.pending() == 1 && seq.computed >= seq.prompt_len;
+            let upto = seq.computed + k + 1;
+            let drafting = allow && decoding && upto <= self.context_length && self.scheduler.try_reserve(index, upto);
+            participants.push(Participant { index, drafting });
+        }
+
+        // Extend: one MTP forward over every participant's new pairs.
+        let hidden_size = self.model.config.hidden_size;
+        let mut hidden = Vec::new();
+        let mut next_tokens = Vec::new();
+        let mut seqs = Vec::new();
+        let mut last_rows = Vec::new();
+        for (p, extend) in participants.iter().zip(&extends) {
+            let seq = &self.scheduler.running[p.index];
+            let start = next_tokens.len();
+            hidden.extend_from_slice(&extend.hidden);
+            next_tokens.extend_from_slice(&extend.next_tokens);
+            seqs.push(self.mtp_layout(p.index, start, extend.next_tokens.len(), extend.pos));
+            if p.drafting {
+                last_rows.push((start + extend.next_tokens.len() - 1) as u32);
+            }
+            debug_assert_eq!(seq.computed, extend.pos + extend.next_tokens.len());
+        }
+        debug_assert_eq!(hidden.len(), next_tokens.len() * hidden_size);
+        let drafters: Vec<usize> = participants.iter().filter(|p| p.drafting).map(|p| p.index).collect();
+        let mut step_hidden = match self.mtp_step(&hidden, &next_tokens, seqs, &last_rows) {
+            Some((logits, h)) => {
+                self.take_drafts(&drafters, &logits);
+                h
+            }
+            None => return,
+        };
+
+        // Draft steps 2..=k: each drafter feeds its own last draft and MTP hidden state.
+        for step in 2..=k {
+            if drafters.is_empty() {
+                break;
+            }
+            let mut tokens = Vec::with_capacity(drafters.len());
+            let mut seqs = Vec::with_capacity(drafters.len());
+            for (row, &index) in drafters.iter().enumerate() {
+                let seq = &self.scheduler.running[index];
+                let spec_state = seq.spec.as_ref().expect("drafters speculate");
+                tokens.push(*spec_state.drafts.last().expect("a draft from the previous step"));
+                seqs.push(self.mtp_layout(index, row, 1, seq.computed - 1 + (step - 1)));
+            }
+            let rows: Vec<u32> = (0..drafters.len() as u32).collect();
+            match self.mtp_step(&step_hidden, &tokens, seqs, &rows) {
+                Some((logits, h)) => {
+                    self.take_drafts(&drafters, &logits);
+                    step_hidden = h;
+                }
+                None => return,
+            }
+        }
+    }
+
+    fn mtp_layout(&self, index: usize, start: usize, len: usize, pos: usize) -> SeqLayout {
+        let seq = &self.scheduler.running[index];
+        SeqLayout {
+            start,
+            len,
+            pos,
+            blocks: seq.blocks.clone(),
+            slot: seq.slot.expect("running sequences hold a slot") as usize,
+            snapshot_slots: Vec::new(),
+        }
+    }
+
+    /// One MTP forward; host logits and hidden states of `rows`.
+    fn mtp_step(&mut self, hidden: &[f32], next_tokens: &[u32], seqs: Vec<SeqLayout>, rows: &[u32]) -> Option<(Vec<f32>, Vec<f32>)> {
+        let batch = BatchLayout { seqs, block_size: self.scheduler.limits.block_size };
+        let input = MtpInput { hidden, next_tokens, batch: &batch, logit_rows: rows, hidden_rows: rows };
+        let out = self.model.mtp_forward(&input, &mut self.cache).ok()?;
+        Some((self.model.backend.to_host(&out.logits), self.model.backend.to_host(&out.hidden)))
+    }
+
+    /// Draws one draft per drafter from its row of MTP logits, with the request's own sampling
+    /// settings (penalties see the drafts before it).
+    fn take_drafts(&mut self, drafters: &[usize], logits: &[f32]) {
+        let vocab = self.model.config.vocab_size;
+        let fault = self.speculative.as_ref().map_or(DraftFault::None, |s| s.fault.clone());
+        for (row, &index) in drafters.iter().enumerate() {
+            let seq = &mut self.scheduler.running[index];
+            let spec = seq.spec.as_mut().expect("drafters speculate");
+            let mut history = seq.history.clone();
+            for &d in &spec.drafts {
+                history.record(d);
+            }
+            let dist = processed_distribution(&logits[row * vocab..(row + 1) * vocab], &seq.request.sampling, &history);
+            let mut token = draw(&dist, &mut seq.rng);
+            let mut dist = dist;
+            match &fault {
+                DraftFault::None => {}
+                DraftFault::WrongTokens => {
+                    token = (token + 1) % vocab as u32;
+                    dist = vec![(token, 1.0)];
+                }
+                DraftFault::Scripted(script) => {
+                    let so_far: Vec<u32> = seq.tokens.iter().chain(&spec.drafts).copied().collect();
+                    token = (script.0)(&so_far);
+                    dist = vec![(token, 1.0)];
+                }
+            }
+            spec.drafts.push(token);
+            spec.draft_dists.push(dist);
+        }
+    }
+}
