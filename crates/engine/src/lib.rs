@@ -6,6 +6,7 @@ pub mod api;
 pub mod drafting;
 pub mod engine;
 pub mod metrics;
+pub mod pool_plan;
 pub mod pools;
 pub mod rng;
 pub mod sampler;
