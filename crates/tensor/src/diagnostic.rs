@@ -1,0 +1,168 @@
+//! A diagnostic backend that reproduces the failure deltaserve was founded on (serving.md §1): it
+//! wraps a correct backend and computes full attention WRONGLY (each query sees only the most recent
+//! positions, as a kernel with a broken mask or page table would), while every other op stays right.
+//! It exists so that tests, `doctor` and the canary can be shown catching such a kernel; it is
+//! selected only through the diagnostic attention-backend name and never by default.
+
+use crate::backend::{AttnShape, Backend, GdnShape, RouteChoice};
+use crate::batch::{BatchLayout, SeqLayout};
+use crate::cache::{KvLayerPool, StateLayerPool};
+use crate::host::{HostTensor, TensorError};
+
+/// The attention-backend name that selects this fault.
+pub const BROKEN_ATTENTION_NAME: &str = "diagnostic-broken-attention";
+
+/// Positions each query still sees: itself only.
+const VISIBLE_POSITIONS: usize = 1;
+
+/// `inner` with a broken attention op.
+pub struct BrokenAttention<B> {
+    pub inner: B,
+}
+
+impl<B: Backend> Backend for BrokenAttention<B> {
+    type Buf = B::Buf;
+    type Mat = B::Mat;
+
+    fn name(&self) -> &'static str {
+        BROKEN_ATTENTION_NAME
+    }
+    fn zeros(&self, len: usize) -> Self::Buf {
+        self.inner.zeros(len)
+    }
+    fn from_host(&self, data: &[f32]) -> Self::Buf {
+        self.inner.from_host(data)
+    }
+    fn to_host(&self, buf: &Self::Buf) -> Vec<f32> {
+        self.inner.to_host(buf)
+    }
+    fn buf_len(&self, buf: &Self::Buf) -> usize {
+        self.inner.buf_len(buf)
+    }
+    fn load_mat(&self, t: &HostTensor) -> Result<Self::Mat, TensorError> {
+        self.inner.load_mat(t)
+    }
+    fn load_vec(&self, t: &HostTensor) -> Result<Self::Buf, TensorError> {
+        self.inner.load_vec(t)
+    }
+    fn mat_shape(&self, m: &Self::Mat) -> (usize, usize) {
+        self.inner.mat_shape(m)
+    }
+    fn embedding(&self, table: &Self::Mat, ids: &[u32], out: &mut Self::Buf) {
+        self.inner.embedding(table, ids, out)
+    }
+    fn matmul(&self, x: &Self::Buf, w: &Self::Mat, out: &mut Self::Buf, tokens: usize) {
+        self.inner.matmul(x, w, out, tokens)
+    }
+    fn rms_norm(&self, x: &Self::Buf, w: &Self::Buf, eps: f32, dim: usize, out: &mut Self::Buf) {
+        self.inner.rms_norm(x, w, eps, dim, out)
+    }
+    fn gated_rms_norm(&self, x: &Self::Buf, z: &Self::Buf, w: &Self::Buf, eps: f32, dim: usize, out: &mut Self::Buf) {
+        self.inner.gated_rms_norm(x, z, w, eps, dim, out)
+    }
+    fn add_inplace(&self, acc: &mut Self::Buf, x: &Self::Buf) {
+        self.inner.add_inplace(acc, x)
+    }
+    fn silu_mul(&self, gate: &Self::Buf, up: &Self::Buf, out: &mut Self::Buf) {
+        self.inner.silu_mul(gate, up, out)
+    }
+    fn sigmoid_mul_inplace(&self, x: &mut Self::Buf, gate: &Self::Buf) {
+        self.inner.sigmoid_mul_inplace(x, gate)
+    }
+    fn rope(&self, x: &mut Self::Buf, positions: &[u32], heads: usize, head_dim: usize, rotary_dim: usize, theta: f32) {
+        self.inner.rope(x, positions, heads, head_dim, rotary_dim, theta)
+    }
+    fn concat_cols(&self, a: &Self::Buf, b: &Self::Buf, a_dim: usize, b_dim: usize, out: &mut Self::Buf) {
+        self.inner.concat_cols(a, b, a_dim, b_dim, out)
+    }
+    fn gather_rows(&self, src: &Self::Buf, dim: usize, rows: &[u32]) -> Self::Buf {
+        self.inner.gather_rows(src, dim, rows)
+    }
+    fn scatter_add_rows(&self, acc: &mut Self::Buf, src: &Self::Buf, dim: usize, rows: &[u32], weights: &[f32]) {
+        self.inner.scatter_add_rows(acc, src, dim, rows, weights)
+    }
+    fn sigmoid_scale_rows(&self, x: &mut Self::Buf, gate: &Self::Buf, dim: usize) {
+        self.inner.sigmoid_scale_rows(x, gate, dim)
+    }
+
+    /// The fault: the cache is written correctly, but each query attends as if its sequence
+    /// started `VISIBLE_POSITIONS` tokens ago (a page table that only maps the newest block).
+    fn attention(
+        &self,
+        q: &Self::Buf,
+        k: &Self::Buf,
+        v: &Self::Buf,
+        pool: &mut KvLayerPool<Self>,
+        batch: &BatchLayout,
+        shape: AttnShape,
+        out: &mut Self::Buf,
+    ) {
+        let mut inner_pool = KvLayerPool::<B> {
+            k: std::mem::replace(&mut pool.k, self.inner.zeros(0)),
+            v: std::mem::replace(&mut pool.v, self.inner.zeros(0)),
+            num_blocks: pool.num_blocks,
+            block_size: pool.block_size,
+            kv_heads: pool.kv_heads,
+            head_dim: pool.head_dim,
+        };
+        // First let the inner kernel write the new K/V at their true positions.
+        self.inner.attention(q, k, v, &mut inner_pool, batch, shape, out);
+        // Then recompute each new token's output over only its own K/V: one-token "sequences" at
+        // position 0 of a scratch pool.
+        let mut scratch = KvLayerPool::<B>::new(&self.inner, batch.total_tokens().max(1), pool.block_size, pool.kv_heads, pool.head_dim);
+        let seqs: Vec<SeqLayout> = (0..batch.total_tokens())
+            .map(|row| SeqLayout { start: row, len: 1, pos: VISIBLE_POSITIONS - 1, blocks: vec![row as u32], slot: 0, snapshot_slots: Vec::new() })
+            .collect();
+        let one_token_batch = BatchLayout { seqs, block_size: pool.block_size };
+        self.inner.attention(q, k, v, &mut scratch, &one_token_batch, shape, out);
+        pool.k = inner_pool.k;
+        pool.v = inner_pool.v;
+    }
+
+    fn causal_conv1d(&self, x: &Self::Buf, w: &Self::Buf, pool: &mut StateLayerPool<Self>, batch: &BatchLayout, out: &mut Self::Buf) {
+        with_inner_state(&self.inner, pool, |p| self.inner.causal_conv1d(x, w, p, batch, out))
+    }
+    fn gdn_gates(&self, a: &Self::Buf, b: &Self::Buf, a_log: &Self::Buf, dt_bias: &Self::Buf, g: &mut Self::Buf, beta: &mut Self::Buf) {
+        self.inner.gdn_gates(a, b, a_log, dt_bias, g, beta)
+    }
+    fn gated_delta_rule(
+        &self,
+        mixed: &Self::Buf,
+        g: &Self::Buf,
+        beta: &Self::Buf,
+        pool: &mut StateLayerPool<Self>,
+        batch: &BatchLayout,
+        shape: GdnShape,
+        out: &mut Self::Buf,
+    ) {
+        with_inner_state(&self.inner, pool, |p| self.inner.gated_delta_rule(mixed, g, beta, p, batch, shape, out))
+    }
+    fn reset_state_slot(&self, pool: &mut StateLayerPool<Self>, slot: usize) {
+        with_inner_state(&self.inner, pool, |p| self.inner.reset_state_slot(p, slot))
+    }
+    fn copy_state_slot(&self, pool: &mut StateLayerPool<Self>, src: usize, dst: usize) {
+        with_inner_state(&self.inner, pool, |p| self.inner.copy_state_slot(p, src, dst))
+    }
+    fn route_top_k(&self, logits: &Self::Buf, experts: usize, top_k: usize, renormalize: bool) -> Vec<RouteChoice> {
+        self.inner.route_top_k(logits, experts, top_k, renormalize)
+    }
+}
+
+/// Lends a state pool typed for the wrapper to the inner backend (the same buffers and geometry,
+/// moved out and back).
+fn with_inner_state<B: Backend, R>(inner: &B, pool: &mut StateLayerPool<BrokenAttention<B>>, f: impl FnOnce(&mut StateLayerPool<B>) -> R) -> R {
+    let mut lent = StateLayerPool::<B> {
+        conv: std::mem::replace(&mut pool.conv, inner.zeros(0)),
+        ssm: std::mem::replace(&mut pool.ssm, inner.zeros(0)),
+        slots: pool.slots,
+        conv_dim: pool.conv_dim,
+        conv_history: pool.conv_history,
+        value_heads: pool.value_heads,
+        key_dim: pool.key_dim,
+        value_dim: pool.value_dim,
+    };
+    let result = f(&mut lent);
+    pool.conv = lent.conv;
+    pool.ssm = lent.ssm;
+    result
+}
