@@ -10,6 +10,7 @@ use deltaserve_model::source::TensorSource;
 use deltaserve_model::weights::Weights;
 use deltaserve_model::Model;
 use deltaserve_tensor::cpu::CpuBackend;
+use deltaserve_tensor::diagnostic::{BrokenAttention, BROKEN_ATTENTION_NAME};
 use deltaserve_tensor::reference::ReferenceBackend;
 use deltaserve_tensor::{Backend, DType};
 use std::path::{Path, PathBuf};
@@ -42,12 +43,18 @@ pub struct ModelArgs {
     /// CPU threads for the cpu backend (0 = all cores).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
+    /// Attention implementation. The CPU backends have one (`native`); `diagnostic-broken-attention`
+    /// deliberately computes attention wrongly, to show doctor, the canary and the detector at work.
+    #[arg(long = "attention-backend", default_value = "native")]
+    pub attention_backend: String,
 }
 
 /// A model on whichever backend the flags chose.
 pub enum AnyModel {
     Reference(Model<ReferenceBackend>),
     Cpu(Model<CpuBackend>),
+    /// The diagnostic broken-attention wrapper around the cpu backend.
+    BrokenCpu(Model<BrokenAttention<CpuBackend>>),
 }
 
 /// Runs `$body` with `$m` bound to the concrete `Model<B>`.
@@ -56,12 +63,30 @@ macro_rules! with_model {
         match $any {
             $crate::loading::AnyModel::Reference($m) => $body,
             $crate::loading::AnyModel::Cpu($m) => $body,
+            $crate::loading::AnyModel::BrokenCpu($m) => $body,
         }
     };
 }
 pub(crate) use with_model;
 
-pub fn load_model(args: &ModelArgs) -> Result<AnyModel> {
+/// Accepted `--attention-backend` values.
+const NATIVE_ATTENTION: &str = "native";
+
+/// Whether the flags ask for the diagnostic broken attention; an error for names we do not have.
+fn broken_attention_requested(args: &ModelArgs) -> Result<bool> {
+    match args.attention_backend.as_str() {
+        NATIVE_ATTENTION => Ok(false),
+        BROKEN_ATTENTION_NAME if args.backend == BackendKind::Cpu => Ok(true),
+        BROKEN_ATTENTION_NAME => bail!("--attention-backend {BROKEN_ATTENTION_NAME} wraps the cpu backend; use it with --backend cpu"),
+        other => bail!(
+            "--attention-backend {other}: the {:?} backend has one attention implementation, `{NATIVE_ATTENTION}` (or `{BROKEN_ATTENTION_NAME}` for diagnostics); GPU kernels such as flashinfer or triton do not apply",
+            args.backend
+        ),
+    }
+}
+
+/// The model's config and a source of its weights, as the flags say.
+pub fn open_source(args: &ModelArgs) -> Result<(ModelConfig, Box<dyn TensorSource>)> {
     let dir = &args.model_path;
     if !dir.is_dir() {
         bail!("--model-path {}: not a directory", dir.display());
@@ -69,15 +94,33 @@ pub fn load_model(args: &ModelArgs) -> Result<AnyModel> {
     let config = ModelConfig::from_dir(dir)?;
     let source: Box<dyn TensorSource> = match args.load_format {
         LoadFormat::Auto => Box::new(SafetensorsSource::open(dir)?),
-        LoadFormat::Dummy => Box::new(DummySource::new(config.dtype.unwrap_or(DType::BF16), 0)),
+        LoadFormat::Dummy => Box::new(DummySource::new(config.dtype.unwrap_or(DType::BF16), 0).with_tied_embeddings(config.tie_word_embeddings)),
     };
+    Ok((config, source))
+}
+
+pub fn load_model(args: &ModelArgs) -> Result<AnyModel> {
+    let broken = broken_attention_requested(args)?;
+    let (config, source) = open_source(args)?;
+    let dir = &args.model_path;
     Ok(match args.backend {
         BackendKind::Reference => AnyModel::Reference(build(ReferenceBackend, config, source.as_ref(), dir)?),
-        BackendKind::Cpu => AnyModel::Cpu(build(CpuBackend::new(args.threads), config, source.as_ref(), dir)?),
+        BackendKind::Cpu if broken => AnyModel::BrokenCpu(build(BrokenAttention { inner: cpu_backend(args.threads)? }, config, source.as_ref(), dir)?),
+        BackendKind::Cpu => AnyModel::Cpu(build(cpu_backend(args.threads)?, config, source.as_ref(), dir)?),
     })
 }
 
-fn build<B: Backend>(backend: B, config: ModelConfig, source: &dyn TensorSource, dir: &Path) -> Result<Model<B>> {
+/// The reference model on the same weights, for comparisons.
+pub fn load_reference(args: &ModelArgs) -> Result<Model<ReferenceBackend>> {
+    let (config, source) = open_source(args)?;
+    build(ReferenceBackend, config, source.as_ref(), &args.model_path)
+}
+
+fn cpu_backend(threads: usize) -> Result<CpuBackend> {
+    CpuBackend::try_new(threads).map_err(|e| anyhow::anyhow!("--threads {threads}: {e}"))
+}
+
+pub fn build<B: Backend>(backend: B, config: ModelConfig, source: &dyn TensorSource, dir: &Path) -> Result<Model<B>> {
     let bar = indicatif::ProgressBar::new(0).with_style(
         indicatif::ProgressStyle::with_template("loading weights [{bar:40}] {pos}/{len} tensors {elapsed}")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),

@@ -21,6 +21,11 @@ enum Command {
     Score(commands::score::ScoreArgs),
     /// Prefill and decode throughput of a model (real or `--load-format dummy`).
     Bench(commands::bench::BenchArgs),
+    /// Check a backend against the reference on the model's weights (every op, every layer), then
+    /// run the canary through the degeneration detector.
+    Doctor(commands::doctor::DoctorArgs),
+    /// Run the degeneration detector on a text or a JSONL file of chat completion responses.
+    LintOutput(commands::lint_output::LintOutputArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -29,6 +34,12 @@ fn main() -> std::process::ExitCode {
         Command::Generate(args) => commands::generate::run(args),
         Command::Score(args) => commands::score::run(args),
         Command::Bench(args) => commands::bench::run(args),
+        Command::Doctor(args) => commands::doctor::run(args),
+        Command::LintOutput(args) => match commands::lint_output::run(args) {
+            Ok(true) => return std::process::ExitCode::from(1),
+            Ok(false) => Ok(()),
+            Err(e) => Err(e),
+        },
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

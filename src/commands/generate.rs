@@ -22,17 +22,13 @@ pub struct GenerateArgs {
 
 pub fn run(args: GenerateArgs) -> Result<()> {
     let tokenizer_path = args.model.model_path.join("tokenizer.json");
-    let tokenizer = if tokenizer_path.is_file() {
-        Some(tokenizers::Tokenizer::from_file(&tokenizer_path).map_err(|e| anyhow::anyhow!("{}: {e}", tokenizer_path.display()))?)
-    } else {
-        None
-    };
+    let tokenizer = if tokenizer_path.is_file() { Some(deltaserve_text::Tokenizer::from_dir(&args.model.model_path)?) } else { None };
     let prompt_ids: Vec<u32> = match (&args.prompt, &args.prompt_ids) {
         (Some(text), None) => {
             let Some(tok) = &tokenizer else {
                 bail!("--prompt needs {} to tokenize the text; pass --prompt-ids instead", tokenizer_path.display());
             };
-            tok.encode(text.as_str(), false).map_err(|e| anyhow::anyhow!("tokenizing --prompt: {e}"))?.get_ids().to_vec()
+            tok.encode(text, false).context("tokenizing --prompt")?
         }
         (None, Some(ids)) => ids.clone(),
         _ => bail!("give exactly one of --prompt TEXT or --prompt-ids 1,2,3"),
@@ -50,7 +46,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let mut out = stdout.lock();
     match &tokenizer {
         Some(tok) => {
-            let text = tok.decode(&generated, false).map_err(|e| anyhow::anyhow!("decoding: {e}"))?;
+            let text = tok.decode(&generated, false).context("decoding the output")?;
             writeln!(out, "{text}").context("writing to stdout")?;
         }
         None => {

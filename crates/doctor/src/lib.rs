@@ -3,6 +3,7 @@
 //! compared after every layer. The first failing row names the op and the layer that diverge.
 //! It computes and reports; printing and exit codes are the CLI's.
 
+pub mod canary;
 pub mod inputs;
 pub mod layers;
 pub mod ops;

@@ -1,0 +1,118 @@
+//! `deltaserve doctor`: checks the chosen backend against `reference` on the model's real weights
+//! (every op, then every layer of one prompt), then runs the canary through the degeneration
+//! detector. Prints a table and exits non-zero naming the first op and layer that diverge.
+
+use crate::loading::{load_model, load_reference, with_model, BackendKind, ModelArgs};
+use anyhow::{bail, Result};
+use clap::Args;
+use deltaserve_doctor::canary::{judge, CanarySpec};
+use deltaserve_doctor::layers::check_layers;
+use deltaserve_doctor::ops::check_ops;
+use deltaserve_doctor::CheckRow;
+use deltaserve_model::Model;
+use deltaserve_tensor::reference::ReferenceBackend;
+use deltaserve_tensor::Backend;
+
+/// f32 backends agree with the f64-accumulating reference to ~1e-5 relative; this leaves room for
+/// long dot products and the chunked GDN form while catching any real defect (those are O(1)).
+const DEFAULT_TOLERANCE: f32 = 2e-3;
+
+#[derive(Args, Debug)]
+pub struct DoctorArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Largest relative error (max |ours - reference| / max |reference|) that passes.
+    #[arg(long, default_value_t = DEFAULT_TOLERANCE)]
+    pub tolerance: f32,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn print_table(title: &str, rows: &[CheckRow]) {
+    println!("\n{title}");
+    println!("{:<48} {:<24} {:>11} {:>11}  verdict", "op / stage", "where", "max |err|", "rel err");
+    for r in rows {
+        let verdict = if r.passed() { "ok" } else { "FAIL" };
+        println!("{:<48} {:<24} {:>11.3e} {:>11.3e}  {verdict}", r.what, r.location(), r.comparison.max_abs, r.comparison.relative);
+    }
+}
+
+fn row_json(r: &CheckRow) -> serde_json::Value {
+    serde_json::json!({
+        "what": r.what, "layer": r.layer, "layer_kind": r.layer_kind,
+        "max_abs": r.comparison.max_abs, "relative": r.comparison.relative,
+        "tolerance": r.tolerance, "passed": r.passed(),
+    })
+}
+
+fn examine<B: Backend>(args: &DoctorArgs, reference: &Model<ReferenceBackend>, target: &Model<B>) -> Result<()> {
+    let dir = &args.model.model_path;
+    let tokenizer = if dir.join("tokenizer.json").is_file() { Some(deltaserve_text::Tokenizer::from_dir(dir)?) } else { None };
+    let spec = CanarySpec::for_model(dir, tokenizer.as_ref(), target.config.vocab_size).map_err(anyhow::Error::msg)?;
+    let ops = check_ops(reference, target, args.tolerance);
+    let layers = check_layers(reference, target, &spec.prompt_ids, args.tolerance);
+    let stop_ids = tokenizer.as_ref().map_or_else(|| target.config.eos_token_ids.clone(), |t| t.stop_token_ids().to_vec());
+    let mut generated = target.generate_greedy(&spec.prompt_ids, spec.max_tokens, &stop_ids, &mut |_| {});
+    let stopped = generated.last().is_some_and(|t| stop_ids.contains(t));
+    if stopped {
+        generated.pop();
+    }
+    let canary = judge(&spec, &generated, stopped, tokenizer.as_ref());
+
+    if args.json {
+        let report = serde_json::json!({
+            "backend": target.backend.name(),
+            "ops": ops.iter().map(row_json).collect::<Vec<_>>(),
+            "layers": layers.iter().map(row_json).collect::<Vec<_>>(),
+            "canary": {"question": spec.question, "text": canary.text, "healthy": canary.healthy(), "failure": canary.failure(),
+                       "verdict": canary.verdict, "answer_ok": canary.answer_ok},
+        });
+        println!("{report}");
+    } else {
+        println!("doctor: backend `{}` against `reference` on {}", target.backend.name(), dir.display());
+        print_table("ops (real weights and shapes, pseudo-random inputs)", &ops);
+        print_table("layers (one prompt, hidden state after each layer)", &layers);
+        println!("\ncanary ({} prompt tokens, greedy, up to {} tokens)", spec.prompt_ids.len(), spec.max_tokens);
+        if let Some(q) = &spec.question {
+            println!("  question: {q}");
+        }
+        println!("  reply: {:?}", canary.text);
+        match canary.failure() {
+            None => println!("  verdict: ok"),
+            Some(why) => println!("  verdict: FAIL: {why}"),
+        }
+    }
+    let first_op = ops.iter().find(|r| !r.passed());
+    let first_layer = layers.iter().find(|r| !r.passed());
+    match (first_op, first_layer, canary.failure()) {
+        (None, None, None) => {
+            if !args.json {
+                println!("\ndoctor: all {} checks passed", ops.len() + layers.len() + 1);
+            }
+            Ok(())
+        }
+        (op, layer, canary_failure) => {
+            let mut parts = Vec::new();
+            if let Some(op) = op {
+                parts.push(format!("first diverging op: `{}` in {}", op.what, op.location()));
+            }
+            if let Some(layer) = layer {
+                parts.push(format!("first diverging layer: {}", layer.location()));
+            }
+            if let Some(why) = canary_failure {
+                parts.push(format!("canary: {why}"));
+            }
+            bail!("doctor found problems with backend `{}`: {}", target.backend.name(), parts.join("; "))
+        }
+    }
+}
+
+pub fn run(args: DoctorArgs) -> Result<()> {
+    if args.model.backend == BackendKind::Reference && args.model.attention_backend == "native" {
+        eprintln!("doctor: --backend reference checks the reference against itself; use --backend cpu to check the fast backend");
+    }
+    let reference = load_reference(&args.model)?;
+    let target = load_model(&args.model)?;
+    with_model!(&target, m => examine(&args, &reference, m))
+}
