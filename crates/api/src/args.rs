@@ -1,0 +1,501 @@
+//! The `deltaserve serve` flags (SGLang spellings where the meaning is the same) and their validation:
+//! contradictory or unsupported combinations are refused at start-up with a message naming the flags.
+//! Building the engine from these flags belongs to the binary, not here.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+
+/// Flags of `deltaserve serve`.
+#[derive(Args, Debug, Clone, PartialEq)]
+pub struct ServeArgs {
+    /// Model directory (config.json, *.safetensors, tokenizer.json, generation_config.json).
+    #[arg(long, alias = "model")]
+    pub model_path: PathBuf,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0 picks a free one).
+    #[arg(long, default_value_t = 30000)]
+    pub port: u16,
+    /// Model name reported by /v1/models and accepted in requests (default: --model-path as given).
+    #[arg(long)]
+    pub served_model_name: Option<String>,
+    /// Maximum prompt + completion tokens of one request (default: the model's max_position_embeddings).
+    #[arg(long)]
+    pub context_length: Option<usize>,
+    /// Maximum number of sequences decoded together.
+    #[arg(long)]
+    pub max_running_requests: Option<usize>,
+    /// Fraction of device memory for weights and both cache pools, in (0, 1].
+    #[arg(long)]
+    pub mem_fraction_static: Option<f32>,
+    /// Number of GDN state slots (each holds one sequence's conv window and recurrent state).
+    #[arg(long)]
+    pub max_mamba_cache_size: Option<usize>,
+    /// Share of the cache memory given to the GDN state pool (the rest is KV), in (0, 1).
+    #[arg(long)]
+    pub mamba_full_memory_ratio: Option<f32>,
+    /// Data type of the recurrent GDN state.
+    #[arg(long, value_enum, default_value_t = MambaSsmDtype::Float32)]
+    pub mamba_ssm_dtype: MambaSsmDtype,
+    /// Full-attention kernel choice; deltaserve has one attention implementation per --backend.
+    #[arg(long)]
+    pub attention_backend: Option<String>,
+    /// Speculative decoding with the model's own MTP head: NEXTN (alias MTP).
+    #[arg(long, alias = "speculative-algo")]
+    pub speculative_algorithm: Option<String>,
+    /// Draft tokens proposed per verify step.
+    #[arg(long)]
+    pub speculative_num_steps: Option<usize>,
+    /// Drafts per position; only 1 (a chain, no tree) is supported.
+    #[arg(long)]
+    pub speculative_eagle_topk: Option<usize>,
+    /// Tokens verified per step; must be --speculative-num-steps + 1 with top-k 1.
+    #[arg(long)]
+    pub speculative_num_draft_tokens: Option<usize>,
+    /// Turn speculation off while more than this many requests are running.
+    #[arg(long)]
+    pub speculative_disable_batch_size: Option<usize>,
+    /// Split model output into reasoning_content and content: qwen3.
+    #[arg(long)]
+    pub reasoning_parser: Option<String>,
+    /// Parse tool calls out of model output: qwen3_coder.
+    #[arg(long)]
+    pub tool_call_parser: Option<String>,
+    /// Tensor-parallel degree.
+    #[arg(long, alias = "tp", default_value_t = 1)]
+    pub tp_size: usize,
+    /// `auto` reads the safetensors weights; `dummy` makes random weights of the right shapes.
+    #[arg(long, value_enum, default_value_t = LoadFormat::Auto)]
+    pub load_format: LoadFormat,
+    /// Serve Prometheus metrics at /metrics.
+    #[arg(long)]
+    pub enable_metrics: bool,
+    /// Maximum prompt tokens prefilled in one step; -1 turns chunking off.
+    #[arg(long, allow_negative_numbers = true)]
+    pub chunked_prefill_size: Option<i64>,
+    /// Size of the KV pool in tokens (overrides the memory-fraction sizing).
+    #[arg(long)]
+    pub max_total_tokens: Option<usize>,
+    /// Tokens per KV block.
+    #[arg(long)]
+    pub page_size: Option<usize>,
+    /// Requests waiting beyond this many are refused with 429.
+    #[arg(long)]
+    pub max_queued_requests: Option<usize>,
+    /// Compute backend.
+    #[arg(long, value_enum, default_value_t = BackendKind::Cpu)]
+    pub backend: BackendKind,
+    /// CPU threads for the cpu backend (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// /health runs a one-token generation when none finished in this many seconds.
+    #[arg(long, default_value_t = 30)]
+    pub health_generate_interval: u64,
+    /// On SIGTERM/SIGINT, in-flight requests get this many seconds to finish.
+    #[arg(long, default_value_t = 30)]
+    pub shutdown_grace_period: u64,
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MambaSsmDtype {
+    Float32,
+    Bfloat16,
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoadFormat {
+    #[value(alias = "safetensors")]
+    Auto,
+    Dummy,
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendKind {
+    Reference,
+    Cpu,
+}
+
+/// Speculative decoding settings after validation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpeculativeConfig {
+    pub num_steps: usize,
+    pub num_draft_tokens: usize,
+    pub disable_batch_size: Option<usize>,
+}
+
+/// Default draft length when only `--speculative-algorithm` is given (SGLang's NEXTN default).
+const DEFAULT_SPECULATIVE_STEPS: usize = 3;
+
+/// A flag combination refused at start-up.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid flags: {0}")]
+pub struct ArgsError(pub String);
+
+fn refuse<T>(message: impl Into<String>) -> Result<T, ArgsError> {
+    Err(ArgsError(message.into()))
+}
+
+impl ServeArgs {
+    /// Refuses contradictory or unsupported flag combinations; returns the speculative settings.
+    pub fn validate(&self) -> Result<Option<SpeculativeConfig>, ArgsError> {
+        self.validate_sizes()?;
+        self.validate_memory()?;
+        self.validate_parsers()?;
+        self.validate_backend()?;
+        self.speculative()
+    }
+
+    /// The name clients use in `model` and see in /v1/models.
+    pub fn model_name(&self) -> String {
+        self.served_model_name
+            .clone()
+            .unwrap_or_else(|| self.model_path.display().to_string())
+    }
+
+    /// `None` when chunked prefill is off (`--chunked-prefill-size -1`).
+    pub fn chunked_prefill_tokens(&self) -> Option<usize> {
+        self.chunked_prefill_size
+            .and_then(|n| usize::try_from(n).ok())
+    }
+
+    pub fn health_interval(&self) -> Duration {
+        Duration::from_secs(self.health_generate_interval)
+    }
+
+    pub fn grace_period(&self) -> Duration {
+        Duration::from_secs(self.shutdown_grace_period)
+    }
+
+    /// `--host` and `--port` as a socket address.
+    pub fn listen_addr(&self) -> Result<SocketAddr, ArgsError> {
+        let host = self.host.trim_start_matches('[').trim_end_matches(']');
+        match host.parse::<std::net::IpAddr>() {
+            Ok(ip) => Ok(SocketAddr::new(ip, self.port)),
+            Err(_) if host == "localhost" => Ok(SocketAddr::from(([127, 0, 0, 1], self.port))),
+            Err(_) => refuse(format!(
+                "--host {:?} is not an IP address (use e.g. 127.0.0.1 or 0.0.0.0)",
+                self.host
+            )),
+        }
+    }
+
+    fn validate_sizes(&self) -> Result<(), ArgsError> {
+        let positive = [
+            ("--context-length", self.context_length),
+            ("--max-running-requests", self.max_running_requests),
+            ("--max-mamba-cache-size", self.max_mamba_cache_size),
+            ("--max-total-tokens", self.max_total_tokens),
+            ("--page-size", self.page_size),
+            ("--max-queued-requests", self.max_queued_requests),
+            ("--threads", self.threads),
+            (
+                "--speculative-disable-batch-size",
+                self.speculative_disable_batch_size,
+            ),
+        ];
+        for (flag, value) in positive {
+            if value == Some(0) {
+                return refuse(format!("{flag} must be at least 1, found 0"));
+            }
+        }
+        if self.tp_size == 0 {
+            return refuse("--tp-size must be at least 1, found 0");
+        }
+        if let Some(n) = self.chunked_prefill_size {
+            if n == 0 || n < -1 {
+                return refuse(format!(
+                    "--chunked-prefill-size must be a positive token count or -1 (off), found {n}"
+                ));
+            }
+        }
+        if let (Some(total), Some(context)) = (self.max_total_tokens, self.context_length) {
+            if total < context {
+                return refuse(format!(
+                    "--max-total-tokens {total} is smaller than --context-length {context}: a request of full \
+                     context length could never be admitted"
+                ));
+            }
+        }
+        if let (Some(total), Some(page)) = (self.max_total_tokens, self.page_size) {
+            if total < page {
+                return refuse(format!(
+                    "--max-total-tokens {total} is smaller than one KV block (--page-size {page})"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_memory(&self) -> Result<(), ArgsError> {
+        if let Some(f) = self.mem_fraction_static {
+            if !(f > 0.0 && f <= 1.0) {
+                return refuse(format!(
+                    "--mem-fraction-static must be in (0, 1], found {f}"
+                ));
+            }
+        }
+        if let Some(r) = self.mamba_full_memory_ratio {
+            if !(r > 0.0 && r < 1.0) {
+                return refuse(format!(
+                    "--mamba-full-memory-ratio must be in (0, 1), found {r}"
+                ));
+            }
+        }
+        if let (Some(slots), Some(ratio)) =
+            (self.max_mamba_cache_size, self.mamba_full_memory_ratio)
+        {
+            return refuse(format!(
+                "--max-mamba-cache-size {slots} and --mamba-full-memory-ratio {ratio} both size the state \
+                 pool; give only one"
+            ));
+        }
+        Ok(())
+    }
+
+    fn validate_parsers(&self) -> Result<(), ArgsError> {
+        if let Some(parser) = &self.reasoning_parser {
+            if parser != "qwen3" {
+                return refuse(format!(
+                    "--reasoning-parser {parser:?} is not supported; the only reasoning parser is \"qwen3\" \
+                     (Qwen3.5 / Qwen3.6 / Qwen3-Next <think> blocks)"
+                ));
+            }
+        }
+        if let Some(parser) = &self.tool_call_parser {
+            if parser != "qwen3_coder" {
+                return refuse(format!(
+                    "--tool-call-parser {parser:?} is not supported; the only tool-call parser is \
+                     \"qwen3_coder\" (the XML <tool_call><function=...> format of Qwen3.5 / Qwen3-Coder)"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_backend(&self) -> Result<(), ArgsError> {
+        if self.tp_size > 1 {
+            return refuse(format!(
+                "--tp-size {} needs a multi-device backend; --backend {} runs on one CPU process (use \
+                 --threads for parallelism)",
+                self.tp_size,
+                self.backend_name()
+            ));
+        }
+        if let Some(attention) = &self.attention_backend {
+            match attention.as_str() {
+                "auto" | "native" => {}
+                other => {
+                    return refuse(format!(
+                        "--attention-backend {other:?} is not available: deltaserve has one proven attention \
+                         implementation per --backend (now {}); accepted values: auto, native",
+                        self.backend_name()
+                    ))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn backend_name(&self) -> &'static str {
+        match self.backend {
+            BackendKind::Reference => "reference",
+            BackendKind::Cpu => "cpu",
+        }
+    }
+
+    fn speculative(&self) -> Result<Option<SpeculativeConfig>, ArgsError> {
+        let Some(algorithm) = &self.speculative_algorithm else {
+            let given: Vec<&str> = [
+                (
+                    "--speculative-num-steps",
+                    self.speculative_num_steps.is_some(),
+                ),
+                (
+                    "--speculative-eagle-topk",
+                    self.speculative_eagle_topk.is_some(),
+                ),
+                (
+                    "--speculative-num-draft-tokens",
+                    self.speculative_num_draft_tokens.is_some(),
+                ),
+                (
+                    "--speculative-disable-batch-size",
+                    self.speculative_disable_batch_size.is_some(),
+                ),
+            ]
+            .into_iter()
+            .filter_map(|(flag, set)| set.then_some(flag))
+            .collect();
+            if !given.is_empty() {
+                return refuse(format!(
+                    "{} given without --speculative-algorithm; add --speculative-algorithm NEXTN or drop them",
+                    given.join(", ")
+                ));
+            }
+            return Ok(None);
+        };
+        match algorithm.to_ascii_uppercase().as_str() {
+            "NEXTN" | "MTP" => {}
+            "EAGLE" | "EAGLE3" | "STANDALONE" | "NGRAM" | "LOOKAHEAD" => {
+                return refuse(format!(
+                    "--speculative-algorithm {algorithm} is not supported: deltaserve drafts with the model's own \
+                     MTP head; use --speculative-algorithm NEXTN (alias MTP)"
+                ))
+            }
+            _ => {
+                return refuse(format!(
+                    "--speculative-algorithm {algorithm:?} is unknown; the supported value is NEXTN (alias MTP)"
+                ))
+            }
+        }
+        if let Some(topk) = self.speculative_eagle_topk {
+            if topk != 1 {
+                return refuse(format!(
+                    "--speculative-eagle-topk {topk} is unsupported: only chain drafting (top-k 1) is implemented"
+                ));
+            }
+        }
+        let num_steps = match (self.speculative_num_steps, self.speculative_num_draft_tokens) {
+            (Some(0), _) => return refuse("--speculative-num-steps must be at least 1, found 0"),
+            (_, Some(d)) if d < 2 => {
+                return refuse(format!(
+                    "--speculative-num-draft-tokens must be at least 2 (one draft plus the bonus token), found {d}"
+                ))
+            }
+            (Some(steps), Some(draft)) if draft != steps + 1 => {
+                return refuse(format!(
+                    "--speculative-num-draft-tokens {draft} must equal --speculative-num-steps {steps} + 1 with \
+                     top-k 1 (the verified chain is the drafts plus the bonus token)"
+                ))
+            }
+            (Some(steps), _) => steps,
+            (None, Some(draft)) => draft - 1,
+            (None, None) => DEFAULT_SPECULATIVE_STEPS,
+        };
+        Ok(Some(SpeculativeConfig {
+            num_steps,
+            num_draft_tokens: num_steps + 1,
+            disable_batch_size: self.speculative_disable_batch_size,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+
+    fn parse(flags: &str) -> ServeArgs {
+        let argv = std::iter::once("serve").chain(flags.split_whitespace());
+        Cli::try_parse_from(argv).unwrap().serve
+    }
+
+    fn refused(flags: &str) -> String {
+        parse(flags).validate().unwrap_err().0
+    }
+
+    #[test]
+    fn defaults_follow_sglang() {
+        let args = parse("--model-path /m");
+        assert_eq!(args.host, "127.0.0.1");
+        assert_eq!(args.port, 30000);
+        assert_eq!(args.tp_size, 1);
+        assert_eq!(args.model_name(), "/m");
+        assert_eq!(args.validate().unwrap(), None);
+        assert_eq!(args.listen_addr().unwrap().to_string(), "127.0.0.1:30000");
+    }
+
+    #[test]
+    fn nextn_and_mtp_alias() {
+        let spec = parse("--model-path m --speculative-algorithm MTP")
+            .validate()
+            .unwrap()
+            .unwrap();
+        assert_eq!((spec.num_steps, spec.num_draft_tokens), (3, 4));
+        let spec = parse(
+            "--model-path m --speculative-algorithm NEXTN --speculative-num-steps 2 --speculative-eagle-topk 1 \
+             --speculative-num-draft-tokens 3",
+        )
+        .validate()
+        .unwrap()
+        .unwrap();
+        assert_eq!((spec.num_steps, spec.num_draft_tokens), (2, 3));
+        let spec =
+            parse("--model-path m --speculative-algorithm nextn --speculative-num-draft-tokens 5")
+                .validate()
+                .unwrap()
+                .unwrap();
+        assert_eq!(spec.num_steps, 4);
+    }
+
+    #[test]
+    fn contradictions_name_their_flags() {
+        let e = refused("--model-path m --speculative-algorithm NEXTN --speculative-eagle-topk 4");
+        assert!(e.contains("--speculative-eagle-topk 4"), "{e}");
+        let e = refused(
+            "--model-path m --speculative-algorithm NEXTN --speculative-num-steps 3 --speculative-num-draft-tokens 3",
+        );
+        assert!(
+            e.contains("--speculative-num-draft-tokens 3")
+                && e.contains("--speculative-num-steps 3"),
+            "{e}"
+        );
+        let e = refused("--model-path m --speculative-num-steps 3");
+        assert!(
+            e.contains("--speculative-num-steps") && e.contains("--speculative-algorithm"),
+            "{e}"
+        );
+        let e = refused("--model-path m --speculative-algorithm EAGLE");
+        assert!(e.contains("NEXTN"), "{e}");
+        let e = refused("--model-path m --tp-size 2");
+        assert!(e.contains("--tp-size 2") && e.contains("cpu"), "{e}");
+        let e = refused("--model-path m --reasoning-parser deepseek-r1");
+        assert!(e.contains("deepseek-r1") && e.contains("qwen3"), "{e}");
+        let e = refused("--model-path m --tool-call-parser hermes");
+        assert!(e.contains("hermes"), "{e}");
+        let e = refused("--model-path m --attention-backend flashinfer");
+        assert!(e.contains("flashinfer"), "{e}");
+        let e = refused("--model-path m --max-mamba-cache-size 8 --mamba-full-memory-ratio 0.5");
+        assert!(
+            e.contains("--max-mamba-cache-size 8") && e.contains("--mamba-full-memory-ratio"),
+            "{e}"
+        );
+        let e = refused("--model-path m --mem-fraction-static 1.5");
+        assert!(e.contains("--mem-fraction-static"), "{e}");
+        let e = refused("--model-path m --context-length 4096 --max-total-tokens 1024");
+        assert!(e.contains("4096") && e.contains("1024"), "{e}");
+        let e = refused("--model-path m --chunked-prefill-size 0");
+        assert!(e.contains("--chunked-prefill-size"), "{e}");
+        let e = refused("--model-path m --max-running-requests 0");
+        assert!(e.contains("--max-running-requests"), "{e}");
+    }
+
+    #[test]
+    fn chunked_prefill_minus_one_is_off() {
+        let args = parse("--model-path m --chunked-prefill-size -1");
+        assert!(args.validate().is_ok());
+        assert_eq!(args.chunked_prefill_tokens(), None);
+        assert_eq!(
+            parse("--model-path m --chunked-prefill-size 512").chunked_prefill_tokens(),
+            Some(512)
+        );
+    }
+
+    #[test]
+    fn unknown_enum_values_fail_at_parse() {
+        let argv = ["serve", "--model-path", "m", "--load-format", "gguf"];
+        assert!(Cli::try_parse_from(argv).is_err());
+        let argv = ["serve", "--model-path", "m", "--mamba-ssm-dtype", "float16"];
+        assert!(Cli::try_parse_from(argv).is_err());
+    }
+}

@@ -1,0 +1,545 @@
+//! `deltaserve bench serve`: a load generator for any OpenAI-compatible server (deltaserve, SGLang, vLLM,
+//! llama.cpp) in the manner of SGLang's bench_serving: random prompts of about `--input-len` words,
+//! fixed-length outputs, `--concurrency` requests in flight, then request and token throughput and TTFT /
+//! TPOT / ITL / end-to-end latency percentiles (computed in bench_report.rs). Plain HTTP/1.1 over hyper;
+//! it never touches the engine.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use clap::{Args, ValueEnum};
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::SendRequest;
+use hyper::Request;
+use hyper_util::rt::TokioIo;
+use serde_json::{json, Value};
+
+pub use crate::bench_report::{BenchServeReport, Distribution};
+
+/// Flags of `deltaserve bench serve`.
+#[derive(Args, Debug, Clone, PartialEq)]
+pub struct BenchServeArgs {
+    /// Server root, e.g. http://127.0.0.1:30000 (a trailing /v1 is accepted). Plain HTTP only.
+    #[arg(long)]
+    pub url: String,
+    /// Requests in flight at once.
+    #[arg(long, default_value_t = 8)]
+    pub concurrency: usize,
+    /// Requests sent in total.
+    #[arg(long, default_value_t = 64)]
+    pub num_prompts: usize,
+    /// Prompt length in words (about one token each for common English words).
+    #[arg(long, default_value_t = 256)]
+    pub input_len: usize,
+    /// Tokens to generate per request (`max_tokens`, with `ignore_eos`).
+    #[arg(long, default_value_t = 128)]
+    pub output_len: usize,
+    /// Model name to send (default: the first model of GET /v1/models).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Stream responses (needed for TTFT, TPOT and ITL).
+    #[arg(long)]
+    pub stream: bool,
+    /// Which API to drive.
+    #[arg(long, value_enum, default_value_t = BenchEndpoint::Completions)]
+    pub endpoint: BenchEndpoint,
+    /// Sampling temperature sent with every request.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    /// Also send `min_tokens = --output-len` (vLLM, SGLang); deltaserve refuses it.
+    #[arg(long)]
+    pub min_tokens: bool,
+    /// Do not send `ignore_eos: true` (for servers that reject unknown fields).
+    #[arg(long)]
+    pub no_ignore_eos: bool,
+    /// Seed of the random prompts.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Per-request timeout in seconds.
+    #[arg(long, default_value_t = 600)]
+    pub request_timeout: u64,
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BenchEndpoint {
+    Completions,
+    Chat,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BenchServeError {
+    #[error("--url {url:?}: {reason}")]
+    Url { url: String, reason: String },
+    #[error("{flag} must be at least 1")]
+    Zero { flag: &'static str },
+    #[error("cannot reach {addr}: {message}")]
+    Connect { addr: String, message: String },
+    #[error("GET /v1/models failed: {0}; pass --model")]
+    Models(String),
+    #[error("cannot start the async runtime: {0}")]
+    Runtime(std::io::Error),
+}
+
+/// A parsed `http://host:port/prefix` URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Target {
+    /// `host:port` to connect to and send as `Host`.
+    authority: String,
+    /// Path prefix without a trailing slash (usually empty).
+    prefix: String,
+}
+
+impl Target {
+    fn parse(url: &str) -> Result<Self, BenchServeError> {
+        let error = |reason: &str| BenchServeError::Url {
+            url: url.to_string(),
+            reason: reason.to_string(),
+        };
+        let rest = url
+            .strip_prefix("http://")
+            .ok_or_else(|| error("only http:// URLs are supported"))?;
+        let (authority, path) = rest.split_once('/').map_or((rest, ""), |(a, p)| (a, p));
+        if authority.is_empty() {
+            return Err(error("no host"));
+        }
+        let authority = if authority.contains(':') && !authority.ends_with(']') {
+            authority.to_string()
+        } else {
+            format!("{authority}:80")
+        };
+        let mut prefix = format!("/{}", path.trim_end_matches('/'));
+        if prefix.ends_with("/v1") {
+            prefix.truncate(prefix.len() - 3);
+        }
+        if prefix == "/" {
+            prefix.clear();
+        }
+        Ok(Self {
+            authority,
+            prefix: prefix.trim_end_matches('/').to_string(),
+        })
+    }
+}
+
+/// An HTTP/1.1 connection that is re-opened when the server closes it.
+struct Connection {
+    target: Target,
+    sender: Option<SendRequest<Full<Bytes>>>,
+}
+
+impl Connection {
+    fn new(target: Target) -> Self {
+        Self {
+            target,
+            sender: None,
+        }
+    }
+
+    async fn sender(&mut self) -> Result<&mut SendRequest<Full<Bytes>>, String> {
+        let usable = match &mut self.sender {
+            Some(sender) => sender.ready().await.is_ok(),
+            None => false,
+        };
+        if !usable {
+            let stream = tokio::net::TcpStream::connect(&self.target.authority)
+                .await
+                .map_err(|e| format!("connect {}: {e}", self.target.authority))?;
+            let _ = stream.set_nodelay(true);
+            let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                .await
+                .map_err(|e| format!("HTTP handshake: {e}"))?;
+            tokio::spawn(connection);
+            self.sender = Some(sender);
+        }
+        self.sender
+            .as_mut()
+            .ok_or_else(|| "no connection".to_string())
+    }
+
+    /// Sends a request; returns the status and the response body.
+    async fn send(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<(u16, hyper::body::Incoming), String> {
+        let uri = format!("{}{}", self.target.prefix, path);
+        let authority = self.target.authority.clone();
+        let payload = body.map(|b| Bytes::from(b.to_string())).unwrap_or_default();
+        let request = Request::builder()
+            .method(method)
+            .uri(uri)
+            .header("host", authority)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .body(Full::new(payload))
+            .map_err(|e| format!("building the request: {e}"))?;
+        let sender = self.sender().await?;
+        match sender.send_request(request).await {
+            Ok(response) => Ok((response.status().as_u16(), response.into_body())),
+            Err(e) => {
+                self.sender = None;
+                Err(format!("request failed: {e}"))
+            }
+        }
+    }
+}
+
+/// Reads a whole response body as text.
+async fn body_text(body: hyper::body::Incoming) -> Result<String, String> {
+    body.collect()
+        .await
+        .map(|collected| String::from_utf8_lossy(&collected.to_bytes()).into_owned())
+        .map_err(|e| format!("reading the body: {e}"))
+}
+
+/// Outcome of one benchmark request.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct RequestResult {
+    pub(crate) error: Option<String>,
+    pub(crate) prompt_tokens: usize,
+    pub(crate) output_tokens: usize,
+    pub(crate) ttft: f64,
+    pub(crate) e2e: f64,
+    /// Gaps between streamed chunks that carried text, in seconds.
+    pub(crate) itl: Vec<f64>,
+}
+
+/// A small deterministic PRNG (SplitMix64) for reproducible prompts.
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+}
+
+/// Common English words that most BPE vocabularies encode as one token each (with a leading space).
+const WORDS: [&str; 64] = [
+    "the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "was", "with", "be", "by",
+    "on", "not", "he", "this", "are", "or", "his", "from", "at", "which", "but", "have", "an",
+    "had", "they", "you", "were", "their", "one", "all", "we", "can", "her", "has", "there",
+    "been", "if", "more", "when", "will", "would", "who", "so", "no", "time", "people", "water",
+    "system", "number", "world", "house", "model", "light", "river", "music", "paper", "market",
+    "story", "garden", "window",
+];
+
+/// Prompt `index`: a distinct numbered opening (so no two prompts share a long prefix) and random words.
+fn random_prompt(rng: &mut SplitMix, index: usize, words: usize) -> String {
+    let mut prompt = format!("Request {index}:");
+    for _ in 0..words.saturating_sub(2) {
+        prompt.push(' ');
+        prompt.push_str(WORDS[(rng.next() % WORDS.len() as u64) as usize]);
+    }
+    prompt
+}
+
+fn request_body(args: &BenchServeArgs, model: &str, prompt: &str) -> Value {
+    let mut body = match args.endpoint {
+        BenchEndpoint::Completions => json!({"model": model, "prompt": prompt}),
+        BenchEndpoint::Chat => {
+            json!({"model": model, "messages": [{"role": "user", "content": prompt}]})
+        }
+    };
+    body["max_tokens"] = json!(args.output_len);
+    body["temperature"] = json!(args.temperature);
+    if !args.no_ignore_eos {
+        body["ignore_eos"] = json!(true);
+    }
+    if args.min_tokens {
+        body["min_tokens"] = json!(args.output_len);
+    }
+    if args.stream {
+        body["stream"] = json!(true);
+        body["stream_options"] = json!({"include_usage": true});
+    }
+    body
+}
+
+fn endpoint_path(endpoint: BenchEndpoint) -> &'static str {
+    match endpoint {
+        BenchEndpoint::Completions => "/v1/completions",
+        BenchEndpoint::Chat => "/v1/chat/completions",
+    }
+}
+
+/// Text carried by one response object (completions `text`, chat `content` or `reasoning_content`).
+fn chunk_text_len(value: &Value) -> usize {
+    let Some(choices) = value.get("choices").and_then(Value::as_array) else {
+        return 0;
+    };
+    choices
+        .iter()
+        .map(|choice| {
+            let field = |v: Option<&Value>| v.and_then(Value::as_str).map_or(0, str::len);
+            field(choice.get("text"))
+                + choice.get("delta").map_or(0, |d| {
+                    field(d.get("content"))
+                        + field(d.get("reasoning_content"))
+                        + field(d.get("reasoning"))
+                })
+                + choice.get("message").map_or(0, |m| {
+                    field(m.get("content"))
+                        + field(m.get("reasoning_content"))
+                        + field(m.get("reasoning"))
+                })
+        })
+        .sum()
+}
+
+fn read_usage(value: &Value, result: &mut RequestResult) {
+    if let Some(usage) = value.get("usage").filter(|u| u.is_object()) {
+        let count = |name: &str| usage.get(name).and_then(Value::as_u64).map(|n| n as usize);
+        result.prompt_tokens = count("prompt_tokens").unwrap_or(result.prompt_tokens);
+        result.output_tokens = count("completion_tokens").unwrap_or(result.output_tokens);
+    }
+}
+
+async fn run_one(
+    connection: &mut Connection,
+    args: &BenchServeArgs,
+    body: &Value,
+) -> RequestResult {
+    let started = Instant::now();
+    let mut result = RequestResult::default();
+    let (status, mut response) = match connection
+        .send("POST", endpoint_path(args.endpoint), Some(body))
+        .await
+    {
+        Ok(answer) => answer,
+        Err(e) => {
+            result.error = Some(e);
+            return result;
+        }
+    };
+    if status != 200 {
+        let text = body_text(response).await.unwrap_or_default();
+        result.error = Some(format!(
+            "HTTP {status}: {}",
+            text.chars().take(300).collect::<String>()
+        ));
+        return result;
+    }
+    if !args.stream {
+        match body_text(response)
+            .await
+            .map(|t| serde_json::from_str::<Value>(&t))
+        {
+            Ok(Ok(value)) => {
+                read_usage(&value, &mut result);
+                result.e2e = started.elapsed().as_secs_f64();
+                result.ttft = result.e2e;
+            }
+            Ok(Err(e)) => result.error = Some(format!("invalid JSON response: {e}")),
+            Err(e) => result.error = Some(e),
+        }
+        return result;
+    }
+    let mut buffer = String::new();
+    let mut last_text_at: Option<Instant> = None;
+    let mut text_chunks = 0;
+    while let Some(frame) = response.frame().await {
+        let frame = match frame {
+            Ok(frame) => frame,
+            Err(e) => {
+                result.error = Some(format!("stream broke: {e}"));
+                return result;
+            }
+        };
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        buffer.push_str(&String::from_utf8_lossy(&data));
+        while let Some(end) = buffer.find("\n\n") {
+            let event: String = buffer.drain(..end + 2).collect();
+            for line in event.lines() {
+                let Some(payload) = line.strip_prefix("data:").map(str::trim) else {
+                    continue;
+                };
+                if payload == "[DONE]" {
+                    continue;
+                }
+                let Ok(value) = serde_json::from_str::<Value>(payload) else {
+                    result.error = Some(format!("invalid SSE event: {payload}"));
+                    return result;
+                };
+                if let Some(error) = value.get("error") {
+                    result.error = Some(format!("server error in stream: {error}"));
+                    return result;
+                }
+                read_usage(&value, &mut result);
+                if chunk_text_len(&value) > 0 {
+                    let now = Instant::now();
+                    match last_text_at {
+                        None => result.ttft = (now - started).as_secs_f64(),
+                        Some(previous) => result.itl.push((now - previous).as_secs_f64()),
+                    }
+                    last_text_at = Some(now);
+                    text_chunks += 1;
+                }
+            }
+        }
+    }
+    result.e2e = started.elapsed().as_secs_f64();
+    if result.output_tokens == 0 {
+        // The server sent no usage: count text chunks as tokens (one token per chunk for most servers).
+        result.output_tokens = text_chunks;
+    }
+    if last_text_at.is_none() {
+        result.ttft = result.e2e;
+    }
+    result
+}
+
+async fn first_model(target: &Target) -> Result<String, BenchServeError> {
+    let mut connection = Connection::new(target.clone());
+    let (status, body) = connection
+        .send("GET", "/v1/models", None)
+        .await
+        .map_err(|message| BenchServeError::Connect {
+            addr: target.authority.clone(),
+            message,
+        })?;
+    let text = body_text(body).await.map_err(BenchServeError::Models)?;
+    if status != 200 {
+        return Err(BenchServeError::Models(format!("HTTP {status}: {text}")));
+    }
+    serde_json::from_str::<Value>(&text)
+        .ok()
+        .and_then(|v| {
+            v.pointer("/data/0/id")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        })
+        .ok_or_else(|| BenchServeError::Models(format!("no model id in {text}")))
+}
+
+/// Runs the benchmark described by `args` against a running server.
+pub async fn run_bench_serve(args: &BenchServeArgs) -> Result<BenchServeReport, BenchServeError> {
+    if args.concurrency == 0 {
+        return Err(BenchServeError::Zero {
+            flag: "--concurrency",
+        });
+    }
+    if args.num_prompts == 0 {
+        return Err(BenchServeError::Zero {
+            flag: "--num-prompts",
+        });
+    }
+    if args.output_len == 0 {
+        return Err(BenchServeError::Zero {
+            flag: "--output-len",
+        });
+    }
+    let target = Target::parse(&args.url)?;
+    let model = match &args.model {
+        Some(model) => model.clone(),
+        None => first_model(&target).await?,
+    };
+    let mut rng = SplitMix(args.seed);
+    let bodies: Arc<Vec<Value>> = Arc::new(
+        (0..args.num_prompts)
+            .map(|i| request_body(args, &model, &random_prompt(&mut rng, i, args.input_len)))
+            .collect(),
+    );
+    let next = Arc::new(AtomicUsize::new(0));
+    let results = Arc::new(Mutex::new(Vec::with_capacity(args.num_prompts)));
+    let started = Instant::now();
+    let workers: Vec<_> = (0..args.concurrency.min(args.num_prompts))
+        .map(|_| {
+            let (bodies, next, results, target, args) = (
+                Arc::clone(&bodies),
+                Arc::clone(&next),
+                Arc::clone(&results),
+                target.clone(),
+                args.clone(),
+            );
+            tokio::spawn(async move {
+                let mut connection = Connection::new(target);
+                let timeout = Duration::from_secs(args.request_timeout);
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(body) = bodies.get(i) else { break };
+                    let result =
+                        match tokio::time::timeout(timeout, run_one(&mut connection, &args, body))
+                            .await
+                        {
+                            Ok(result) => result,
+                            Err(_) => {
+                                // The connection may still carry the unfinished response: start afresh.
+                                connection = Connection::new(connection.target.clone());
+                                RequestResult {
+                                    error: Some(format!("timed out after {} s", timeout.as_secs())),
+                                    ..RequestResult::default()
+                                }
+                            }
+                        };
+                    results
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push(result);
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        // A worker that panicked lost its in-flight result; the others' results still count.
+        let _ = worker.await;
+    }
+    let duration = started.elapsed();
+    let results = results.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    Ok(BenchServeReport::from_results(
+        args, model, &results, duration,
+    ))
+}
+
+/// `run_bench_serve` on its own runtime, for a synchronous caller (the CLI).
+pub fn run_bench_serve_blocking(
+    args: &BenchServeArgs,
+) -> Result<BenchServeReport, BenchServeError> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(BenchServeError::Runtime)?
+        .block_on(run_bench_serve(args))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn url_forms() {
+        let t = Target::parse("http://127.0.0.1:30000").unwrap();
+        assert_eq!(
+            (t.authority.as_str(), t.prefix.as_str()),
+            ("127.0.0.1:30000", "")
+        );
+        let t = Target::parse("http://localhost:8000/v1/").unwrap();
+        assert_eq!(
+            (t.authority.as_str(), t.prefix.as_str()),
+            ("localhost:8000", "")
+        );
+        let t = Target::parse("http://host/proxy/v1").unwrap();
+        assert_eq!(
+            (t.authority.as_str(), t.prefix.as_str()),
+            ("host:80", "/proxy")
+        );
+        assert!(Target::parse("https://x").is_err());
+    }
+
+    #[test]
+    fn prompts_have_the_requested_length_and_differ() {
+        let mut rng = SplitMix(1);
+        let a = random_prompt(&mut rng, 0, 50);
+        let b = random_prompt(&mut rng, 1, 50);
+        assert_eq!(a.split_whitespace().count(), 50);
+        assert_ne!(a, b);
+    }
+}

@@ -1,0 +1,367 @@
+//! POST /v1/chat/completions: messages through the chat template, `n` choices on the engine, output split
+//! into reasoning, content and tool calls, answered whole or as `chat.completion.chunk` SSE events.
+//! Request validation lives in request.rs, text parsing in chat_output.rs.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use deltaserve_text::{prompt_opens_reasoning, RenderOptions, TemplateError, ToolSchemas};
+use futures_util::stream::{BoxStream, SelectAll};
+use futures_util::StreamExt;
+use serde_json::{json, Map, Value};
+
+use crate::chat_output::{MessageDelta, OutputParsing, StreamParser};
+use crate::choices::{start_choices, Prompt};
+use crate::common::{account_choice, check_model, choice_error, read_json};
+use crate::error::ApiError;
+use crate::generation::{ChoiceItem, ChoiceRun, ChoiceUsage, FinishKind, TokenInfo};
+use crate::request::ChatRequest;
+use crate::response::{
+    chat_logprobs, new_id, sse_event, tool_call_chunk_json, tool_call_json, unix_now, usage_json,
+    SSE_DONE,
+};
+use crate::sse::sse_response;
+use crate::state::AppState;
+
+pub async fn chat_completions(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let arrival = Instant::now();
+    match chat(state, body, arrival).await {
+        Ok(response) => response,
+        Err(error) => error.into_response(),
+    }
+}
+
+/// Identity of one response, repeated in every chunk.
+#[derive(Debug, Clone)]
+struct ResponseHead {
+    id: String,
+    created: u64,
+    model: String,
+}
+
+fn template_error(error: TemplateError) -> ApiError {
+    match error {
+        TemplateError::Raised { .. } | TemplateError::Render { .. } => ApiError::invalid(
+            "messages",
+            format!("The messages cannot be formatted for this model: {error}"),
+        ),
+        TemplateError::ReservedKwarg { .. } => {
+            ApiError::invalid("chat_template_kwargs", error.to_string())
+        }
+        TemplateError::Missing | TemplateError::Syntax { .. } => {
+            ApiError::internal(error.to_string())
+        }
+    }
+}
+
+async fn chat(
+    state: Arc<AppState>,
+    body: Result<Bytes, BytesRejection>,
+    arrival: Instant,
+) -> Result<Response, ApiError> {
+    let body = read_json(body, state.config.max_body_bytes)?;
+    let request = ChatRequest::parse(&body)?;
+    check_model(&state, request.params.model.as_deref())?;
+    let engine = state.engine()?;
+    let with_tools = !request.tools.is_empty();
+    let options = RenderOptions {
+        tools: with_tools.then(|| request.tools.clone()),
+        add_generation_prompt: true,
+        kwargs: request.template_kwargs.clone(),
+    };
+    let prompt_text = state
+        .chat_template(with_tools)?
+        .render(&request.messages, &options)
+        .map_err(template_error)?;
+    let ids = state
+        .tokenizer
+        .encode(&prompt_text, false)
+        .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+    let prompt = Prompt {
+        ids,
+        opens_reasoning: prompt_opens_reasoning(&prompt_text),
+    };
+    let runs = start_choices(
+        &state,
+        &engine,
+        &request.params,
+        &prompt,
+        0,
+        arrival,
+        "messages",
+    )?;
+    let head = ResponseHead {
+        id: new_id("chatcmpl"),
+        created: unix_now(),
+        model: state.config.model_name.clone(),
+    };
+    let id_suffix = head.id.trim_start_matches("chatcmpl-").to_string();
+    let parsing: Vec<OutputParsing> = (0..runs.len())
+        .map(|i| OutputParsing {
+            reasoning: (state.config.reasoning_parser && request.separate_reasoning)
+                .then_some(prompt.opens_reasoning),
+            tools: (state.config.tool_call_parser && with_tools)
+                .then(|| ToolSchemas::from_tools(&request.tools)),
+            call_id_prefix: format!("call_{id_suffix}_{i}_"),
+        })
+        .collect();
+    let logprobs = request.params.logprobs.is_some();
+    if request.params.stream {
+        let stream = ChatStream::new(
+            state,
+            head,
+            runs,
+            &parsing,
+            logprobs,
+            request.params.include_usage,
+            prompt.ids.len(),
+        );
+        Ok(sse_response(stream.into_stream()))
+    } else {
+        complete(&state, head, runs, &parsing, logprobs, prompt.ids.len()).await
+    }
+}
+
+/// Non-streaming: waits for every choice, then answers one `chat.completion`.
+async fn complete(
+    state: &AppState,
+    head: ResponseHead,
+    runs: Vec<ChoiceRun>,
+    parsing: &[OutputParsing],
+    logprobs: bool,
+    prompt_tokens: usize,
+) -> Result<Response, ApiError> {
+    let results = futures_util::future::join_all(runs.into_iter().map(ChoiceRun::collect)).await;
+    if let Some(error) = choice_error(&results.iter().map(|(_, _, end)| end).collect::<Vec<_>>()) {
+        return Err(error);
+    }
+    let mut usage = ChoiceUsage {
+        prompt_tokens,
+        ..ChoiceUsage::default()
+    };
+    let mut choices = Vec::with_capacity(results.len());
+    for (index, (text, tokens, end)) in results.iter().enumerate() {
+        let message = parsing[index].parse(text);
+        let finish_reason = if !message.tool_calls.is_empty() && end.finish == FinishKind::Stop {
+            "tool_calls"
+        } else {
+            end.finish.as_str()
+        };
+        account_choice(state, end, finish_reason);
+        usage.add(&end.usage);
+        let mut body = Map::new();
+        body.insert("role".into(), json!("assistant"));
+        body.insert("content".into(), json!(message.content));
+        body.insert("reasoning_content".into(), json!(message.reasoning));
+        if !message.tool_calls.is_empty() {
+            body.insert(
+                "tool_calls".into(),
+                Value::Array(message.tool_calls.iter().map(tool_call_json).collect()),
+            );
+        }
+        choices.push(json!({
+            "index": index,
+            "message": body,
+            "logprobs": chat_logprobs(logprobs, tokens),
+            "finish_reason": finish_reason,
+        }));
+    }
+    Ok(axum::Json(json!({
+        "id": head.id,
+        "object": "chat.completion",
+        "created": head.created,
+        "model": head.model,
+        "choices": choices,
+        "usage": usage_json(&usage),
+    }))
+    .into_response())
+}
+
+/// Streaming: the choices' items merged as they come, turned into SSE chunks.
+struct ChatStream {
+    state: Arc<AppState>,
+    head: ResponseHead,
+    merged: SelectAll<BoxStream<'static, (usize, ChoiceItem)>>,
+    parsers: Vec<StreamParser>,
+    /// Logprob entries not yet sent, per choice (sent with the next chunk that has text).
+    pending_tokens: Vec<Vec<TokenInfo>>,
+    logprobs: bool,
+    include_usage: bool,
+    usage: ChoiceUsage,
+    /// The role chunks, sent before anything is generated.
+    opening: Option<String>,
+    done: bool,
+}
+
+impl ChatStream {
+    fn new(
+        state: Arc<AppState>,
+        head: ResponseHead,
+        runs: Vec<ChoiceRun>,
+        parsing: &[OutputParsing],
+        logprobs: bool,
+        include_usage: bool,
+        prompt_tokens: usize,
+    ) -> Self {
+        let choices = runs.len();
+        let merged = futures_util::stream::select_all(
+            runs.into_iter()
+                .enumerate()
+                .map(|(i, run)| run.into_stream().map(move |item| (i, item)).boxed()),
+        );
+        let mut stream = Self {
+            state,
+            head,
+            merged,
+            parsers: parsing.iter().map(OutputParsing::stream).collect(),
+            pending_tokens: vec![Vec::new(); choices],
+            logprobs,
+            include_usage,
+            usage: ChoiceUsage {
+                prompt_tokens,
+                ..ChoiceUsage::default()
+            },
+            opening: None,
+            done: false,
+        };
+        let opening: String = (0..choices)
+            .map(|i| {
+                let choice = json!({
+                    "index": i,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": null,
+                    "finish_reason": null,
+                });
+                sse_event(&stream.chunk(vec![choice]))
+            })
+            .collect();
+        stream.opening = Some(opening);
+        stream
+    }
+
+    fn into_stream(self) -> impl futures_util::Stream<Item = String> + Send {
+        futures_util::stream::unfold(self, |mut stream| async move {
+            stream.next_events().await.map(|events| (events, stream))
+        })
+    }
+
+    fn chunk(&self, choices: Vec<Value>) -> Value {
+        let mut chunk = json!({
+            "id": self.head.id,
+            "object": "chat.completion.chunk",
+            "created": self.head.created,
+            "model": self.head.model,
+            "choices": choices,
+        });
+        if self.include_usage {
+            chunk["usage"] = Value::Null;
+        }
+        chunk
+    }
+
+    /// The next non-empty batch of SSE events; `None` after `[DONE]`.
+    async fn next_events(&mut self) -> Option<String> {
+        if let Some(opening) = self.opening.take() {
+            return Some(opening);
+        }
+        loop {
+            if self.done {
+                return None;
+            }
+            match self.merged.next().await {
+                Some((index, item)) => {
+                    let events = self.on_item(index, item);
+                    if !events.is_empty() {
+                        return Some(events);
+                    }
+                }
+                None => {
+                    self.done = true;
+                    let mut events = String::new();
+                    if self.include_usage {
+                        let mut chunk = self.chunk(Vec::new());
+                        chunk["usage"] = usage_json(&self.usage);
+                        events.push_str(&sse_event(&chunk));
+                    }
+                    events.push_str(SSE_DONE);
+                    return Some(events);
+                }
+            }
+        }
+    }
+
+    fn on_item(&mut self, index: usize, item: ChoiceItem) -> String {
+        match item {
+            ChoiceItem::Text { text, tokens } => {
+                if self.logprobs {
+                    self.pending_tokens[index].extend(tokens);
+                }
+                let delta = self.parsers[index].push(&text);
+                self.delta_event(index, &delta, None)
+            }
+            ChoiceItem::Finished(end) => {
+                let delta = self.parsers[index].finish();
+                let mut events = String::new();
+                if let FinishKind::Error(message) = &end.finish {
+                    let error = ApiError::internal(format!("generation failed: {message}"));
+                    events.push_str(&sse_event(&error.body()));
+                }
+                let finish_reason =
+                    if self.parsers[index].call_count() > 0 && end.finish == FinishKind::Stop {
+                        "tool_calls"
+                    } else {
+                        end.finish.as_str()
+                    };
+                account_choice(&self.state, &end, finish_reason);
+                self.usage.add(&end.usage);
+                events.push_str(&self.delta_event(index, &delta, Some(finish_reason)));
+                events
+            }
+        }
+    }
+
+    /// A chunk for `delta` (and finish reason); empty when there is nothing to say.
+    fn delta_event(
+        &mut self,
+        index: usize,
+        delta: &MessageDelta,
+        finish_reason: Option<&str>,
+    ) -> String {
+        if delta.is_empty() && finish_reason.is_none() {
+            return String::new();
+        }
+        let mut body = Map::new();
+        if !delta.content.is_empty() {
+            body.insert("content".into(), json!(delta.content));
+        }
+        if !delta.reasoning.is_empty() {
+            body.insert("reasoning_content".into(), json!(delta.reasoning));
+        }
+        if !delta.tool_calls.is_empty() {
+            body.insert(
+                "tool_calls".into(),
+                Value::Array(delta.tool_calls.iter().map(tool_call_chunk_json).collect()),
+            );
+        }
+        let tokens = std::mem::take(&mut self.pending_tokens[index]);
+        let logprobs = if self.logprobs && !tokens.is_empty() {
+            chat_logprobs(true, &tokens)
+        } else {
+            Value::Null
+        };
+        let choice = json!({
+            "index": index,
+            "delta": body,
+            "logprobs": logprobs,
+            "finish_reason": finish_reason,
+        });
+        sse_event(&self.chunk(vec![choice]))
+    }
+}

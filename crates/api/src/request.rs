@@ -1,0 +1,732 @@
+//! Parsing and validation of the OpenAI request bodies (chat and completions) into typed requests, and
+//! the merge of request sampling fields with the model's generation_config.json defaults. Errors name
+//! the field. Tokenizing and submitting are done by the route handlers.
+
+use deltaserve_engine::SamplingParams;
+use deltaserve_text::{ChatMessage, GenerationDefaults};
+use serde_json::{Map, Value};
+
+use crate::error::ApiError;
+use crate::fields::{describe, Fields};
+
+/// Most choices one request may ask for.
+pub const MAX_N: usize = 128;
+/// Most alternatives per token in logprobs (OpenAI's limit).
+pub const MAX_TOP_LOGPROBS: i64 = 20;
+
+/// Fields shared by chat and completions.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct GenerationParams {
+    pub model: Option<String>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    /// `Some(0)` means off (requests may send -1 or 0).
+    pub top_k: Option<usize>,
+    pub min_p: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    pub seed: Option<u64>,
+    pub max_tokens: Option<usize>,
+    /// Which field set `max_tokens`, for error messages.
+    pub max_tokens_field: &'static str,
+    pub n: usize,
+    pub stop: Vec<String>,
+    pub stop_token_ids: Vec<u32>,
+    /// vLLM/SGLang extension: do not stop at the model's eos tokens.
+    pub ignore_eos: bool,
+    pub skip_special_tokens: bool,
+    pub stream: bool,
+    pub include_usage: bool,
+    /// Alternatives per token; `None` = no logprobs.
+    pub logprobs: Option<usize>,
+}
+
+impl GenerationParams {
+    fn parse(f: &Fields) -> Result<Self, ApiError> {
+        let (max_tokens, max_tokens_field) = match f.count("max_completion_tokens", 1)? {
+            Some(n) => (Some(n), "max_completion_tokens"),
+            None => (f.count("max_tokens", 1)?, "max_tokens"),
+        };
+        let n = f.count("n", 1)?.unwrap_or(1);
+        if n > MAX_N {
+            return Err(ApiError::invalid(
+                "n",
+                format!("`n` must be at most {MAX_N}, found {n}"),
+            ));
+        }
+        let top_p = f.float("top_p")?;
+        if let Some(p) = top_p {
+            if !(p > 0.0 && p <= 1.0) {
+                return Err(ApiError::invalid(
+                    "top_p",
+                    format!("`top_p` must be in (0, 1], found {p}"),
+                ));
+            }
+        }
+        let top_k = match f.int("top_k")? {
+            None => None,
+            Some(-1) | Some(0) => Some(0),
+            Some(k) if k > 0 => Some(k as usize),
+            Some(k) => {
+                return Err(ApiError::invalid(
+                    "top_k",
+                    format!("`top_k` must be -1 or 0 (off) or a positive integer, found {k}"),
+                ))
+            }
+        };
+        let repetition_penalty = f.float("repetition_penalty")?;
+        if let Some(r) = repetition_penalty {
+            if r <= 0.0 {
+                return Err(ApiError::invalid(
+                    "repetition_penalty",
+                    format!("`repetition_penalty` must be greater than 0, found {r}"),
+                ));
+            }
+        }
+        let stop = f.string_or_list("stop")?;
+        if stop.iter().any(String::is_empty) {
+            return Err(ApiError::invalid(
+                "stop",
+                "`stop` strings must not be empty",
+            ));
+        }
+        let stream = f.bool("stream")?.unwrap_or(false);
+        let include_usage = match f.object("stream_options")? {
+            None => false,
+            Some(_) if !stream => {
+                return Err(ApiError::invalid(
+                    "stream_options",
+                    "`stream_options` is only allowed when `stream` is true",
+                ))
+            }
+            Some(options) => match options.get("include_usage") {
+                None | Some(Value::Null) => false,
+                Some(Value::Bool(b)) => *b,
+                Some(other) => {
+                    return Err(ApiError::invalid(
+                        "stream_options.include_usage",
+                        format!(
+                            "`stream_options.include_usage` must be true or false, found {}",
+                            describe(other)
+                        ),
+                    ))
+                }
+            },
+        };
+        if let Some(min) = f.int("min_tokens")? {
+            if min > 0 {
+                return Err(ApiError::unsupported(
+                    "min_tokens",
+                    format!(
+                        "`min_tokens` {min} is not supported (the engine cannot suppress end-of-sequence \
+                         tokens); use `ignore_eos: true` with `max_tokens` for fixed-length output"
+                    ),
+                ));
+            }
+        }
+        Ok(Self {
+            model: f.string("model")?.map(str::to_string),
+            temperature: f.float("temperature")?.map(|t| t as f32),
+            top_p: top_p.map(|p| p as f32),
+            top_k,
+            min_p: f.float_in("min_p", 0.0, 1.0)?.map(|p| p as f32),
+            presence_penalty: f.float_in("presence_penalty", -2.0, 2.0)?.map(|p| p as f32),
+            frequency_penalty: f
+                .float_in("frequency_penalty", -2.0, 2.0)?
+                .map(|p| p as f32),
+            repetition_penalty: repetition_penalty.map(|r| r as f32),
+            // Negative seeds are accepted (OpenAI's seed is any integer) and used as their bit pattern.
+            seed: f.int("seed")?.map(|s| s as u64),
+            max_tokens,
+            max_tokens_field,
+            n,
+            stop,
+            stop_token_ids: f.token_ids("stop_token_ids")?,
+            ignore_eos: f.bool("ignore_eos")?.unwrap_or(false),
+            skip_special_tokens: f.bool("skip_special_tokens")?.unwrap_or(true),
+            stream,
+            include_usage,
+            logprobs: None,
+        })
+        .and_then(|params| {
+            if let Some(t) = params.temperature {
+                if t < 0.0 {
+                    return Err(ApiError::invalid(
+                        "temperature",
+                        format!("`temperature` must be at least 0, found {t}"),
+                    ));
+                }
+            }
+            Ok(params)
+        })
+    }
+
+    /// Sampling for choice `index`: request fields win, then generation_config.json, then OpenAI's
+    /// defaults. With a seed `s`, choice `i` uses `s + i` so the choices differ but stay reproducible.
+    pub fn sampling(&self, defaults: &GenerationDefaults, index: usize) -> SamplingParams {
+        let greedy_by_default = defaults.do_sample == Some(false);
+        let temperature = self.temperature.unwrap_or(if greedy_by_default {
+            0.0
+        } else {
+            defaults.temperature.unwrap_or(1.0)
+        });
+        SamplingParams {
+            temperature,
+            top_p: self.top_p.or(defaults.top_p).unwrap_or(1.0),
+            top_k: self
+                .top_k
+                .or(defaults.top_k.map(|k| k as usize))
+                .unwrap_or(0),
+            min_p: self.min_p.or(defaults.min_p).unwrap_or(0.0),
+            presence_penalty: self.presence_penalty.unwrap_or(0.0),
+            frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
+            repetition_penalty: self
+                .repetition_penalty
+                .or(defaults.repetition_penalty)
+                .unwrap_or(1.0),
+            seed: self.seed.map(|s| s.wrapping_add(index as u64)),
+            logprobs: self.logprobs,
+        }
+    }
+
+    /// The completion budget: the request's, else generation_config's `max_new_tokens`, else the rest
+    /// of the context. Errors (400) name both numbers when the prompt and budget exceed the context.
+    pub fn token_budget(
+        &self,
+        prompt_tokens: usize,
+        context_length: usize,
+        defaults: &GenerationDefaults,
+        prompt_field: &str,
+    ) -> Result<usize, ApiError> {
+        if prompt_tokens >= context_length {
+            return Err(ApiError::context_length(format!(
+                "This model's maximum context length is {context_length} tokens, but the prompt has \
+                 {prompt_tokens} tokens, which leaves no room for a completion"
+            ))
+            .with_param(prompt_field));
+        }
+        let room = context_length - prompt_tokens;
+        match self.max_tokens {
+            Some(requested) if requested > room => Err(ApiError::context_length(format!(
+                "This model's maximum context length is {context_length} tokens. However, you requested \
+                 {} tokens ({prompt_tokens} in the prompt, {requested} for the completion via `{}`). Reduce \
+                 the prompt or `{}`",
+                prompt_tokens + requested,
+                self.max_tokens_field,
+                self.max_tokens_field
+            ))
+            .with_param(self.max_tokens_field)),
+            Some(requested) => Ok(requested),
+            None => Ok(defaults
+                .max_new_tokens
+                .map(|n| (n as usize).clamp(1, room))
+                .unwrap_or(room)),
+        }
+    }
+}
+
+/// How a chat request wants tools handled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ToolChoice {
+    /// The model may call a tool (the default when tools are given).
+    Auto,
+    /// Tools are not shown to the model and output is never parsed as a call.
+    None,
+}
+
+/// A validated /v1/chat/completions request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChatRequest {
+    pub params: GenerationParams,
+    pub messages: Vec<ChatMessage>,
+    /// Tool definitions passed to the template; empty when none or `tool_choice` is "none".
+    pub tools: Vec<Value>,
+    pub tool_choice: ToolChoice,
+    /// `chat_template_kwargs` with a top-level `enable_thinking` merged in.
+    pub template_kwargs: Map<String, Value>,
+    /// SGLang's `separate_reasoning` (default true): false keeps reasoning inside `content`.
+    pub separate_reasoning: bool,
+}
+
+impl ChatRequest {
+    pub fn parse(body: &Value) -> Result<Self, ApiError> {
+        let f = Fields::of(body)?;
+        let mut params = GenerationParams::parse(&f)?;
+        let logprobs = f.bool("logprobs")?.unwrap_or(false);
+        let top_logprobs = match f.int("top_logprobs")? {
+            None => None,
+            Some(k) if (0..=MAX_TOP_LOGPROBS).contains(&k) => Some(k as usize),
+            Some(k) => {
+                return Err(ApiError::invalid(
+                    "top_logprobs",
+                    format!("`top_logprobs` must be between 0 and {MAX_TOP_LOGPROBS}, found {k}"),
+                ))
+            }
+        };
+        params.logprobs = match (logprobs, top_logprobs) {
+            (true, k) => Some(k.unwrap_or(0)),
+            (false, Some(k)) if k > 0 => {
+                return Err(ApiError::invalid(
+                    "top_logprobs",
+                    "`logprobs` must be true when `top_logprobs` is used",
+                ))
+            }
+            (false, _) => None,
+        };
+        let messages = parse_messages(&f)?;
+        let tool_choice = parse_tool_choice(&f)?;
+        let tools = match (f.array("tools")?, tool_choice) {
+            (None, _) | (Some(_), ToolChoice::None) => Vec::new(),
+            (Some(tools), ToolChoice::Auto) => validate_tools(tools)?,
+        };
+        check_response_format(&f)?;
+        let mut template_kwargs = f
+            .object("chat_template_kwargs")?
+            .cloned()
+            .unwrap_or_default();
+        if let Some(enable) = f.bool("enable_thinking")? {
+            template_kwargs
+                .entry("enable_thinking")
+                .or_insert(Value::Bool(enable));
+        }
+        Ok(Self {
+            params,
+            messages,
+            tools,
+            tool_choice,
+            template_kwargs,
+            separate_reasoning: f.bool("separate_reasoning")?.unwrap_or(true),
+        })
+    }
+}
+
+fn parse_messages(f: &Fields) -> Result<Vec<ChatMessage>, ApiError> {
+    let Some(items) = f.array("messages")? else {
+        return Err(ApiError::invalid("messages", "`messages` is required"));
+    };
+    if items.is_empty() {
+        return Err(ApiError::invalid(
+            "messages",
+            "`messages` must contain at least one message",
+        ));
+    }
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| {
+            let param = format!("messages[{i}]");
+            let Some(object) = item.as_object() else {
+                return Err(ApiError::invalid(
+                    &param,
+                    format!("`{param}` must be an object, found {}", describe(item)),
+                ));
+            };
+            match object.get("role") {
+                Some(Value::String(role))
+                    if matches!(role.as_str(), "system" | "developer" | "user" | "assistant" | "tool") => {}
+                Some(Value::String(role)) => {
+                    return Err(ApiError::invalid(
+                        &format!("{param}.role"),
+                        format!(
+                            "`{param}.role` must be one of system, developer, user, assistant, tool; found {role:?}"
+                        ),
+                    ))
+                }
+                other => {
+                    return Err(ApiError::invalid(
+                        &format!("{param}.role"),
+                        format!(
+                            "`{param}.role` must be a string, found {}",
+                            other.map(describe).unwrap_or_else(|| "nothing".into())
+                        ),
+                    ))
+                }
+            }
+            let mut message: ChatMessage = serde_json::from_value(item.clone())
+                .map_err(|e| ApiError::invalid(&param, format!("`{param}` is not a valid chat message: {e}")))?;
+            // OpenAI's "developer" role is the system role of newer models; templates know "system".
+            if message.role == "developer" {
+                message.role = "system".to_string();
+            }
+            Ok(message)
+        })
+        .collect()
+}
+
+fn parse_tool_choice(f: &Fields) -> Result<ToolChoice, ApiError> {
+    match f.get("tool_choice") {
+        None => Ok(ToolChoice::Auto),
+        Some(Value::String(choice)) if choice == "auto" => Ok(ToolChoice::Auto),
+        Some(Value::String(choice)) if choice == "none" => Ok(ToolChoice::None),
+        Some(Value::String(choice)) if choice == "required" => Err(ApiError::unsupported(
+            "tool_choice",
+            "`tool_choice: \"required\"` is not supported: this server does not constrain decoding to force a \
+             call; use \"auto\" or \"none\"",
+        )),
+        Some(Value::Object(_)) => Err(ApiError::unsupported(
+            "tool_choice",
+            "a named `tool_choice` is not supported: this server does not constrain decoding to force a \
+             call; use \"auto\" or \"none\"",
+        )),
+        Some(other) => Err(ApiError::invalid(
+            "tool_choice",
+            format!("`tool_choice` must be \"auto\", \"none\" or \"required\", found {}", describe(other)),
+        )),
+    }
+}
+
+fn validate_tools(tools: &[Value]) -> Result<Vec<Value>, ApiError> {
+    for (i, tool) in tools.iter().enumerate() {
+        let param = format!("tools[{i}]");
+        let kind = tool.get("type").and_then(Value::as_str);
+        let name = tool
+            .get("function")
+            .and_then(|f| f.get("name"))
+            .and_then(Value::as_str);
+        match (kind, name) {
+            (Some("function"), Some(name)) if !name.is_empty() => {}
+            (Some(other), _) if other != "function" => {
+                return Err(ApiError::invalid(
+                    &format!("{param}.type"),
+                    format!("`{param}.type` must be \"function\", found {other:?}"),
+                ))
+            }
+            _ => {
+                return Err(ApiError::invalid(
+                    &param,
+                    format!(
+                        "`{param}` must be {{\"type\": \"function\", \"function\": {{\"name\": ..., \"parameters\": \
+                         ...}}}}, found {}",
+                        describe(tool)
+                    ),
+                ))
+            }
+        }
+    }
+    Ok(tools.to_vec())
+}
+
+/// Only plain text output is offered: JSON modes would need constrained decoding, and an unenforced
+/// JSON mode would hand clients unparseable output they were promised was JSON.
+fn check_response_format(f: &Fields) -> Result<(), ApiError> {
+    let Some(format) = f.get("response_format") else {
+        return Ok(());
+    };
+    match format.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(()),
+        Some(kind @ ("json_object" | "json_schema")) => Err(ApiError::unsupported(
+            "response_format",
+            format!(
+                "`response_format` {kind:?} is not supported: this server has no constrained decoding and will \
+                 not promise JSON it cannot enforce; ask for JSON in the prompt and validate it client-side"
+            ),
+        )),
+        _ => Err(ApiError::invalid(
+            "response_format",
+            format!(
+                "`response_format` must be {{\"type\": \"text\"}}, found {}",
+                describe(format)
+            ),
+        )),
+    }
+}
+
+/// One prompt of a /v1/completions request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PromptInput {
+    Text(String),
+    Ids(Vec<u32>),
+}
+
+/// A validated /v1/completions request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CompletionRequest {
+    pub params: GenerationParams,
+    pub prompts: Vec<PromptInput>,
+    pub echo: bool,
+}
+
+impl CompletionRequest {
+    pub fn parse(body: &Value) -> Result<Self, ApiError> {
+        let f = Fields::of(body)?;
+        let mut params = GenerationParams::parse(&f)?;
+        params.logprobs = match f.int("logprobs")? {
+            None => None,
+            Some(k) if (0..=MAX_TOP_LOGPROBS).contains(&k) => Some(k as usize),
+            Some(k) => {
+                return Err(ApiError::invalid(
+                    "logprobs",
+                    format!("`logprobs` must be between 0 and {MAX_TOP_LOGPROBS}, found {k}"),
+                ))
+            }
+        };
+        if f.get("suffix").is_some_and(|s| s.as_str() != Some("")) {
+            return Err(ApiError::unsupported(
+                "suffix",
+                "`suffix` (fill-in-the-middle) is not supported",
+            ));
+        }
+        if let Some(best_of) = f.count("best_of", 1)? {
+            if best_of != params.n {
+                return Err(ApiError::unsupported(
+                    "best_of",
+                    format!(
+                        "`best_of` {best_of} different from `n` {} is not supported",
+                        params.n
+                    ),
+                ));
+            }
+        }
+        let echo = f.bool("echo")?.unwrap_or(false);
+        if echo && params.logprobs.is_some() {
+            return Err(ApiError::unsupported(
+                "echo",
+                "`echo` together with `logprobs` (prompt logprobs) is not supported",
+            ));
+        }
+        Ok(Self {
+            params,
+            prompts: parse_prompts(f.get("prompt"))?,
+            echo,
+        })
+    }
+}
+
+fn parse_prompts(value: Option<&Value>) -> Result<Vec<PromptInput>, ApiError> {
+    let expected =
+        "a string, an array of strings, an array of token ids or an array of token-id arrays";
+    let wrong = |found: &Value| {
+        ApiError::invalid(
+            "prompt",
+            format!("`prompt` must be {expected}, found {}", describe(found)),
+        )
+    };
+    let ids = |items: &[Value]| -> Option<Vec<u32>> {
+        items
+            .iter()
+            .map(|v| v.as_u64().and_then(|id| u32::try_from(id).ok()))
+            .collect()
+    };
+    let prompts = match value {
+        None => return Err(ApiError::invalid("prompt", "`prompt` is required")),
+        Some(Value::String(text)) => vec![PromptInput::Text(text.clone())],
+        Some(array @ Value::Array(items)) => match items.first() {
+            None => {
+                return Err(ApiError::invalid(
+                    "prompt",
+                    "`prompt` must not be an empty array",
+                ))
+            }
+            Some(Value::String(_)) => items
+                .iter()
+                .map(|item| {
+                    item.as_str()
+                        .map(|s| PromptInput::Text(s.to_string()))
+                        .ok_or_else(|| wrong(array))
+                })
+                .collect::<Result<_, _>>()?,
+            Some(Value::Number(_)) => {
+                vec![PromptInput::Ids(ids(items).ok_or_else(|| wrong(array))?)]
+            }
+            Some(Value::Array(_)) => items
+                .iter()
+                .map(|item| {
+                    item.as_array()
+                        .and_then(|inner| ids(inner))
+                        .map(PromptInput::Ids)
+                        .ok_or_else(|| wrong(array))
+                })
+                .collect::<Result<_, _>>()?,
+            Some(_) => return Err(wrong(array)),
+        },
+        Some(other) => return Err(wrong(other)),
+    };
+    Ok(prompts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn chat(body: Value) -> Result<ChatRequest, ApiError> {
+        ChatRequest::parse(&body)
+    }
+
+    fn user() -> Value {
+        json!([{"role": "user", "content": "hi"}])
+    }
+
+    #[test]
+    fn out_of_range_values_name_their_field() {
+        let cases = [
+            (
+                json!({"messages": user(), "temperature": -0.1}),
+                "temperature",
+            ),
+            (json!({"messages": user(), "top_p": 0}), "top_p"),
+            (json!({"messages": user(), "top_p": 1.5}), "top_p"),
+            (json!({"messages": user(), "n": 0}), "n"),
+            (json!({"messages": user(), "max_tokens": 0}), "max_tokens"),
+            (
+                json!({"messages": user(), "max_completion_tokens": -3}),
+                "max_completion_tokens",
+            ),
+            (
+                json!({"messages": user(), "top_logprobs": 21, "logprobs": true}),
+                "top_logprobs",
+            ),
+            (
+                json!({"messages": user(), "top_logprobs": 2}),
+                "top_logprobs",
+            ),
+            (
+                json!({"messages": user(), "presence_penalty": 3}),
+                "presence_penalty",
+            ),
+            (json!({"messages": user(), "top_k": -2}), "top_k"),
+            (json!({"messages": user(), "stop": [1]}), "stop"),
+            (
+                json!({"messages": user(), "stream_options": {"include_usage": true}}),
+                "stream_options",
+            ),
+            (json!({"messages": []}), "messages"),
+            (
+                json!({"messages": [{"role": "wizard", "content": "x"}]}),
+                "messages[0].role",
+            ),
+            (
+                json!({"messages": user(), "tool_choice": "required"}),
+                "tool_choice",
+            ),
+            (
+                json!({"messages": user(), "response_format": {"type": "json_object"}}),
+                "response_format",
+            ),
+            (
+                json!({"messages": user(), "temperature": "hot"}),
+                "temperature",
+            ),
+            (
+                json!({"messages": user(), "tools": [{"type": "function"}]}),
+                "tools[0]",
+            ),
+        ];
+        for (body, param) in cases {
+            let err = chat(body.clone()).unwrap_err();
+            assert_eq!(err.param.as_deref(), Some(param), "{body}: {err:?}");
+            assert_eq!(err.status, 400);
+        }
+    }
+
+    #[test]
+    fn chat_fields_are_read() {
+        let request = chat(json!({
+            "model": "m", "messages": user(), "max_tokens": 5, "max_completion_tokens": 7, "n": 2,
+            "stop": "END", "seed": 10, "logprobs": true, "top_logprobs": 3, "stream": true,
+            "stream_options": {"include_usage": true}, "enable_thinking": false,
+            "chat_template_kwargs": {"custom": 1}, "unknown_field": {"x": 1}, "top_k": -1,
+            "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "none"
+        }))
+        .unwrap();
+        assert_eq!(request.params.max_tokens, Some(7));
+        assert_eq!(request.params.max_tokens_field, "max_completion_tokens");
+        assert_eq!(request.params.stop, vec!["END".to_string()]);
+        assert_eq!(request.params.logprobs, Some(3));
+        assert_eq!(request.params.top_k, Some(0));
+        assert!(request.params.include_usage);
+        assert_eq!(
+            request.template_kwargs.get("enable_thinking"),
+            Some(&json!(false))
+        );
+        assert_eq!(request.template_kwargs.get("custom"), Some(&json!(1)));
+        assert!(request.tools.is_empty());
+        assert_eq!(request.tool_choice, ToolChoice::None);
+        let defaults = GenerationDefaults::default();
+        assert_eq!(request.params.sampling(&defaults, 0).seed, Some(10));
+        assert_eq!(request.params.sampling(&defaults, 3).seed, Some(13));
+    }
+
+    #[test]
+    fn generation_config_fills_absent_sampling_fields() {
+        let defaults = GenerationDefaults {
+            do_sample: Some(true),
+            temperature: Some(0.6),
+            top_p: Some(0.95),
+            top_k: Some(20),
+            ..GenerationDefaults::default()
+        };
+        let request = chat(json!({"messages": user(), "top_p": 0.5})).unwrap();
+        let sampling = request.params.sampling(&defaults, 0);
+        assert_eq!(
+            (sampling.temperature, sampling.top_p, sampling.top_k),
+            (0.6, 0.5, 20)
+        );
+        let greedy = GenerationDefaults {
+            do_sample: Some(false),
+            temperature: Some(0.6),
+            ..GenerationDefaults::default()
+        };
+        assert_eq!(request.params.sampling(&greedy, 0).temperature, 0.0);
+        assert_eq!(
+            request
+                .params
+                .sampling(&GenerationDefaults::default(), 0)
+                .temperature,
+            1.0
+        );
+    }
+
+    #[test]
+    fn budget_names_both_numbers() {
+        let request = chat(json!({"messages": user(), "max_tokens": 100})).unwrap();
+        let defaults = GenerationDefaults::default();
+        let err = request
+            .params
+            .token_budget(30, 120, &defaults, "messages")
+            .unwrap_err();
+        assert!(
+            err.message.contains("30")
+                && err.message.contains("100")
+                && err.message.contains("120")
+        );
+        assert_eq!(
+            request
+                .params
+                .token_budget(20, 120, &defaults, "messages")
+                .unwrap(),
+            100
+        );
+        let open = chat(json!({"messages": user()})).unwrap();
+        assert_eq!(
+            open.params
+                .token_budget(20, 120, &defaults, "messages")
+                .unwrap(),
+            100
+        );
+        assert!(open
+            .params
+            .token_budget(120, 120, &defaults, "messages")
+            .is_err());
+    }
+
+    #[test]
+    fn completion_prompts() {
+        let parse = |prompt: Value| CompletionRequest::parse(&json!({"prompt": prompt}));
+        assert_eq!(
+            parse(json!("a")).unwrap().prompts,
+            vec![PromptInput::Text("a".into())]
+        );
+        assert_eq!(
+            parse(json!([1, 2])).unwrap().prompts,
+            vec![PromptInput::Ids(vec![1, 2])]
+        );
+        assert_eq!(parse(json!([[1], [2, 3]])).unwrap().prompts.len(), 2);
+        assert_eq!(parse(json!(["a", "b"])).unwrap().prompts.len(), 2);
+        assert!(parse(json!([])).is_err());
+        assert!(parse(json!(["a", 1])).is_err());
+        assert!(parse(json!(5)).is_err());
+        assert!(CompletionRequest::parse(&json!({"prompt": "a", "logprobs": 21})).is_err());
+    }
+}

@@ -1,0 +1,152 @@
+//! Running the HTTP server: an accept loop serving the router over HTTP/1.1, and graceful shutdown on
+//! SIGTERM/SIGINT (stop accepting, let in-flight requests finish within the grace period, then cut the
+//! rest; a cut request drops its handler, which aborts its engine requests). Loading the model is the
+//! caller's job.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::server::conn::http1;
+use hyper_util::rt::TokioIo;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::routes::router;
+use crate::state::AppState;
+
+/// Errors of running the server.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("the HTTP server failed: {0}")]
+    Serve(std::io::Error),
+}
+
+/// How a server run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shutdown {
+    /// Every in-flight request finished within the grace period.
+    Graceful,
+    /// The grace period ran out; the remaining connections were cut.
+    GracePeriodExpired,
+}
+
+/// Binds `addr` (port 0 picks a free port).
+pub async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServeError::Bind { addr, source })
+}
+
+/// Pause after a failed accept (e.g. out of file descriptors) before trying again.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+
+/// Serves `state` on `listener` until `shutdown` completes, then drains within `state`'s grace period.
+pub async fn serve_until(
+    listener: TcpListener,
+    state: Arc<AppState>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<Shutdown, ServeError> {
+    let grace = state.config.grace_period;
+    let service = TowerToHyperService::new(router(state));
+    let (stopping_tx, stopping_rx) = watch::channel(false);
+    let mut connections = JoinSet::new();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => {
+                let stream = match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(_) => {
+                        tokio::time::sleep(ACCEPT_BACKOFF).await;
+                        continue;
+                    }
+                };
+                // Latency matters more than packet count for SSE tokens.
+                let _ = stream.set_nodelay(true);
+                let service = service.clone();
+                let mut stopping = stopping_rx.clone();
+                connections.spawn(async move {
+                    let connection = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
+                    tokio::pin!(connection);
+                    tokio::select! {
+                        _ = connection.as_mut() => {}
+                        _ = async { stopping.wait_for(|&s| s).await.is_ok() } => {
+                            // Finish the request in flight, then close instead of keeping alive.
+                            connection.as_mut().graceful_shutdown();
+                            let _ = connection.await;
+                        }
+                    }
+                });
+            }
+            // Reap finished connections so the set does not grow without bound.
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+    drop(listener);
+    let _ = stopping_tx.send(true);
+    let drained = tokio::time::timeout(grace, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
+    match drained {
+        Ok(()) => Ok(Shutdown::Graceful),
+        Err(_) => {
+            connections.abort_all();
+            while connections.join_next().await.is_some() {}
+            Ok(Shutdown::GracePeriodExpired)
+        }
+    }
+}
+
+/// Resolves when the process receives SIGTERM or SIGINT (Ctrl-C).
+pub async fn termination_signal() {
+    let ctrl_c = async {
+        // If the handler cannot be installed, never resolve rather than shut down at once.
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = terminate => {},
+    }
+}
+
+/// The `deltaserve serve` entry point: listens on `addr` until SIGTERM/SIGINT. The caller may load the
+/// model meanwhile (spawn this first; /health answers 503 until the engine is attached and ready).
+pub async fn serve(addr: SocketAddr, state: Arc<AppState>) -> Result<Shutdown, ServeError> {
+    let listener = bind(addr).await?;
+    let local = listener.local_addr().map_err(ServeError::Serve)?;
+    eprintln!("deltaserve: listening on http://{local}");
+    let grace = state.config.grace_period;
+    let outcome = serve_until(listener, state, termination_signal()).await?;
+    match outcome {
+        Shutdown::Graceful => eprintln!("deltaserve: shut down; every in-flight request finished"),
+        Shutdown::GracePeriodExpired => eprintln!(
+            "deltaserve: shut down after the {} s grace period; unfinished requests were aborted",
+            grace.as_secs()
+        ),
+    }
+    Ok(outcome)
+}

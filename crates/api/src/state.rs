@@ -1,0 +1,163 @@
+//! What every route handler shares: the engine (attached once loading is done), the tokenizer and its
+//! compiled chat templates, server settings, the health monitor and the metrics. Construction only; the
+//! routes decide what to do with it.
+
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use deltaserve_engine::SharedEngine;
+use deltaserve_text::{ChatTemplate, TemplateError, Tokenizer};
+
+use crate::args::ServeArgs;
+use crate::error::ApiError;
+use crate::health::HealthMonitor;
+use crate::metrics::HttpMetrics;
+
+/// Produces the engine's Prometheus text for /metrics.
+pub type MetricsSource = Arc<dyn Fn() -> String + Send + Sync>;
+
+/// Server settings that come from the flags (or from tests).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerConfig {
+    /// The name in /v1/models; requests naming another model get 404.
+    pub model_name: String,
+    /// `--reasoning-parser qwen3`: split output into reasoning_content and content.
+    pub reasoning_parser: bool,
+    /// `--tool-call-parser qwen3_coder`: parse tool calls out of output.
+    pub tool_call_parser: bool,
+    /// `--enable-metrics`: serve /metrics.
+    pub enable_metrics: bool,
+    /// /health runs a probe generation when none succeeded within this interval.
+    pub health_interval: Duration,
+    /// How long /health waits for its probe generation.
+    pub health_probe_timeout: Duration,
+    /// Largest request body accepted (413 above).
+    pub max_body_bytes: usize,
+    /// On shutdown, how long in-flight requests may take to finish.
+    pub grace_period: Duration,
+}
+
+/// Default request body limit: generous for long prompts, small enough to refuse abuse.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
+
+impl ServerConfig {
+    /// Settings from validated flags.
+    pub fn from_args(args: &ServeArgs) -> Self {
+        Self {
+            model_name: args.model_name(),
+            reasoning_parser: args.reasoning_parser.is_some(),
+            tool_call_parser: args.tool_call_parser.is_some(),
+            enable_metrics: args.enable_metrics,
+            health_interval: args.health_interval(),
+            health_probe_timeout: Duration::from_secs(60),
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            grace_period: args.grace_period(),
+        }
+    }
+
+    /// Defaults for a model name, everything optional switched on (tests and embedding).
+    pub fn new(model_name: impl Into<String>) -> Self {
+        Self {
+            model_name: model_name.into(),
+            reasoning_parser: true,
+            tool_call_parser: true,
+            enable_metrics: true,
+            health_interval: Duration::from_secs(30),
+            health_probe_timeout: Duration::from_secs(60),
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            grace_period: Duration::from_secs(30),
+        }
+    }
+}
+
+/// The chat templates compiled once at start-up: one without and one with tools (they may differ).
+#[derive(Debug, Clone)]
+struct Templates {
+    plain: Result<ChatTemplate, TemplateError>,
+    with_tools: Result<ChatTemplate, TemplateError>,
+}
+
+/// Shared state of the HTTP server.
+pub struct AppState {
+    pub config: ServerConfig,
+    pub tokenizer: Arc<Tokenizer>,
+    pub health: HealthMonitor,
+    pub metrics: HttpMetrics,
+    engine: RwLock<Option<SharedEngine>>,
+    engine_metrics: RwLock<Option<MetricsSource>>,
+    templates: Templates,
+    /// Unix time of start-up, reported as `created` by /v1/models.
+    pub created: u64,
+}
+
+impl AppState {
+    /// State of a server whose engine is still loading (/health answers 503 until `attach_engine` and
+    /// a successful generation).
+    pub fn new(config: ServerConfig, tokenizer: Arc<Tokenizer>) -> Self {
+        let templates = Templates {
+            plain: ChatTemplate::from_tokenizer(&tokenizer, false),
+            with_tools: ChatTemplate::from_tokenizer(&tokenizer, true),
+        };
+        let health = HealthMonitor::new(config.health_interval, config.health_probe_timeout);
+        Self {
+            config,
+            tokenizer,
+            health,
+            metrics: HttpMetrics::default(),
+            engine: RwLock::new(None),
+            engine_metrics: RwLock::new(None),
+            templates,
+            created: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+        }
+    }
+
+    /// Makes the engine available to requests. Health stays as it is: the caller marks it ready.
+    pub fn attach_engine(&self, engine: SharedEngine) {
+        *self.engine.write().unwrap_or_else(|p| p.into_inner()) = Some(engine);
+    }
+
+    /// Sets the source of the engine's Prometheus text.
+    pub fn set_engine_metrics(&self, source: MetricsSource) {
+        *self
+            .engine_metrics
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = Some(source);
+    }
+
+    /// The engine, or 503 while the model is loading.
+    pub fn engine(&self) -> Result<SharedEngine, ApiError> {
+        self.engine
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .ok_or_else(|| ApiError::unavailable("The model is still loading; retry shortly"))
+    }
+
+    /// The engine's metrics text, empty when no source is set.
+    pub fn engine_metrics_text(&self) -> String {
+        let source = self
+            .engine_metrics
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        source.map(|f| f()).unwrap_or_default()
+    }
+
+    /// The chat template for a request with or without tools.
+    pub fn chat_template(&self, with_tools: bool) -> Result<&ChatTemplate, ApiError> {
+        let template = if with_tools {
+            &self.templates.with_tools
+        } else {
+            &self.templates.plain
+        };
+        template.as_ref().map_err(|e| match e {
+            TemplateError::Missing => ApiError::bad_request(format!(
+                "{e}; this model can only be used through /v1/completions"
+            )),
+            other => ApiError::internal(format!("the model's chat template is unusable: {other}")),
+        })
+    }
+}

@@ -1,0 +1,226 @@
+#!/usr/bin/env python3
+"""Client-side test of a running deltaserve (or any OpenAI-compatible server) with the official `openai`
+package: models, chat (whole and streamed, reasoning_content, usage), thinking switched off, logprobs,
+n > 1, completions, and error classes. It starts nothing; pass --base-url of a running server.
+
+    .venv/bin/python tests/openai_client.py --base-url http://127.0.0.1:30000
+
+Prints one line per check and a closing 'N passed, M failed' line; exits 1 when any check failed.
+Requires: openai>=1.40 (pip install openai).
+"""
+
+import argparse
+import sys
+import traceback
+
+import openai
+
+
+class Checks:
+    def __init__(self):
+        self.passed = 0
+        self.failed = 0
+
+    def run(self, name, fn):
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001 - every failure is reported, none stops the run
+            self.failed += 1
+            print(f"FAIL {name}: {exc!r}")
+            traceback.print_exc(limit=3)
+        else:
+            self.passed += 1
+            print(f"ok   {name}")
+
+
+def expect(condition, message):
+    if not condition:
+        raise AssertionError(message)
+
+
+def extra(obj, name):
+    """A field the openai types do not declare (reasoning_content, spec_decoding): attribute or model_extra."""
+    value = getattr(obj, name, None)
+    if value is None and getattr(obj, "model_extra", None):
+        value = obj.model_extra.get(name)
+    return value
+
+
+def reasoning_tokens(usage):
+    details = getattr(usage, "completion_tokens_details", None)
+    if details is None:
+        return None
+    return getattr(details, "reasoning_tokens", None)
+
+
+def check_usage(usage):
+    expect(usage is not None, "usage is missing")
+    expect(usage.prompt_tokens > 0, f"prompt_tokens = {usage.prompt_tokens}")
+    expect(usage.completion_tokens > 0, f"completion_tokens = {usage.completion_tokens}")
+    expect(
+        usage.total_tokens == usage.prompt_tokens + usage.completion_tokens,
+        f"total_tokens {usage.total_tokens} != {usage.prompt_tokens} + {usage.completion_tokens}",
+    )
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base-url", required=True, help="server root, e.g. http://127.0.0.1:30000 (/v1 optional)")
+    parser.add_argument("--model", help="model name (default: the first of /v1/models)")
+    parser.add_argument("--api-key", default="EMPTY")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--prompt", default="What is 2+2?")
+    parser.add_argument("--expect", help="a substring the greedy answer (content or reasoning) must contain")
+    parser.add_argument("--timeout", type=float, default=300.0)
+    args = parser.parse_args()
+
+    base_url = args.base_url.rstrip("/")
+    if not base_url.endswith("/v1"):
+        base_url += "/v1"
+    client = openai.OpenAI(base_url=base_url, api_key=args.api_key, timeout=args.timeout, max_retries=0)
+    checks = Checks()
+    state = {"model": args.model}
+    messages = [{"role": "user", "content": args.prompt}]
+    greedy = {"temperature": 0.0, "max_tokens": args.max_tokens, "seed": 1234}
+
+    def models():
+        listed = client.models.list().data
+        expect(len(listed) >= 1, "no model listed")
+        expect(all(m.object == "model" for m in listed), "model objects")
+        if state["model"] is None:
+            state["model"] = listed[0].id
+        expect(any(m.id == state["model"] for m in listed), f"{state['model']} is not listed")
+
+    checks.run("models.list", models)
+    if state["model"] is None:
+        print(f"0 passed, {checks.failed} failed")
+        return 1
+    model = state["model"]
+    whole = {}
+
+    def chat_whole():
+        response = client.chat.completions.create(model=model, messages=messages, **greedy)
+        expect(response.object == "chat.completion", f"object {response.object}")
+        expect(response.id, "empty id")
+        expect(response.model == model, f"model {response.model}")
+        expect(len(response.choices) == 1, "one choice")
+        choice = response.choices[0]
+        expect(choice.index == 0, "index 0")
+        expect(choice.message.role == "assistant", f"role {choice.message.role}")
+        expect(choice.finish_reason in ("stop", "length", "tool_calls"), f"finish_reason {choice.finish_reason}")
+        check_usage(response.usage)
+        content = choice.message.content
+        reasoning = extra(choice.message, "reasoning_content")
+        expect(content is None or isinstance(content, str), "content is a string or null")
+        expect(content is None or content != "", "content is null rather than empty")
+        expect(content or reasoning, "neither content nor reasoning_content")
+        if reasoning:
+            # The server splits reasoning (--reasoning-parser qwen3): no tag may leak on either side.
+            tokens = reasoning_tokens(response.usage)
+            expect(tokens is not None and tokens > 0, f"reasoning text present but reasoning_tokens = {tokens}")
+            expect("<think>" not in reasoning and "</think>" not in reasoning, "think tags leaked into reasoning")
+            expect("</think>" not in (content or ""), "think tag leaked into content")
+        if args.expect:
+            expect(args.expect in (content or "") + (reasoning or ""), f"{args.expect!r} not in the answer")
+        whole.update(content=content, reasoning=reasoning, usage=response.usage, finish=choice.finish_reason)
+
+    def chat_streamed():
+        stream = client.chat.completions.create(
+            model=model, messages=messages, stream=True, stream_options={"include_usage": True}, **greedy
+        )
+        chunks = list(stream)
+        expect(chunks, "no chunks")
+        expect(all(c.object == "chat.completion.chunk" for c in chunks), "chunk objects")
+        expect(len({c.id for c in chunks}) == 1, "one id across chunks")
+        expect(chunks[0].choices[0].delta.role == "assistant", "the first chunk carries the role")
+        content, reasoning, finishes = "", "", []
+        for chunk in chunks[:-1]:
+            expect(len(chunk.choices) == 1, "one choice per chunk")
+            delta = chunk.choices[0].delta
+            content += delta.content or ""
+            reasoning += extra(delta, "reasoning_content") or ""
+            if chunk.choices[0].finish_reason:
+                finishes.append(chunk.choices[0].finish_reason)
+        expect(len(finishes) == 1, f"finish reasons {finishes}")
+        last = chunks[-1]
+        expect(last.choices == [], "the usage chunk has no choices")
+        check_usage(last.usage)
+        if whole:
+            # Greedy with the same seed: the stream must say exactly what the whole response said.
+            expect(content == (whole["content"] or ""), f"streamed content {content!r} != {whole['content']!r}")
+            expect(reasoning == (whole["reasoning"] or ""), "streamed reasoning differs from the whole response")
+            expect(finishes[0] == whole["finish"], f"finish {finishes[0]} != {whole['finish']}")
+            expect(
+                last.usage.completion_tokens == whole["usage"].completion_tokens,
+                f"completion_tokens {last.usage.completion_tokens} != {whole['usage'].completion_tokens}",
+            )
+
+    def thinking_off():
+        response = client.chat.completions.create(
+            model=model,
+            messages=messages,
+            extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+            **greedy,
+        )
+        message = response.choices[0].message
+        expect(not extra(message, "reasoning_content"), "reasoning_content with thinking off")
+        tokens = reasoning_tokens(response.usage)
+        expect(tokens in (None, 0), f"reasoning_tokens = {tokens} with thinking off")
+
+    def logprobs():
+        response = client.chat.completions.create(
+            model=model, messages=messages, logprobs=True, top_logprobs=2, **{**greedy, "max_tokens": 8}
+        )
+        content = response.choices[0].logprobs.content
+        expect(len(content) == response.usage.completion_tokens, f"{len(content)} logprobs entries")
+        for entry in content:
+            expect(isinstance(entry.token, str), "token string")
+            expect(entry.logprob <= 0.0, f"logprob {entry.logprob}")
+            expect(isinstance(entry.bytes, list), "bytes list")
+            expect(len(entry.top_logprobs) == 2, f"{len(entry.top_logprobs)} top_logprobs")
+            # Greedy: the chosen token is the most likely one.
+            expect(entry.logprob >= entry.top_logprobs[0].logprob - 1e-4, "greedy token is not the best one")
+
+    def n_choices():
+        response = client.chat.completions.create(
+            model=model, messages=messages, n=2, **{**greedy, "temperature": 0.8, "max_tokens": 8}
+        )
+        expect(sorted(c.index for c in response.choices) == [0, 1], "choices 0 and 1")
+
+    def completions():
+        response = client.completions.create(model=model, prompt="The capital of France is", **greedy)
+        expect(response.object == "text_completion", f"object {response.object}")
+        expect(isinstance(response.choices[0].text, str), "text")
+        expect(response.choices[0].finish_reason in ("stop", "length"), "finish_reason")
+        check_usage(response.usage)
+        stream = client.completions.create(
+            model=model, prompt="The capital of France is", stream=True, **greedy
+        )
+        text = "".join(chunk.choices[0].text for chunk in stream if chunk.choices)
+        expect(text == response.choices[0].text, f"streamed {text!r} != {response.choices[0].text!r}")
+
+    def errors():
+        try:
+            client.chat.completions.create(model="no-such-model", messages=messages, max_tokens=4)
+            raise AssertionError("unknown model accepted")
+        except openai.NotFoundError:
+            pass
+        try:
+            client.chat.completions.create(model=model, messages=messages, temperature=-1.0, max_tokens=4)
+            raise AssertionError("temperature -1 accepted")
+        except openai.BadRequestError as exc:
+            expect(exc.body and exc.body.get("param") == "temperature", f"error body {exc.body}")
+
+    checks.run("chat (whole)", chat_whole)
+    checks.run("chat (streamed, include_usage)", chat_streamed)
+    checks.run("chat with thinking off", thinking_off)
+    checks.run("chat logprobs", logprobs)
+    checks.run("chat n=2", n_choices)
+    checks.run("completions (whole and streamed)", completions)
+    checks.run("errors (404 model, 400 temperature)", errors)
+    print(f"{checks.passed} passed, {checks.failed} failed")
+    return 1 if checks.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
