@@ -15,6 +15,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Serve a model over an OpenAI-compatible HTTP API.
+    Serve(Box<deltaserve_api::ServeArgs>),
     /// Greedy continuation of a prompt.
     Generate(commands::generate::GenerateArgs),
     /// Teacher-forced scoring of a token sequence: per-token log-probabilities and perplexity.
@@ -31,6 +33,7 @@ enum Command {
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Serve(args) => commands::serve::run(*args),
         Command::Generate(args) => commands::generate::run(args),
         Command::Score(args) => commands::score::run(args),
         Command::Bench(args) => commands::bench::run(args),

@@ -5,3 +5,4 @@ pub mod doctor;
 pub mod generate;
 pub mod lint_output;
 pub mod score;
+pub mod serve;

@@ -98,6 +98,10 @@ pub struct ServeArgs {
     /// On SIGTERM/SIGINT, in-flight requests get this many seconds to finish.
     #[arg(long, default_value_t = 30)]
     pub shutdown_grace_period: u64,
+    /// Report ready without the start-up canary generation (not recommended: /health then only
+    /// proves that something generates, not that it is right).
+    #[arg(long)]
+    pub skip_canary: bool,
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,6 +122,10 @@ pub enum BackendKind {
     Reference,
     Cpu,
 }
+
+/// The diagnostic attention backend that computes attention wrongly on purpose (see
+/// deltaserve-tensor's `diagnostic` module); never chosen by default.
+pub const DIAGNOSTIC_BROKEN_ATTENTION: &str = "diagnostic-broken-attention";
 
 /// Speculative decoding settings after validation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -288,6 +296,8 @@ impl ServeArgs {
         if let Some(attention) = &self.attention_backend {
             match attention.as_str() {
                 "auto" | "native" => {}
+                // Deliberately wrong attention, to show doctor, the canary and the detector at work.
+                DIAGNOSTIC_BROKEN_ATTENTION if self.backend == BackendKind::Cpu => {}
                 other => {
                     return refuse(format!(
                         "--attention-backend {other:?} is not available: deltaserve has one proven attention \

@@ -1,0 +1,178 @@
+//! `deltaserve serve`: loads the model, plans both cache pools, starts the engine and the HTTP server,
+//! prints a start-up summary, and proves generation with the canary before /health says ready.
+
+use crate::loading::{load_model, with_model, AnyModel, BackendKind, LoadFormat, ModelArgs};
+use anyhow::{Context, Result};
+use deltaserve_api::{AppState, HealthStatus, ServeArgs, ServerConfig};
+use deltaserve_doctor::canary::{judge, CanaryOutcome, CanarySpec};
+use deltaserve_engine::pool_plan::{plan_pools, PoolPlan, PoolRequest};
+use deltaserve_engine::{EngineConfig, EngineEvent, EngineHandle, GenerationRequest, LocalEngine, SamplingParams, SharedEngine, SpecConfig};
+use deltaserve_model::config::ModelConfig;
+use deltaserve_tensor::Backend;
+use deltaserve_text::Tokenizer;
+use std::sync::Arc;
+
+/// Prefill chunk when `--chunked-prefill-size` is not given: a multiple of the GDN chunk (64).
+const DEFAULT_CHUNKED_PREFILL: usize = 256;
+const DEFAULT_PAGE_SIZE: usize = 16;
+const DEFAULT_MAX_QUEUED: usize = 1024;
+
+/// Memory the pools may draw on: what the OS reports available now (weights already loaded).
+fn available_memory_bytes() -> usize {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("MemAvailable:").map(str::to_owned)))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<usize>().ok())
+        .map_or(4 << 30, |kib| kib * 1024)
+}
+
+fn model_args(args: &ServeArgs) -> ModelArgs {
+    ModelArgs {
+        model_path: args.model_path.clone(),
+        backend: match args.backend {
+            deltaserve_api::BackendKind::Reference => BackendKind::Reference,
+            deltaserve_api::BackendKind::Cpu => BackendKind::Cpu,
+        },
+        load_format: match args.load_format {
+            deltaserve_api::LoadFormat::Auto => LoadFormat::Auto,
+            deltaserve_api::LoadFormat::Dummy => LoadFormat::Dummy,
+        },
+        threads: args.threads.unwrap_or(0),
+        attention_backend: match args.attention_backend.as_deref() {
+            None | Some("auto") => "native".to_string(),
+            Some(name) => name.to_string(),
+        },
+    }
+}
+
+fn human_bytes(bytes: usize) -> String {
+    let b = bytes as f64;
+    if b >= (1u64 << 30) as f64 {
+        format!("{:.2} GiB", b / (1u64 << 30) as f64)
+    } else if b >= (1u64 << 20) as f64 {
+        format!("{:.1} MiB", b / (1u64 << 20) as f64)
+    } else {
+        format!("{:.1} KiB", b / 1024.0)
+    }
+}
+
+fn print_summary(args: &ServeArgs, config: &ModelConfig, backend: &str, plan: &PoolPlan, spec: Option<&SpecConfig>) {
+    let dtype = config.dtype.map_or("unknown".to_string(), |d| d.to_string());
+    eprintln!("deltaserve ready to prove itself:");
+    eprintln!("  model            {} ({:?}, {} layers, dtype {dtype})", args.model_path.display(), config.architecture, config.num_hidden_layers);
+    eprintln!("  backend          {backend}");
+    eprintln!("  KV pool          {} blocks x {} tokens = {} tokens, {} ({} per token)", plan.num_kv_blocks, plan.block_size, plan.kv_tokens(), human_bytes(plan.kv_bytes()), human_bytes(plan.kv_bytes_per_token));
+    eprintln!("  state-slot pool  {} slots x {} = {}", plan.state_slots, human_bytes(plan.state_bytes_per_slot), human_bytes(plan.state_bytes()));
+    match spec {
+        Some(s) => eprintln!("  speculative      NEXTN (MTP), {} draft steps, {} snapshot slots per running request", s.num_steps, plan.snapshot_slots_per_sequence),
+        None => eprintln!("  speculative      off"),
+    }
+    eprintln!("  max running      {} requests", plan.max_running_requests);
+    eprintln!("  context length   {} tokens", plan.context_length);
+    for note in &plan.notes {
+        eprintln!("  note             {note}");
+    }
+}
+
+/// Generates the canary through the engine (as a request would) and judges it.
+async fn run_canary(engine: &SharedEngine, spec: &CanarySpec, tokenizer: &Tokenizer) -> Result<CanaryOutcome, String> {
+    let request = GenerationRequest {
+        prompt_ids: spec.prompt_ids.clone(),
+        sampling: SamplingParams::default(),
+        max_new_tokens: spec.max_tokens,
+        stop_token_ids: tokenizer.stop_token_ids().to_vec(),
+        disable_speculation: false,
+    };
+    let (_, mut rx) = engine.submit(request).map_err(|e| format!("submitting the canary: {e}"))?;
+    let mut tokens = Vec::new();
+    loop {
+        match rx.recv().await {
+            Some(EngineEvent::Token { id, .. }) => tokens.push(id),
+            Some(EngineEvent::Finished { .. }) | None => break,
+            Some(EngineEvent::Error { message }) => return Err(format!("the canary generation failed: {message}")),
+        }
+    }
+    let stopped = tokens.last().is_some_and(|t| tokenizer.stop_token_ids().contains(t));
+    if stopped {
+        tokens.pop();
+    }
+    Ok(judge(spec, &tokens, stopped, Some(tokenizer)))
+}
+
+pub fn run(args: ServeArgs) -> Result<()> {
+    let speculative = args.validate()?;
+    let tokenizer = Arc::new(Tokenizer::from_dir(&args.model_path).with_context(|| format!("--model-path {}", args.model_path.display()))?);
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let state = Arc::new(AppState::new(ServerConfig::from_args(&args), tokenizer.clone()));
+        state.health.set(HealthStatus::Loading("loading weights".into()));
+        let addr = args.listen_addr()?;
+        let server = tokio::spawn(deltaserve_api::serve(addr, state.clone()));
+
+        let margs = model_args(&args);
+        let model: AnyModel = tokio::task::spawn_blocking(move || load_model(&margs)).await.context("the loading thread failed")??;
+        let (config, backend_name) = with_model!(&model, m => (m.config.clone(), m.backend.name()));
+        let spec = match speculative {
+            Some(s) if config.mtp_num_hidden_layers == 0 => anyhow::bail!(
+                "--speculative-algorithm {}: {} has no MTP head (mtp_num_hidden_layers is 0)",
+                args.speculative_algorithm.as_deref().unwrap_or("NEXTN"),
+                args.model_path.display()
+            ),
+            Some(s) => Some(SpecConfig { num_steps: s.num_steps, disable_batch_size: s.disable_batch_size, fault: Default::default() }),
+            None => None,
+        };
+        let request = PoolRequest {
+            context_length: args.context_length,
+            max_running_requests: args.max_running_requests,
+            max_total_tokens: args.max_total_tokens,
+            max_mamba_cache_size: args.max_mamba_cache_size,
+            mamba_full_memory_ratio: args.mamba_full_memory_ratio.map(f64::from),
+            mem_fraction_static: args.mem_fraction_static.map(f64::from),
+            page_size: args.page_size.unwrap_or(DEFAULT_PAGE_SIZE),
+            speculative_steps: spec.as_ref().map_or(0, |s| s.num_steps),
+        };
+        let plan = plan_pools(&config, &request, available_memory_bytes())?;
+        let chunk = args.chunked_prefill_tokens().unwrap_or(DEFAULT_CHUNKED_PREFILL).max(1);
+        let engine_config = EngineConfig {
+            max_running_requests: plan.max_running_requests,
+            num_kv_blocks: plan.num_kv_blocks,
+            block_size: plan.block_size,
+            state_slots: plan.state_slots,
+            chunked_prefill_size: chunk,
+            context_length: plan.context_length,
+            max_queued_requests: args.max_queued_requests.unwrap_or(DEFAULT_MAX_QUEUED),
+            decode_log_interval: 40,
+            speculative: spec.clone(),
+        };
+        print_summary(&args, &config, backend_name, &plan, spec.as_ref());
+        let local: Arc<LocalEngine> = with_model!(model, m => LocalEngine::spawn(m, engine_config));
+        let engine: SharedEngine = local.clone();
+        state.attach_engine(engine.clone());
+        let metrics_engine = local.clone();
+        state.set_engine_metrics(Arc::new(move || metrics_engine.prometheus_metrics()));
+
+        if args.skip_canary {
+            eprintln!("canary skipped (--skip-canary): /health proves generation, not correctness");
+            state.health.set(HealthStatus::Ready);
+        } else {
+            state.health.set(HealthStatus::Loading("running the start-up canary".into()));
+            let spec = CanarySpec::for_model(&args.model_path, Some(&tokenizer), config.vocab_size).map_err(anyhow::Error::msg)?;
+            match run_canary(&engine, &spec, &tokenizer).await {
+                Ok(outcome) => match outcome.failure() {
+                    None => {
+                        eprintln!("canary ok: {:?}", outcome.text);
+                        state.health.set(HealthStatus::Ready);
+                    }
+                    Some(why) => {
+                        eprintln!("CANARY FAILED: {why}\n  the model does not generate correct text on this backend; /health stays 503. Run `deltaserve doctor --model-path {}` to locate the fault.", args.model_path.display());
+                        state.health.set(HealthStatus::Failed(format!("start-up canary failed: {why}")));
+                    }
+                },
+                Err(why) => state.health.set(HealthStatus::Failed(why)),
+            }
+        }
+        eprintln!("listening on http://{addr}");
+        server.await.context("the server task failed")??;
+        Ok(())
+    })
+}
