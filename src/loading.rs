@@ -33,8 +33,9 @@ pub enum LoadFormat {
 
 #[derive(Args, Clone, Debug)]
 pub struct ModelArgs {
-    /// Directory holding config.json and the safetensors weights (Hugging Face layout).
-    #[arg(long = "model-path", alias = "model")]
+    /// Directory holding config.json and the safetensors weights (Hugging Face layout); `demo` (the
+    /// default) is the bundled demo model.
+    #[arg(long = "model-path", alias = "model", default_value = crate::demo_model::DEMO_MODEL_NAME)]
     pub model_path: PathBuf,
     #[arg(long, value_enum, default_value_t = BackendKind::Cpu)]
     pub backend: BackendKind,
@@ -97,6 +98,14 @@ pub fn open_source(args: &ModelArgs) -> Result<(ModelConfig, Box<dyn TensorSourc
         LoadFormat::Dummy => Box::new(DummySource::new(config.dtype.unwrap_or(DType::BF16), 0).with_tied_embeddings(config.tie_word_embeddings)),
     };
     Ok((config, source))
+}
+
+impl ModelArgs {
+    /// Replaces `demo` by the bundled demo model's directory.
+    pub fn resolved(mut self) -> Result<Self> {
+        self.model_path = crate::demo_model::resolve_model_path(&self.model_path)?;
+        Ok(self)
+    }
 }
 
 pub fn load_model(args: &ModelArgs) -> Result<AnyModel> {

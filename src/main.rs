@@ -2,6 +2,7 @@
 //! module under `commands/`; no model math or serving logic lives here.
 
 mod commands;
+mod demo_model;
 mod loading;
 
 use clap::{Parser, Subcommand};
@@ -17,6 +18,8 @@ struct Cli {
 enum Command {
     /// Serve a model over an OpenAI-compatible HTTP API.
     Serve(Box<deltaserve_api::ServeArgs>),
+    /// Chat with a model in the terminal (one-shot with MESSAGE, interactive without).
+    Chat(commands::chat::ChatArgs),
     /// Greedy continuation of a prompt.
     Generate(commands::generate::GenerateArgs),
     /// Teacher-forced scoring of a token sequence: per-token log-probabilities and perplexity.
@@ -34,6 +37,7 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Serve(args) => commands::serve::run(*args),
+        Command::Chat(args) => commands::chat::run(args),
         Command::Generate(args) => commands::generate::run(args),
         Command::Score(args) => commands::score::run(args),
         Command::Bench(args) => commands::bench::run(args),

@@ -114,7 +114,8 @@ fn run_on<B: Backend>(m: &Model<B>, prefill_len: usize, decode_len: usize) -> Ti
     Timings { prefill_s, decode_s }
 }
 
-pub fn run(args: BenchArgs) -> Result<()> {
+pub fn run(mut args: BenchArgs) -> Result<()> {
+    args.model = args.model.resolved()?;
     anyhow::ensure!(args.prefill_len > 0, "--prefill-len must be at least 1");
     let load_start = Instant::now();
     let model = load_model(&args.model)?;

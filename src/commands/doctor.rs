@@ -108,7 +108,8 @@ fn examine<B: Backend>(args: &DoctorArgs, reference: &Model<ReferenceBackend>, t
     }
 }
 
-pub fn run(args: DoctorArgs) -> Result<()> {
+pub fn run(mut args: DoctorArgs) -> Result<()> {
+    args.model = args.model.resolved()?;
     if args.model.backend == BackendKind::Reference && args.model.attention_backend == "native" {
         eprintln!("doctor: --backend reference checks the reference against itself; use --backend cpu to check the fast backend");
     }

@@ -20,7 +20,8 @@ pub struct GenerateArgs {
     pub max_tokens: usize,
 }
 
-pub fn run(args: GenerateArgs) -> Result<()> {
+pub fn run(mut args: GenerateArgs) -> Result<()> {
+    args.model = args.model.resolved()?;
     let tokenizer_path = args.model.model_path.join("tokenizer.json");
     let tokenizer = if tokenizer_path.is_file() { Some(deltaserve_text::Tokenizer::from_dir(&args.model.model_path)?) } else { None };
     let prompt_ids: Vec<u32> = match (&args.prompt, &args.prompt_ids) {

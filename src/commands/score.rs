@@ -28,7 +28,8 @@ fn log_prob(row: &[f32], index: usize) -> f64 {
     row[index] as f64 - max - sum.ln()
 }
 
-pub fn run(args: ScoreArgs) -> Result<()> {
+pub fn run(mut args: ScoreArgs) -> Result<()> {
+    args.model = args.model.resolved()?;
     let text = std::fs::read_to_string(&args.tokens).with_context(|| format!("reading --tokens {}", args.tokens.display()))?;
     let ids: Vec<u32> = serde_json::from_str(&text)
         .with_context(|| format!("--tokens {}: expected a JSON array of non-negative integer token ids", args.tokens.display()))?;

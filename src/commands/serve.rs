@@ -99,8 +99,12 @@ async fn run_canary(engine: &SharedEngine, spec: &CanarySpec, tokenizer: &Tokeni
     Ok(judge(spec, &tokens, stopped, Some(tokenizer)))
 }
 
-pub fn run(args: ServeArgs) -> Result<()> {
+pub fn run(mut args: ServeArgs) -> Result<()> {
     let speculative = args.validate()?;
+    if args.served_model_name.is_none() && args.model_path.as_os_str() == crate::demo_model::DEMO_MODEL_NAME {
+        args.served_model_name = Some(crate::demo_model::DEMO_MODEL_NAME.to_string());
+    }
+    args.model_path = crate::demo_model::resolve_model_path(&args.model_path)?;
     let tokenizer = Arc::new(Tokenizer::from_dir(&args.model_path).with_context(|| format!("--model-path {}", args.model_path.display()))?);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the async runtime")?;
     runtime.block_on(async move {
@@ -113,7 +117,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         let model: AnyModel = tokio::task::spawn_blocking(move || load_model(&margs)).await.context("the loading thread failed")??;
         let (config, backend_name) = with_model!(&model, m => (m.config.clone(), m.backend.name()));
         let spec = match speculative {
-            Some(s) if config.mtp_num_hidden_layers == 0 => anyhow::bail!(
+            Some(_) if config.mtp_num_hidden_layers == 0 => anyhow::bail!(
                 "--speculative-algorithm {}: {} has no MTP head (mtp_num_hidden_layers is 0)",
                 args.speculative_algorithm.as_deref().unwrap_or("NEXTN"),
                 args.model_path.display()

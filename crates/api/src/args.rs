@@ -11,8 +11,9 @@ use clap::{Args, ValueEnum};
 /// Flags of `deltaserve serve`.
 #[derive(Args, Debug, Clone, PartialEq)]
 pub struct ServeArgs {
-    /// Model directory (config.json, *.safetensors, tokenizer.json, generation_config.json).
-    #[arg(long, alias = "model")]
+    /// Model directory (config.json, *.safetensors, tokenizer.json, generation_config.json); `demo`
+    /// (the default) is the bundled demo model.
+    #[arg(long, alias = "model", default_value = "demo")]
     pub model_path: PathBuf,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
