@@ -60,24 +60,33 @@ impl Session {
             disable_speculation: false,
         };
         let (_, mut rx) = self.engine.submit(request)?;
-        let mut detok = Detokenizer::new(true);
+        // Special tokens stay in the text: some tokenizers mark `</think>` special, and the reasoning
+        // split needs it. Stop tokens never reach the detokenizer.
+        let mut detok = Detokenizer::new(false);
         let mut split = ReasoningStream::new(prompt_opens_reasoning(&prompt));
         let mut answer = String::new();
         let mut out = std::io::stdout().lock();
         let mut in_reasoning = false;
+        let mut held_newlines = 0;
         let mut show = |delta: deltaserve_text::ReasoningDelta, out: &mut std::io::StdoutLock, answer: &mut String| -> Result<()> {
             if !delta.reasoning.is_empty() && !args.hide_reasoning {
                 if self.color && !in_reasoning {
                     write!(out, "{DIM}")?;
                 }
                 in_reasoning = true;
-                write!(out, "{}", delta.reasoning)?;
+                // Trailing newlines are held back: the last ones only separate reasoning from answer.
+                let text = delta.reasoning.trim_end_matches('\n');
+                if !text.is_empty() {
+                    write!(out, "{}{text}", "\n".repeat(held_newlines))?;
+                    held_newlines = 0;
+                }
+                held_newlines += delta.reasoning.len() - text.len();
             }
             // The answer's leading blank lines are the template's separator, not text.
             let content = if answer.is_empty() { delta.content.trim_start_matches('\n') } else { delta.content.as_str() };
             if !content.is_empty() {
                 if in_reasoning {
-                    write!(out, "{}", if self.color { RESET } else { "" })?;
+                    writeln!(out, "{}", if self.color { RESET } else { "" })?;
                     in_reasoning = false;
                 }
                 write!(out, "{content}")?;
