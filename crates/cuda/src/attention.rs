@@ -1,0 +1,114 @@
+//! Launcher of paged attention: writes the new K/V rows into the pool (`kv_write`), then one block
+//! per (token, q head) attends over the sequence's positions (`paged_attention`, attention.cu).
+
+use crate::backend::{launch, CudaBackend};
+use crate::buffer::CudaBuf;
+use crate::layout::{attention_table, check_kv};
+use cudarc::driver::LaunchConfig;
+use deltaserve_tensor::{AttnShape, BatchLayout, KvLayerPool};
+
+/// Positions scored per tile (threads per block).
+const ATTENTION_THREADS: u32 = 128;
+
+impl CudaBackend {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn attention_op(
+        &self,
+        q: &CudaBuf,
+        k: &CudaBuf,
+        v: &CudaBuf,
+        pool: &mut KvLayerPool<Self>,
+        batch: &BatchLayout,
+        shape: AttnShape,
+        out: &mut CudaBuf,
+    ) {
+        let AttnShape {
+            q_heads,
+            kv_heads,
+            head_dim,
+        } = shape;
+        assert!(
+            pool.kv_heads == kv_heads && pool.head_dim == head_dim,
+            "attention: the pool holds {} kv heads of {}, the layer has {kv_heads} of {head_dim}",
+            pool.kv_heads,
+            pool.head_dim
+        );
+        assert!(
+            kv_heads > 0 && q_heads % kv_heads == 0,
+            "attention: {q_heads} q heads are not a multiple of {kv_heads} kv heads"
+        );
+        check_kv("attention", batch, pool.num_blocks);
+        let tokens = batch.total_tokens();
+        let kv_row = kv_heads * head_dim;
+        assert!(
+            q.len >= tokens * q_heads * head_dim && out.len >= tokens * q_heads * head_dim,
+            "attention: q {} / out {} too short for {tokens} tokens x {q_heads} heads x {head_dim}",
+            q.len,
+            out.len
+        );
+        assert!(
+            k.len >= tokens * kv_row && v.len >= tokens * kv_row,
+            "attention: k {} / v {} too short for {tokens} tokens x {kv_row}",
+            k.len,
+            v.len
+        );
+        if tokens == 0 || head_dim == 0 {
+            return;
+        }
+        let table = attention_table(batch, |blocks, position| pool.offset(blocks, position));
+        let offsets = self.upload("attention offsets", &table.offsets);
+        let rows = self.upload("attention rows", &table.rows);
+        let blocks = self.upload("attention block tables", &table.blocks);
+
+        let (t64, kv_row32) = (tokens as i64, kv_row as i32);
+        // Contract: every offset + kv_row lies in the pool (the layout was checked against
+        // num_blocks), k and v hold tokens x kv_row (checked).
+        launch!(
+            self,
+            "kv_write",
+            Self::elementwise_config(tokens * kv_row),
+            &k.data,
+            &v.data,
+            &mut pool.k.data,
+            &mut pool.v.data,
+            &offsets,
+            &t64,
+            &kv_row32
+        );
+
+        let Ok(grid_blocks) = u32::try_from(tokens * q_heads) else {
+            panic!("attention: {tokens} tokens x {q_heads} heads exceed one launch grid");
+        };
+        let shared = (2 * head_dim + ATTENTION_THREADS as usize + 32) * std::mem::size_of::<f32>();
+        let cfg = LaunchConfig {
+            grid_dim: (grid_blocks, 1, 1),
+            block_dim: (ATTENTION_THREADS, 1, 1),
+            shared_mem_bytes: shared as u32,
+        };
+        let (qh, kvh, hd, bs) = (
+            q_heads as i32,
+            kv_heads as i32,
+            head_dim as i32,
+            pool.block_size as i32,
+        );
+        let scale = (1.0 / (head_dim as f64).sqrt()) as f32;
+        // Contract: rows holds 2 entries per token, each table offset + position / block_size lies
+        // in `blocks` (the layout covers every position), block ids are < num_blocks (checked).
+        launch!(
+            self,
+            "paged_attention",
+            cfg,
+            &q.data,
+            &pool.k.data,
+            &pool.v.data,
+            &mut out.data,
+            &rows,
+            &blocks,
+            &qh,
+            &kvh,
+            &hd,
+            &bs,
+            &scale
+        );
+    }
+}

@@ -1,0 +1,435 @@
+//! `CudaBackend`: start-up (libraries, device, NVRTC kernels, cuBLAS) and the `Backend` impl, which
+//! forwards each op to its module (`dense`, `gemm`, `attention`, `gdn`). Everything runs in order
+//! on one stream; host-side metadata is uploaded per call.
+
+use crate::buffer::CudaBuf;
+use crate::compile;
+use crate::error::CudaError;
+use crate::libraries;
+use crate::mat::CudaMat;
+use crate::options::{CudaOptions, GemmPrecision};
+use cudarc::cublas::CudaBlas;
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, ValidAsZeroBits,
+};
+use deltaserve_tensor::{
+    AttnShape, Backend, BatchLayout, GdnShape, HostTensor, KvLayerPool, RouteChoice,
+    StateLayerPool, TensorError,
+};
+use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Mutex};
+
+/// RoPE inverse frequencies on the device per `(rotary_dim, theta bits)`.
+pub(crate) type RopeTables = HashMap<(usize, u32), Arc<CudaSlice<f32>>>;
+
+/// Threads per block of the elementwise kernels.
+pub(crate) const ELEMENTWISE_THREADS: u32 = 256;
+
+/// The CUDA backend: one GPU, one stream, kernels compiled for that GPU at start-up. Clones are
+/// cheap and share the stream, the kernels and the cuBLAS handle (ops stay in one order).
+#[derive(Clone)]
+pub struct CudaBackend {
+    pub(crate) ctx: Arc<CudaContext>,
+    pub(crate) stream: Arc<CudaStream>,
+    /// cuBLAS handles are not meant to be driven from several threads at once.
+    pub(crate) blas: Arc<Mutex<CudaBlas>>,
+    functions: Arc<HashMap<&'static str, CudaFunction>>,
+    pub(crate) gemm_precision: GemmPrecision,
+    /// RoPE inverse frequencies per `(rotary_dim, theta bits)`, computed on the host as the
+    /// reference does and kept on the device.
+    pub(crate) rope_tables: Arc<Mutex<RopeTables>>,
+    device_name: String,
+    compute_capability: (i32, i32),
+    ptx_from_cache: usize,
+}
+
+/// Panics on a device failure inside an op: the `Backend` trait has no error channel, and a
+/// failed launch or copy leaves the GPU's results undefined, so carrying on would be worse.
+#[track_caller]
+pub(crate) fn device_failure(op: &str, err: impl std::fmt::Debug) -> ! {
+    panic!("cuda backend: {op} failed on the device: {err:?}")
+}
+
+/// Launches kernel `$name` with `$cfg` and the given arguments, which must all be references to
+/// named values (the launch reads them through pointers). Callers state the safety contract.
+macro_rules! launch {
+    ($be:expr, $name:literal, $cfg:expr, $($arg:expr),+ $(,)?) => {{
+        use cudarc::driver::PushKernelArg;
+        let mut builder = $be.stream.launch_builder($be.function($name));
+        $( builder.arg($arg); )+
+        // SAFETY: the caller checked the argument types against the kernel's signature and every
+        // length the kernel indexes with (see the comment at the call).
+        if let Err(e) = unsafe { builder.launch($cfg) } {
+            $crate::backend::device_failure($name, e);
+        }
+    }};
+}
+pub(crate) use launch;
+
+fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+    payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "(no message)".to_string())
+}
+
+impl CudaBackend {
+    /// The backend on GPU `device_ordinal` with the default options (bf16 GEMMs; libraries from the
+    /// system path or the usual CUDA folders; PTX cached under `~/.cache/deltaserve/ptx`).
+    pub fn new(device_ordinal: usize) -> Result<Self, CudaError> {
+        Self::with_options(device_ordinal, CudaOptions::default())
+    }
+
+    /// Never panics: a missing driver or library, a missing or too old GPU, a kernel that does not
+    /// compile, and a panic inside the CUDA bindings are all returned as errors.
+    pub fn with_options(device_ordinal: usize, options: CudaOptions) -> Result<Self, CudaError> {
+        catch_unwind(AssertUnwindSafe(|| Self::start(device_ordinal, &options))).unwrap_or_else(
+            |payload| {
+                Err(CudaError::Panicked {
+                    during: "starting the backend",
+                    message: panic_message(payload),
+                })
+            },
+        )
+    }
+
+    fn start(ordinal: usize, options: &CudaOptions) -> Result<Self, CudaError> {
+        libraries::ensure(&libraries::DRIVER, &options.library_dirs)?;
+        cudarc::driver::result::init()
+            .map_err(|e| CudaError::driver("cuInit (is a GPU visible to this process?)", e))?;
+        let count =
+            CudaContext::device_count().map_err(|e| CudaError::driver("counting GPUs", e))?;
+        if ordinal >= count.max(0) as usize {
+            return Err(CudaError::NoDevice {
+                ordinal,
+                count: count.max(0) as usize,
+            });
+        }
+        let ctx = CudaContext::new(ordinal)
+            .map_err(|e| CudaError::driver(format!("creating a context on GPU {ordinal}"), e))?;
+        let name = ctx
+            .name()
+            .map_err(|e| CudaError::driver("reading the GPU's name", e))?;
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(|e| CudaError::driver("reading the compute capability", e))?;
+        if major < 8 {
+            return Err(CudaError::UnsupportedDevice {
+                ordinal,
+                name,
+                major,
+                minor,
+            });
+        }
+        // SAFETY: everything runs on the one stream below, in order, so cudarc's cross-stream
+        // event tracking is not needed.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx
+            .new_stream()
+            .map_err(|e| CudaError::driver("creating a stream", e))?;
+
+        let arch = format!("compute_{major}{minor}");
+        let compiled = compile::compile_all(&arch, options)?;
+        let ptx_from_cache = compiled.iter().filter(|c| c.cached).count();
+        let mut functions = HashMap::new();
+        for unit in compiled {
+            let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(unit.ptx)).map_err(|e| {
+                CudaError::driver(
+                    format!("loading the PTX of kernels/{} for {arch} (an NVRTC newer than the driver makes PTX it cannot load)", unit.file.name),
+                    e,
+                )
+            })?;
+            for &function in unit.file.functions {
+                let f = module
+                    .load_function(function)
+                    .map_err(|e| CudaError::MissingKernel {
+                        file: unit.file.name,
+                        function,
+                        message: format!("{e:?}"),
+                    })?;
+                functions.insert(function, f);
+            }
+        }
+
+        libraries::ensure(&libraries::CUBLAS_LT, &options.library_dirs)?;
+        libraries::ensure(&libraries::CUBLAS, &options.library_dirs)?;
+        let blas = CudaBlas::new(stream.clone()).map_err(|e| CudaError::Cublas {
+            what: "creating a handle",
+            message: format!("{e:?}"),
+        })?;
+        Ok(Self {
+            ctx,
+            stream,
+            blas: Arc::new(Mutex::new(blas)),
+            functions: Arc::new(functions),
+            gemm_precision: options.gemm_precision,
+            rope_tables: Arc::new(Mutex::new(HashMap::new())),
+            device_name: name,
+            compute_capability: (major, minor),
+            ptx_from_cache,
+        })
+    }
+
+    /// The GPU's name as the driver reports it.
+    pub fn device_name(&self) -> &str {
+        &self.device_name
+    }
+
+    pub fn compute_capability(&self) -> (i32, i32) {
+        self.compute_capability
+    }
+
+    pub fn gemm_precision(&self) -> GemmPrecision {
+        self.gemm_precision
+    }
+
+    /// How many kernel files were loaded from the PTX cache instead of being compiled.
+    pub fn ptx_files_from_cache(&self) -> usize {
+        self.ptx_from_cache
+    }
+
+    /// Waits until every queued op has finished (for timing).
+    pub fn synchronize(&self) {
+        if let Err(e) = self.stream.synchronize() {
+            device_failure("synchronize", e);
+        }
+    }
+
+    pub(crate) fn function(&self, name: &'static str) -> &CudaFunction {
+        // Invariant: `start` loaded every function named in `kernels::FILES` or failed, and the
+        // op modules launch only those names.
+        self.functions
+            .get(name)
+            .unwrap_or_else(|| panic!("cuda backend: kernel `{name}` was never loaded"))
+    }
+
+    /// Copies small host metadata to the device (one element at least: CUDA refuses zero bytes).
+    pub(crate) fn upload<T: DeviceRepr + Default + Clone>(
+        &self,
+        what: &str,
+        data: &[T],
+    ) -> CudaSlice<T> {
+        let result = if data.is_empty() {
+            self.stream.clone_htod(&[T::default()])
+        } else {
+            self.stream.clone_htod(data)
+        };
+        result.unwrap_or_else(|e| device_failure(what, e))
+    }
+
+    /// A zeroed device allocation of `len` elements (one at least).
+    pub(crate) fn alloc_zeros<T: DeviceRepr + ValidAsZeroBits>(
+        &self,
+        what: &str,
+        len: usize,
+    ) -> CudaSlice<T> {
+        self.stream
+            .alloc_zeros::<T>(len.max(1))
+            .unwrap_or_else(|e| device_failure(what, e))
+    }
+
+    /// A launch config of `ELEMENTWISE_THREADS`-thread blocks covering `n` elements (the kernels
+    /// loop over the grid, so the block count is capped).
+    pub(crate) fn elementwise_config(n: usize) -> LaunchConfig {
+        let blocks = n.div_ceil(ELEMENTWISE_THREADS as usize).clamp(1, 1 << 16) as u32;
+        LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (ELEMENTWISE_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+}
+
+impl Backend for CudaBackend {
+    type Buf = CudaBuf;
+    type Mat = CudaMat;
+
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn zeros(&self, len: usize) -> CudaBuf {
+        CudaBuf {
+            data: self.alloc_zeros("zeros", len),
+            len,
+        }
+    }
+
+    fn from_host(&self, data: &[f32]) -> CudaBuf {
+        CudaBuf {
+            data: self.upload("from_host", data),
+            len: data.len(),
+        }
+    }
+
+    fn to_host(&self, buf: &CudaBuf) -> Vec<f32> {
+        if buf.len == 0 {
+            return Vec::new();
+        }
+        let host = self
+            .stream
+            .clone_dtoh(&buf.data.slice(0..buf.len))
+            .unwrap_or_else(|e| device_failure("to_host", e));
+        self.synchronize();
+        host
+    }
+
+    fn buf_len(&self, buf: &CudaBuf) -> usize {
+        buf.len
+    }
+
+    fn load_mat(&self, t: &HostTensor) -> Result<CudaMat, TensorError> {
+        CudaMat::upload(&self.stream, t, self.gemm_precision)
+    }
+
+    fn mat_shape(&self, m: &CudaMat) -> (usize, usize) {
+        (m.rows, m.cols)
+    }
+
+    fn embedding(&self, table: &CudaMat, ids: &[u32], out: &mut CudaBuf) {
+        self.embedding_op(table, ids, out)
+    }
+
+    fn matmul(&self, x: &CudaBuf, w: &CudaMat, out: &mut CudaBuf, tokens: usize) {
+        self.matmul_op(x, w, out, tokens)
+    }
+
+    fn rms_norm(&self, x: &CudaBuf, w: &CudaBuf, eps: f32, dim: usize, out: &mut CudaBuf) {
+        self.rms_norm_op(x, w, eps, dim, out)
+    }
+
+    fn gated_rms_norm(
+        &self,
+        x: &CudaBuf,
+        z: &CudaBuf,
+        w: &CudaBuf,
+        eps: f32,
+        dim: usize,
+        out: &mut CudaBuf,
+    ) {
+        self.gated_rms_norm_op(x, z, w, eps, dim, out)
+    }
+
+    fn add_inplace(&self, acc: &mut CudaBuf, x: &CudaBuf) {
+        self.add_inplace_op(acc, x)
+    }
+
+    fn silu_mul(&self, gate: &CudaBuf, up: &CudaBuf, out: &mut CudaBuf) {
+        self.silu_mul_op(gate, up, out)
+    }
+
+    fn sigmoid_mul_inplace(&self, x: &mut CudaBuf, gate: &CudaBuf) {
+        self.sigmoid_mul_op(x, gate)
+    }
+
+    fn rope(
+        &self,
+        x: &mut CudaBuf,
+        positions: &[u32],
+        heads: usize,
+        head_dim: usize,
+        rotary_dim: usize,
+        theta: f32,
+    ) {
+        self.rope_op(x, positions, heads, head_dim, rotary_dim, theta)
+    }
+
+    fn concat_cols(&self, a: &CudaBuf, b: &CudaBuf, a_dim: usize, b_dim: usize, out: &mut CudaBuf) {
+        self.concat_cols_op(a, b, a_dim, b_dim, out)
+    }
+
+    fn gather_rows(&self, src: &CudaBuf, dim: usize, rows: &[u32]) -> CudaBuf {
+        self.gather_rows_op(src, dim, rows)
+    }
+
+    fn scatter_add_rows(
+        &self,
+        acc: &mut CudaBuf,
+        src: &CudaBuf,
+        dim: usize,
+        rows: &[u32],
+        weights: &[f32],
+    ) {
+        self.scatter_add_rows_op(acc, src, dim, rows, weights)
+    }
+
+    fn sigmoid_scale_rows(&self, x: &mut CudaBuf, gate: &CudaBuf, dim: usize) {
+        self.sigmoid_scale_rows_op(x, gate, dim)
+    }
+
+    fn attention(
+        &self,
+        q: &CudaBuf,
+        k: &CudaBuf,
+        v: &CudaBuf,
+        pool: &mut KvLayerPool<Self>,
+        batch: &BatchLayout,
+        shape: AttnShape,
+        out: &mut CudaBuf,
+    ) {
+        self.attention_op(q, k, v, pool, batch, shape, out)
+    }
+
+    fn causal_conv1d(
+        &self,
+        x: &CudaBuf,
+        w: &CudaBuf,
+        pool: &mut StateLayerPool<Self>,
+        batch: &BatchLayout,
+        out: &mut CudaBuf,
+    ) {
+        self.causal_conv1d_op(x, w, pool, batch, out)
+    }
+
+    fn gdn_gates(
+        &self,
+        a: &CudaBuf,
+        b: &CudaBuf,
+        a_log: &CudaBuf,
+        dt_bias: &CudaBuf,
+        g: &mut CudaBuf,
+        beta: &mut CudaBuf,
+    ) {
+        self.gdn_gates_op(a, b, a_log, dt_bias, g, beta)
+    }
+
+    fn gated_delta_rule(
+        &self,
+        mixed: &CudaBuf,
+        g: &CudaBuf,
+        beta: &CudaBuf,
+        pool: &mut StateLayerPool<Self>,
+        batch: &BatchLayout,
+        shape: GdnShape,
+        out: &mut CudaBuf,
+    ) {
+        self.gated_delta_rule_op(mixed, g, beta, pool, batch, shape, out)
+    }
+
+    fn reset_state_slot(&self, pool: &mut StateLayerPool<Self>, slot: usize) {
+        self.reset_state_slot_op(pool, slot)
+    }
+
+    fn copy_state_slot(&self, pool: &mut StateLayerPool<Self>, src: usize, dst: usize) {
+        self.copy_state_slot_op(pool, src, dst)
+    }
+
+    fn route_top_k(
+        &self,
+        logits: &CudaBuf,
+        experts: usize,
+        top_k: usize,
+        renormalize: bool,
+    ) -> Vec<RouteChoice> {
+        // The router logits are tiny ([tokens, experts]); routing on the host reuses the reference
+        // exactly, ties and all.
+        deltaserve_tensor::reference::route_top_k(
+            &self.to_host(logits),
+            experts,
+            top_k,
+            renormalize,
+        )
+    }
+}

@@ -1,0 +1,370 @@
+//! Launchers of the dense ops (embedding, norms, elementwise, RoPE, row copies): argument checks on
+//! the host, then one kernel from elementwise.cu, norm.cu or rope.cu. Lengths follow the reference:
+//! zipped buffers use the shorter one.
+
+use crate::backend::{launch, CudaBackend};
+use crate::buffer::CudaBuf;
+use crate::mat::{CudaMat, MatData};
+use cudarc::driver::{CudaSlice, LaunchConfig};
+use std::sync::Arc;
+
+/// Threads per row of the norms: enough warps to cover `dim` once, at most 256.
+fn row_threads(dim: usize) -> u32 {
+    (dim.div_ceil(32) * 32).clamp(32, 256) as u32
+}
+
+impl CudaBackend {
+    pub(crate) fn embedding_op(&self, table: &CudaMat, ids: &[u32], out: &mut CudaBuf) {
+        let hidden = table.cols;
+        let n = ids.len();
+        assert!(
+            out.len >= n * hidden,
+            "embedding: out holds {} values, {n} ids x {hidden} need more",
+            out.len
+        );
+        if let Some(&bad) = ids.iter().find(|&&id| id as usize >= table.rows) {
+            panic!(
+                "embedding: token id {bad} is outside the table's {} rows",
+                table.rows
+            );
+        }
+        if n * hidden == 0 {
+            return;
+        }
+        let ids_dev = self.upload("embedding ids", ids);
+        let (n64, hidden32) = (n as i64, hidden as i32);
+        let cfg = Self::elementwise_config(n * hidden);
+        // Contract: ids < rows (checked), out >= n * hidden (checked), table is rows x hidden.
+        match &table.data {
+            MatData::Bf16(t) => launch!(
+                self,
+                "embedding_bf16",
+                cfg,
+                t,
+                &ids_dev,
+                &mut out.data,
+                &n64,
+                &hidden32
+            ),
+            MatData::F32(t) => launch!(
+                self,
+                "embedding_f32",
+                cfg,
+                t,
+                &ids_dev,
+                &mut out.data,
+                &n64,
+                &hidden32
+            ),
+        }
+    }
+
+    pub(crate) fn rms_norm_op(
+        &self,
+        x: &CudaBuf,
+        w: &CudaBuf,
+        eps: f32,
+        dim: usize,
+        out: &mut CudaBuf,
+    ) {
+        let rows = x.len / dim.max(1);
+        assert!(
+            w.len >= dim && out.len >= rows * dim,
+            "rms_norm: weight {} / out {} too short for {rows} rows of {dim}",
+            w.len,
+            out.len
+        );
+        if rows == 0 || dim == 0 {
+            return;
+        }
+        let dim32 = dim as i32;
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (row_threads(dim), 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // Contract: one block per row of `dim` within x and out; w holds dim values (checked).
+        launch!(
+            self,
+            "rms_norm",
+            cfg,
+            &x.data,
+            &w.data,
+            &mut out.data,
+            &dim32,
+            &eps
+        );
+    }
+
+    pub(crate) fn gated_rms_norm_op(
+        &self,
+        x: &CudaBuf,
+        z: &CudaBuf,
+        w: &CudaBuf,
+        eps: f32,
+        dim: usize,
+        out: &mut CudaBuf,
+    ) {
+        let rows = x.len / dim.max(1);
+        assert!(
+            w.len >= dim && z.len >= rows * dim && out.len >= rows * dim,
+            "gated_rms_norm: weight {} / gate {} / out {} too short for {rows} rows of {dim}",
+            w.len,
+            z.len,
+            out.len
+        );
+        if rows == 0 || dim == 0 {
+            return;
+        }
+        let dim32 = dim as i32;
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (row_threads(dim), 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // Contract: as rms_norm, and z is as long as x (checked).
+        launch!(
+            self,
+            "gated_rms_norm",
+            cfg,
+            &x.data,
+            &z.data,
+            &w.data,
+            &mut out.data,
+            &dim32,
+            &eps
+        );
+    }
+
+    pub(crate) fn add_inplace_op(&self, acc: &mut CudaBuf, x: &CudaBuf) {
+        let n = acc.len.min(x.len);
+        if n == 0 {
+            return;
+        }
+        let n64 = n as i64;
+        // Contract: n is within both buffers.
+        launch!(
+            self,
+            "add_inplace",
+            Self::elementwise_config(n),
+            &mut acc.data,
+            &x.data,
+            &n64
+        );
+    }
+
+    pub(crate) fn silu_mul_op(&self, gate: &CudaBuf, up: &CudaBuf, out: &mut CudaBuf) {
+        let n = out.len.min(gate.len).min(up.len);
+        if n == 0 {
+            return;
+        }
+        let n64 = n as i64;
+        // Contract: n is within all three buffers.
+        launch!(
+            self,
+            "silu_mul",
+            Self::elementwise_config(n),
+            &gate.data,
+            &up.data,
+            &mut out.data,
+            &n64
+        );
+    }
+
+    pub(crate) fn sigmoid_mul_op(&self, x: &mut CudaBuf, gate: &CudaBuf) {
+        let n = x.len.min(gate.len);
+        if n == 0 {
+            return;
+        }
+        let n64 = n as i64;
+        // Contract: n is within both buffers.
+        launch!(
+            self,
+            "sigmoid_mul_inplace",
+            Self::elementwise_config(n),
+            &mut x.data,
+            &gate.data,
+            &n64
+        );
+    }
+
+    pub(crate) fn sigmoid_scale_rows_op(&self, x: &mut CudaBuf, gate: &CudaBuf, dim: usize) {
+        let rows = (x.len / dim.max(1)).min(gate.len);
+        if rows == 0 || dim == 0 {
+            return;
+        }
+        let (rows64, dim32) = (rows as i64, dim as i32);
+        // Contract: rows * dim within x, rows within gate.
+        launch!(
+            self,
+            "sigmoid_scale_rows",
+            Self::elementwise_config(rows * dim),
+            &mut x.data,
+            &gate.data,
+            &rows64,
+            &dim32
+        );
+    }
+
+    pub(crate) fn concat_cols_op(
+        &self,
+        a: &CudaBuf,
+        b: &CudaBuf,
+        a_dim: usize,
+        b_dim: usize,
+        out: &mut CudaBuf,
+    ) {
+        let rows = a.len / a_dim.max(1);
+        assert!(
+            b.len >= rows * b_dim && out.len >= rows * (a_dim + b_dim),
+            "concat_cols: b {} / out {} too short for {rows} rows of {a_dim} + {b_dim}",
+            b.len,
+            out.len
+        );
+        if rows * (a_dim + b_dim) == 0 {
+            return;
+        }
+        let (rows64, a32, b32) = (rows as i64, a_dim as i32, b_dim as i32);
+        // Contract: rows of a_dim in a, b_dim in b, a_dim + b_dim in out (checked).
+        launch!(
+            self,
+            "concat_cols",
+            Self::elementwise_config(rows * (a_dim + b_dim)),
+            &a.data,
+            &b.data,
+            &mut out.data,
+            &rows64,
+            &a32,
+            &b32
+        );
+    }
+
+    pub(crate) fn gather_rows_op(&self, src: &CudaBuf, dim: usize, rows: &[u32]) -> CudaBuf {
+        let available = src.len / dim.max(1);
+        if let Some(&bad) = rows.iter().find(|&&r| r as usize >= available) {
+            panic!("gather_rows: row {bad} is outside the source's {available} rows of {dim}");
+        }
+        let mut out = CudaBuf {
+            data: self.alloc_zeros("gather_rows", rows.len() * dim),
+            len: rows.len() * dim,
+        };
+        if out.len == 0 {
+            return out;
+        }
+        let rows_dev = self.upload("gather_rows rows", rows);
+        let (n64, dim32) = (rows.len() as i64, dim as i32);
+        // Contract: every row index is within src (checked); out has rows.len() * dim values.
+        launch!(
+            self,
+            "gather_rows",
+            Self::elementwise_config(out.len),
+            &src.data,
+            &rows_dev,
+            &mut out.data,
+            &n64,
+            &dim32
+        );
+        out
+    }
+
+    pub(crate) fn scatter_add_rows_op(
+        &self,
+        acc: &mut CudaBuf,
+        src: &CudaBuf,
+        dim: usize,
+        rows: &[u32],
+        weights: &[f32],
+    ) {
+        let n = rows.len().min(weights.len());
+        let available = acc.len / dim.max(1);
+        assert!(
+            src.len >= n * dim,
+            "scatter_add_rows: src holds {} values, {n} rows of {dim} need more",
+            src.len
+        );
+        if let Some(&bad) = rows[..n].iter().find(|&&r| r as usize >= available) {
+            panic!("scatter_add_rows: row {bad} is outside the accumulator's {available} rows of {dim}");
+        }
+        if n * dim == 0 {
+            return;
+        }
+        let rows_dev = self.upload("scatter_add_rows rows", &rows[..n]);
+        let weights_dev = self.upload("scatter_add_rows weights", &weights[..n]);
+        let (n32, dim32) = (n as i32, dim as i32);
+        // Contract: row indices within acc (checked), n rows of dim within src (checked).
+        launch!(
+            self,
+            "scatter_add_rows",
+            Self::elementwise_config(dim),
+            &mut acc.data,
+            &src.data,
+            &rows_dev,
+            &weights_dev,
+            &n32,
+            &dim32
+        );
+    }
+
+    /// The reference's inverse frequencies (f32, `1 / theta^(2i / rotary_dim)`) on the device.
+    fn inv_freq(&self, rotary_dim: usize, theta: f32) -> Arc<CudaSlice<f32>> {
+        let mut tables = self
+            .rope_tables
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        tables
+            .entry((rotary_dim, theta.to_bits()))
+            .or_insert_with(|| {
+                let values: Vec<f32> = (0..rotary_dim / 2)
+                    .map(|i| 1.0f32 / theta.powf((2 * i) as f32 / rotary_dim as f32))
+                    .collect();
+                Arc::new(self.upload("rope frequencies", &values))
+            })
+            .clone()
+    }
+
+    pub(crate) fn rope_op(
+        &self,
+        x: &mut CudaBuf,
+        positions: &[u32],
+        heads: usize,
+        head_dim: usize,
+        rotary_dim: usize,
+        theta: f32,
+    ) {
+        let tokens = positions.len();
+        assert!(
+            rotary_dim <= head_dim,
+            "rope: rotary_dim {rotary_dim} exceeds head_dim {head_dim}"
+        );
+        assert!(
+            x.len >= tokens * heads * head_dim,
+            "rope: x holds {} values, {tokens} tokens x {heads} heads x {head_dim} need more",
+            x.len
+        );
+        let half = rotary_dim / 2;
+        if tokens * heads * half == 0 {
+            return;
+        }
+        let table = self.inv_freq(rotary_dim, theta);
+        let positions_dev = self.upload("rope positions", positions);
+        let (t64, h32, d32, r32) = (
+            tokens as i64,
+            heads as i32,
+            head_dim as i32,
+            rotary_dim as i32,
+        );
+        // Contract: x holds tokens x heads x head_dim (checked); the table holds rotary_dim / 2.
+        launch!(
+            self,
+            "rope",
+            Self::elementwise_config(tokens * heads * half),
+            &mut x.data,
+            &positions_dev,
+            table.as_ref(),
+            &t64,
+            &h32,
+            &d32,
+            &r32
+        );
+    }
+}

@@ -1,0 +1,261 @@
+//! Launchers of the Gated DeltaNet ops: causal conv1d with its window (conv.cu), the gates and the
+//! recurrent delta rule (gdn.cu), and resetting / copying a state slot. The state pools stay on the
+//! device; the batch's sequence table is uploaded per call.
+
+use crate::backend::{device_failure, launch, CudaBackend};
+use crate::buffer::CudaBuf;
+use crate::kernels::MAX_CONV_HISTORY;
+use crate::layout::{check_state, seq_table};
+use cudarc::driver::LaunchConfig;
+use deltaserve_tensor::{BatchLayout, GdnShape, StateLayerPool};
+
+/// Channels per block of the conv.
+const CONV_THREADS: u32 = 128;
+
+impl CudaBackend {
+    pub(crate) fn causal_conv1d_op(
+        &self,
+        x: &CudaBuf,
+        w: &CudaBuf,
+        pool: &mut StateLayerPool<Self>,
+        batch: &BatchLayout,
+        out: &mut CudaBuf,
+    ) {
+        let (conv_dim, history) = (pool.conv_dim, pool.conv_history);
+        assert!(
+            history <= MAX_CONV_HISTORY,
+            "causal_conv1d: a kernel of {} taps exceeds the {} this backend supports",
+            history + 1,
+            MAX_CONV_HISTORY + 1
+        );
+        check_state("causal_conv1d", batch, pool.slots);
+        let tokens = batch.total_tokens();
+        assert!(
+            x.len >= tokens * conv_dim && out.len >= tokens * conv_dim,
+            "causal_conv1d: x {} / out {} too short for {tokens} tokens x {conv_dim} channels",
+            x.len,
+            out.len
+        );
+        assert!(
+            w.len >= conv_dim * (history + 1),
+            "causal_conv1d: weight holds {}, {conv_dim} channels x {} taps need more",
+            w.len,
+            history + 1
+        );
+        if batch.seqs.is_empty() || conv_dim == 0 {
+            return;
+        }
+        let table = seq_table(batch);
+        let seqs = self.upload("conv sequences", &table.seqs);
+        let snaps = self.upload("conv snapshot slots", &table.snaps);
+        let cfg = LaunchConfig {
+            grid_dim: (
+                (conv_dim as u32).div_ceil(CONV_THREADS),
+                batch.seqs.len() as u32,
+                1,
+            ),
+            block_dim: (CONV_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (cd, hist) = (conv_dim as i32, history as i32);
+        // Contract: the layout was checked (rows within x/out, slots and snapshot slots < slots).
+        launch!(
+            self,
+            "causal_conv1d",
+            cfg,
+            &x.data,
+            &w.data,
+            &mut pool.conv.data,
+            &mut out.data,
+            &seqs,
+            &snaps,
+            &cd,
+            &hist
+        );
+    }
+
+    pub(crate) fn gdn_gates_op(
+        &self,
+        a: &CudaBuf,
+        b: &CudaBuf,
+        a_log: &CudaBuf,
+        dt_bias: &CudaBuf,
+        g: &mut CudaBuf,
+        beta: &mut CudaBuf,
+    ) {
+        let heads = a_log.len;
+        let n = a.len;
+        assert!(
+            heads > 0 && dt_bias.len >= heads,
+            "gdn_gates: a_log has {heads} heads, dt_bias {}",
+            dt_bias.len
+        );
+        assert!(
+            b.len >= n && g.len >= n && beta.len >= n,
+            "gdn_gates: b {} / g {} / beta {} shorter than a {n}",
+            b.len,
+            g.len,
+            beta.len
+        );
+        if n == 0 {
+            return;
+        }
+        let (n64, h32) = (n as i64, heads as i32);
+        // Contract: n within a, b, g, beta; heads within a_log and dt_bias (checked).
+        launch!(
+            self,
+            "gdn_gates",
+            Self::elementwise_config(n),
+            &a.data,
+            &b.data,
+            &a_log.data,
+            &dt_bias.data,
+            &mut g.data,
+            &mut beta.data,
+            &n64,
+            &h32
+        );
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn gated_delta_rule_op(
+        &self,
+        mixed: &CudaBuf,
+        g: &CudaBuf,
+        beta: &CudaBuf,
+        pool: &mut StateLayerPool<Self>,
+        batch: &BatchLayout,
+        shape: GdnShape,
+        out: &mut CudaBuf,
+    ) {
+        let GdnShape {
+            key_heads,
+            value_heads,
+            key_dim,
+            value_dim,
+        } = shape;
+        assert!(
+            pool.value_heads == value_heads && pool.key_dim == key_dim && pool.value_dim == value_dim,
+            "gated_delta_rule: the pool holds {} heads of {}x{}, the layer has {value_heads} of {key_dim}x{value_dim}",
+            pool.value_heads,
+            pool.key_dim,
+            pool.value_dim
+        );
+        assert!(key_heads > 0 && value_heads % key_heads == 0, "gated_delta_rule: {value_heads} value heads are not a multiple of {key_heads} key heads");
+        let threads = (value_dim.max(1).div_ceil(32) * 32) as u32;
+        assert!(
+            threads <= 1024,
+            "gated_delta_rule: value_dim {value_dim} exceeds the 1024 threads of a block"
+        );
+        check_state("gated_delta_rule", batch, pool.slots);
+        let tokens = batch.total_tokens();
+        assert!(
+            mixed.len >= tokens * shape.conv_dim(),
+            "gated_delta_rule: mixed holds {}, {tokens} x {} needed",
+            mixed.len,
+            shape.conv_dim()
+        );
+        assert!(
+            g.len >= tokens * value_heads && beta.len >= tokens * value_heads,
+            "gated_delta_rule: g {} / beta {} too short",
+            g.len,
+            beta.len
+        );
+        assert!(
+            out.len >= tokens * value_heads * value_dim,
+            "gated_delta_rule: out holds {}, {tokens} x {value_heads} x {value_dim} needed",
+            out.len
+        );
+        if batch.seqs.is_empty() || value_heads == 0 || key_dim == 0 || value_dim == 0 {
+            return;
+        }
+        let table = seq_table(batch);
+        let seqs = self.upload("delta rule sequences", &table.seqs);
+        let snaps = self.upload("delta rule snapshot slots", &table.snaps);
+        let cfg = LaunchConfig {
+            grid_dim: (value_heads as u32, batch.seqs.len() as u32, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: ((2 * key_dim + 32) * std::mem::size_of::<f32>()) as u32,
+        };
+        let (hk, hv, dk, dv) = (
+            key_heads as i32,
+            value_heads as i32,
+            key_dim as i32,
+            value_dim as i32,
+        );
+        // Contract: the layout was checked (rows within mixed/g/beta/out, slots < slots); the block
+        // covers value_dim threads and its shared memory holds q, k and the reduction scratch.
+        launch!(
+            self,
+            "gated_delta_rule",
+            cfg,
+            &mixed.data,
+            &g.data,
+            &beta.data,
+            &mut pool.ssm.data,
+            &mut out.data,
+            &seqs,
+            &snaps,
+            &hk,
+            &hv,
+            &dk,
+            &dv
+        );
+    }
+
+    pub(crate) fn reset_state_slot_op(&self, pool: &mut StateLayerPool<Self>, slot: usize) {
+        assert!(
+            slot < pool.slots,
+            "reset_state_slot: slot {slot} of {}",
+            pool.slots
+        );
+        let (c, s) = (pool.conv_slot_len(), pool.ssm_slot_len());
+        for (buf, len) in [(&mut pool.conv, c), (&mut pool.ssm, s)] {
+            if len == 0 {
+                continue;
+            }
+            let mut view = buf.data.slice_mut(slot * len..(slot + 1) * len);
+            if let Err(e) = self.stream.memset_zeros(&mut view) {
+                device_failure("reset_state_slot", e);
+            }
+        }
+    }
+
+    pub(crate) fn copy_state_slot_op(
+        &self,
+        pool: &mut StateLayerPool<Self>,
+        src: usize,
+        dst: usize,
+    ) {
+        assert!(
+            src < pool.slots && dst < pool.slots,
+            "copy_state_slot: slots {src} -> {dst} of {}",
+            pool.slots
+        );
+        if src == dst {
+            return;
+        }
+        let (c, s) = (pool.conv_slot_len(), pool.ssm_slot_len());
+        for (buf, len) in [(&mut pool.conv, c), (&mut pool.ssm, s)] {
+            if len == 0 {
+                continue;
+            }
+            // Two disjoint views of one allocation: split between the two slots.
+            let split = src.max(dst) * len;
+            let (low, mut high) = buf.data.split_at_mut(split);
+            let result = if src < dst {
+                let from = low.slice(src * len..(src + 1) * len);
+                let mut to = high.slice_mut(0..len);
+                self.stream.memcpy_dtod(&from, &mut to)
+            } else {
+                let from = high.slice(0..len);
+                let mut low = low;
+                let mut to = low.slice_mut(dst * len..(dst + 1) * len);
+                self.stream.memcpy_dtod(&from, &mut to)
+            };
+            if let Err(e) = result {
+                device_failure("copy_state_slot", e);
+            }
+        }
+    }
+}

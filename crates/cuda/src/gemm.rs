@@ -1,0 +1,137 @@
+//! `matmul` (`out [T, N] = x [T, K] @ w[N, K]^T`) through cuBLAS `gemmEx`: bf16 weights with
+//! activations cast to bf16 (tensor cores, f32 accumulation and output), or f32 weights in pedantic
+//! f32. Row-major `out^T = w x^T` is cuBLAS's column-major `C [N, T] = op(A) B` with A = w transposed.
+
+use crate::backend::{device_failure, launch, CudaBackend};
+use crate::buffer::CudaBuf;
+use crate::mat::{CudaMat, MatData};
+use cudarc::cublas::sys::{
+    cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType_t,
+};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+use std::ffi::c_void;
+
+impl CudaBackend {
+    pub(crate) fn matmul_op(&self, x: &CudaBuf, w: &CudaMat, out: &mut CudaBuf, tokens: usize) {
+        let (n, k) = (w.rows, w.cols);
+        assert!(
+            x.len >= tokens * k,
+            "matmul: x holds {} values, {tokens} tokens x {k} need more",
+            x.len
+        );
+        assert!(
+            out.len >= tokens * n,
+            "matmul: out holds {} values, {tokens} tokens x {n} need more",
+            out.len
+        );
+        if tokens == 0 || n == 0 {
+            return;
+        }
+        if k == 0 {
+            // An empty sum: cuBLAS would not touch C.
+            let mut view = out.data.slice_mut(0..tokens * n);
+            if let Err(e) = self.stream.memset_zeros(&mut view) {
+                device_failure("matmul (k = 0)", e);
+            }
+            return;
+        }
+        match &w.data {
+            MatData::Bf16(weights) => {
+                let mut x_bf16: CudaSlice<u16> =
+                    self.alloc_zeros("matmul bf16 activations", tokens * k);
+                let len = (tokens * k) as i64;
+                // Contract: x holds tokens * k values (checked), x_bf16 was allocated that long.
+                launch!(
+                    self,
+                    "cast_f32_to_bf16",
+                    Self::elementwise_config(tokens * k),
+                    &x.data,
+                    &mut x_bf16,
+                    &len
+                );
+                self.gemm_ex(
+                    weights,
+                    &x_bf16,
+                    cudaDataType_t::CUDA_R_16BF,
+                    out,
+                    n,
+                    tokens,
+                    k,
+                    cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                );
+            }
+            MatData::F32(weights) => {
+                self.gemm_ex(
+                    weights,
+                    &x.data,
+                    cudaDataType_t::CUDA_R_32F,
+                    out,
+                    n,
+                    tokens,
+                    k,
+                    cublasComputeType_t::CUBLAS_COMPUTE_32F_PEDANTIC,
+                );
+            }
+        }
+    }
+
+    /// `out [tokens, n] = x [tokens, k] @ w [n, k]^T` with both inputs of `input_type`.
+    #[allow(clippy::too_many_arguments)]
+    fn gemm_ex<T>(
+        &self,
+        w: &CudaSlice<T>,
+        x: &CudaSlice<T>,
+        input_type: cudaDataType_t,
+        out: &mut CudaBuf,
+        n: usize,
+        tokens: usize,
+        k: usize,
+        compute: cublasComputeType_t,
+    ) {
+        let dims = [n, tokens, k];
+        if dims.iter().any(|&d| d > i32::MAX as usize) {
+            panic!("matmul: dimensions {dims:?} exceed cuBLAS's 32-bit sizes");
+        }
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let blas = self
+            .blas
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Err(e) = self.ctx.bind_to_thread() {
+            device_failure("matmul (binding the context)", e);
+        }
+        let (w_ptr, _w_guard) = w.device_ptr(&self.stream);
+        let (x_ptr, _x_guard) = x.device_ptr(&self.stream);
+        let (out_ptr, _out_guard) = out.data.device_ptr_mut(&self.stream);
+        // SAFETY: w holds n * k and x tokens * k elements of `input_type` (the callers checked x;
+        // a CudaMat holds rows * cols), out holds tokens * n f32 (checked by `matmul_op`); the
+        // leading dimensions are the row lengths of these row-major buffers; alpha and beta are
+        // host f32 as the default pointer mode expects, and the handle runs on our stream.
+        let status = unsafe {
+            cudarc::cublas::result::gemm_ex(
+                *blas.handle(),
+                cublasOperation_t::CUBLAS_OP_T,
+                cublasOperation_t::CUBLAS_OP_N,
+                n as i32,
+                tokens as i32,
+                k as i32,
+                (&alpha as *const f32).cast::<c_void>(),
+                w_ptr as *const c_void,
+                input_type,
+                k as i32,
+                x_ptr as *const c_void,
+                input_type,
+                k as i32,
+                (&beta as *const f32).cast::<c_void>(),
+                out_ptr as *mut c_void,
+                cudaDataType_t::CUDA_R_32F,
+                n as i32,
+                compute,
+                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        };
+        if let Err(e) = status {
+            device_failure("matmul (cublasGemmEx)", e);
+        }
+    }
+}

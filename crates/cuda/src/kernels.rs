@@ -1,0 +1,65 @@
+//! The CUDA C sources of the backend's kernels (kernels/*.cu, embedded at build time) and the
+//! functions each one defines. Compilation lives in `compile`; launching in the op modules.
+
+/// One kernel source file.
+pub struct KernelFile {
+    pub name: &'static str,
+    pub source: &'static str,
+    /// `extern "C"` kernels it defines, all loaded at start-up.
+    pub functions: &'static [&'static str],
+}
+
+/// Helpers prepended to every file (`#line` keeps NVRTC's line numbers those of the file).
+pub const COMMON: &str = include_str!("../kernels/common.cuh");
+
+pub const FILES: [KernelFile; 6] = [
+    KernelFile {
+        name: "elementwise.cu",
+        source: include_str!("../kernels/elementwise.cu"),
+        functions: &[
+            "add_inplace",
+            "silu_mul",
+            "sigmoid_mul_inplace",
+            "sigmoid_scale_rows",
+            "concat_cols",
+            "gather_rows",
+            "scatter_add_rows",
+            "embedding_bf16",
+            "embedding_f32",
+            "cast_f32_to_bf16",
+        ],
+    },
+    KernelFile {
+        name: "norm.cu",
+        source: include_str!("../kernels/norm.cu"),
+        functions: &["rms_norm", "gated_rms_norm"],
+    },
+    KernelFile {
+        name: "rope.cu",
+        source: include_str!("../kernels/rope.cu"),
+        functions: &["rope"],
+    },
+    KernelFile {
+        name: "conv.cu",
+        source: include_str!("../kernels/conv.cu"),
+        functions: &["causal_conv1d"],
+    },
+    KernelFile {
+        name: "gdn.cu",
+        source: include_str!("../kernels/gdn.cu"),
+        functions: &["gdn_gates", "gated_delta_rule"],
+    },
+    KernelFile {
+        name: "attention.cu",
+        source: include_str!("../kernels/attention.cu"),
+        functions: &["kv_write", "paged_attention"],
+    },
+];
+
+/// The text NVRTC compiles for `file`: the common helpers, then the file with its own line numbers.
+pub fn full_source(file: &KernelFile) -> String {
+    format!("{COMMON}\n#line 1 \"{}\"\n{}", file.name, file.source)
+}
+
+/// Longest conv history `causal_conv1d` keeps in registers (`MAX_HISTORY` in conv.cu).
+pub const MAX_CONV_HISTORY: usize = 7;

@@ -1,0 +1,23 @@
+//! The CUDA backend of deltaserve: `CudaBackend` implements `deltaserve_tensor::Backend` on one
+//! NVIDIA GPU with CUDA C kernels (kernels/*.cu) compiled by NVRTC at start-up and cuBLAS GEMMs.
+//! CUDA's libraries are loaded at run time, so this crate builds (and its tests skip) without CUDA.
+
+mod attention;
+mod backend;
+mod buffer;
+pub mod compile;
+mod dense;
+mod error;
+mod gdn;
+mod gemm;
+pub mod kernels;
+mod layout;
+mod libraries;
+mod mat;
+mod options;
+
+pub use backend::CudaBackend;
+pub use buffer::CudaBuf;
+pub use error::CudaError;
+pub use mat::CudaMat;
+pub use options::{CudaOptions, GemmPrecision};

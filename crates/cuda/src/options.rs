@@ -1,0 +1,72 @@
+//! How a `CudaBackend` is built: GEMM precision and where to find CUDA's libraries, headers and the
+//! PTX cache. The defaults read the usual environment variables once, here, at the edge.
+
+use std::path::PathBuf;
+
+/// Precision of `matmul`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum GemmPrecision {
+    /// Weights stored as bf16 on the device (f32 and f16 checkpoints are rounded to bf16 at load);
+    /// activations rounded to bf16 (nearest even) before each GEMM; bf16 tensor cores with f32
+    /// accumulation and f32 output. The serving default: half the weight memory, full tensor-core
+    /// rate. Each product carries the bf16 rounding of its activation (relative error <= 2^-9).
+    #[default]
+    Bf16,
+    /// Weights stored as f32 (bf16 widened exactly), f32 activations, cuBLAS in pedantic f32 (no
+    /// TF32). Twice the weight memory and far slower; for checking the model against the reference.
+    F32,
+}
+
+/// Everything `CudaBackend::with_options` needs.
+#[derive(Clone, Debug)]
+pub struct CudaOptions {
+    pub gemm_precision: GemmPrecision,
+    /// Folders searched for libcuda, libnvrtc and libcublas when the system library path lacks them.
+    pub library_dirs: Vec<PathBuf>,
+    /// Passed to NVRTC as include paths when they exist (the kernels themselves need no header).
+    pub include_dirs: Vec<PathBuf>,
+    /// Where compiled PTX is kept between runs; `None` compiles at every start.
+    pub ptx_cache_dir: Option<PathBuf>,
+}
+
+impl Default for CudaOptions {
+    /// `$CUDA_HOME`, `$CUDA_PATH` and `/usr/local/cuda` (lib64, targets/x86_64-linux/lib, include),
+    /// the driver folders of NVIDIA containers, and `$XDG_CACHE_HOME/deltaserve/ptx` (else
+    /// `~/.cache/deltaserve/ptx`).
+    fn default() -> Self {
+        let env_dir = |name: &str| {
+            std::env::var_os(name)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        };
+        let mut roots: Vec<PathBuf> = ["CUDA_HOME", "CUDA_PATH"]
+            .iter()
+            .filter_map(|v| env_dir(v))
+            .collect();
+        roots.push(PathBuf::from("/usr/local/cuda"));
+        let mut library_dirs = Vec::new();
+        for root in &roots {
+            library_dirs.push(root.join("lib64"));
+            library_dirs.push(root.join("targets/x86_64-linux/lib"));
+            library_dirs.push(root.join("lib"));
+        }
+        library_dirs.extend(
+            [
+                "/usr/local/nvidia/lib64",
+                "/usr/lib/x86_64-linux-gnu",
+                "/usr/lib64",
+            ]
+            .map(PathBuf::from),
+        );
+        let include_dirs = roots.iter().map(|r| r.join("include")).collect();
+        let ptx_cache_dir = env_dir("XDG_CACHE_HOME")
+            .or_else(|| env_dir("HOME").map(|h| h.join(".cache")))
+            .map(|c| c.join("deltaserve").join("ptx"));
+        Self {
+            gemm_precision: GemmPrecision::default(),
+            library_dirs,
+            include_dirs,
+            ptx_cache_dir,
+        }
+    }
+}

@@ -1,0 +1,78 @@
+//! Helpers shared by the GPU tests: one backend per GEMM precision for the whole test binary (or a
+//! printed reason to skip), deterministic random inputs and the error measure.
+#![allow(dead_code)]
+
+use deltaserve_cuda::{CudaBackend, CudaOptions, GemmPrecision};
+use std::sync::OnceLock;
+
+static F32_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
+static BF16_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
+
+/// The backend on GPU 0 with `precision`, or `None` after printing why the test is skipped.
+pub fn cuda(precision: GemmPrecision, test: &str) -> Option<&'static CudaBackend> {
+    let cell = match precision {
+        GemmPrecision::F32 => &F32_BACKEND,
+        GemmPrecision::Bf16 => &BF16_BACKEND,
+    };
+    let backend = cell.get_or_init(|| {
+        let options = CudaOptions {
+            gemm_precision: precision,
+            ..CudaOptions::default()
+        };
+        CudaBackend::with_options(0, options).map_err(|e| e.to_string())
+    });
+    match backend {
+        Ok(b) => Some(b),
+        Err(why) => {
+            println!("SKIP {test}: no usable CUDA device: {why}");
+            None
+        }
+    }
+}
+
+/// Deterministic values in [-scale, scale).
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> f32 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+
+    pub fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.next() * scale).collect()
+    }
+}
+
+/// Max |got - want| relative to max(1, max |want|); panics above `tol`. Returns the error.
+pub fn check(label: &str, got: &[f32], want: &[f32], tol: f32) -> f32 {
+    assert_eq!(got.len(), want.len(), "{label}: length");
+    let scale = want.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+    let mut worst = 0.0f32;
+    let mut at = 0;
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let e = (g - w).abs() / scale;
+        if e > worst || e.is_nan() {
+            worst = if e.is_nan() { f32::INFINITY } else { e };
+            at = i;
+        }
+    }
+    println!("{label}: max relative error {worst:.2e}");
+    assert!(
+        worst <= tol,
+        "{label}: error {worst:e} at {at} ({} vs {}) above {tol:e}",
+        got[at],
+        want[at]
+    );
+    worst
+}
+
+/// Rounds every value to bf16 (nearest even) and back.
+pub fn round_bf16(x: &[f32]) -> Vec<f32> {
+    x.iter()
+        .map(|&v| deltaserve_tensor::dtype::bf16_to_f32(deltaserve_tensor::dtype::f32_to_bf16(v)))
+        .collect()
+}

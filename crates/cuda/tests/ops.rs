@@ -1,0 +1,680 @@
+//! Every op of `CudaBackend` against `ReferenceBackend` on random inputs, with shapes that hit the
+//! edges: GQA and value/key head ratio 3, sequence lengths 1/63/64/65/150 around the 64-token GDN
+//! chunk and 16-token KV blocks, several sequences in one ragged batch with interleaved block
+//! tables, snapshot slots, and norms over dims that are not a multiple of the block size.
+//! Skipped (with a printed reason) where no CUDA device can be used.
+//!
+//! Tolerances (relative to max(1, max |want|)); the reference accumulates in f64, the kernels in f32:
+//! - `TOL_MATMUL`: f32 GEMM with K up to 1000 errs by ~sqrt(K) * 2^-24 of the largest output.
+//! - `TOL_DENSE`: norms (f32 block sums over up to 5120), elementwise ops with `expf`, RoPE.
+//! - `TOL_ATTENTION`: softmax over up to 215 positions with f32 `expf` and sums.
+//! - `TOL_GDN`: the recurrent rule in f32 over up to 215 tokens from a non-zero state, against the
+//!   reference's f64 chunked form for prefill.
+//!
+//! Each is 20-50x the worst error measured when the kernels ran under a CPU emulation of the GPU
+//! (threads and barriers) against independent f64 references; measured values print with
+//! `--nocapture`. Not yet run on an H200 (see the crate README).
+
+mod common;
+
+use common::{check, cuda, round_bf16, Rng};
+use deltaserve_cuda::{CudaBackend, GemmPrecision};
+use deltaserve_tensor::reference::ReferenceBackend;
+use deltaserve_tensor::{
+    AttnShape, Backend, BatchLayout, GdnShape, HostTensor, KvLayerPool, SeqLayout, StateLayerPool,
+};
+
+const TOL_MATMUL: f32 = 1e-5;
+const TOL_DENSE: f32 = 5e-6;
+const TOL_ATTENTION: f32 = 1e-5;
+const TOL_GDN: f32 = 5e-5;
+
+#[test]
+fn start_up_errors_are_values_not_panics() {
+    // Ordinal 99 does not exist anywhere: without CUDA the library check fails, with a GPU the
+    // device count does. Either way an error comes back.
+    match CudaBackend::new(99) {
+        Ok(b) => panic!("a backend on GPU 99 ({}) should not exist", b.device_name()),
+        Err(e) => println!("CudaBackend::new(99): {e}"),
+    }
+}
+
+#[test]
+fn matmul_f32_matches_reference() {
+    let Some(be) = cuda(GemmPrecision::F32, "matmul_f32_matches_reference") else {
+        return;
+    };
+    let mut rng = Rng(1);
+    for (n, k) in [(1, 1), (7, 15), (33, 17), (64, 64), (300, 1000)] {
+        let values = rng.vec(n * k, 1.0);
+        for bf16 in [false, true] {
+            let t = if bf16 {
+                HostTensor::from_f32_as_bf16("w", vec![n, k], &values)
+            } else {
+                HostTensor::from_f32("w", vec![n, k], &values)
+            };
+            let w = be.load_mat(&t).unwrap();
+            assert_eq!(be.mat_shape(&w), (n, k));
+            let w_ref = ReferenceBackend.load_mat(&t).unwrap();
+            for tokens in [1, 2, 3, 8, 65, 130] {
+                let x = rng.vec(tokens * k, 1.0);
+                let mut want = vec![0.0; tokens * n];
+                ReferenceBackend.matmul(&x, &w_ref, &mut want, tokens);
+                let mut out = be.zeros(tokens * n);
+                be.matmul(&be.from_host(&x), &w, &mut out, tokens);
+                check(
+                    &format!("matmul f32 bf16-weights={bf16} [{tokens}x{k}] @ [{n}x{k}]^T"),
+                    &be.to_host(&out),
+                    &want,
+                    TOL_MATMUL,
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_bf16_is_the_exact_product_of_bf16_rounded_inputs() {
+    let Some(be) = cuda(
+        GemmPrecision::Bf16,
+        "matmul_bf16_is_the_exact_product_of_bf16_rounded_inputs",
+    ) else {
+        return;
+    };
+    let mut rng = Rng(2);
+    let mut worst_vs_unrounded = 0.0f32;
+    for (n, k) in [
+        (1, 1),
+        (7, 15),
+        (33, 17),
+        (64, 64),
+        (300, 1000),
+        (512, 2048),
+    ] {
+        let values = rng.vec(n * k, 1.0);
+        // An f32 checkpoint is rounded to bf16 at load under GemmPrecision::Bf16.
+        for bf16 in [true, false] {
+            let t = if bf16 {
+                HostTensor::from_f32_as_bf16("w", vec![n, k], &values)
+            } else {
+                HostTensor::from_f32("w", vec![n, k], &values)
+            };
+            let w = be.load_mat(&t).unwrap();
+            let w_ref = ReferenceBackend
+                .load_mat(&HostTensor::from_f32_as_bf16("w", vec![n, k], &values))
+                .unwrap();
+            for tokens in [1, 3, 8, 65, 130] {
+                let x = rng.vec(tokens * k, 1.0);
+                let mut want = vec![0.0; tokens * n];
+                ReferenceBackend.matmul(&round_bf16(&x), &w_ref, &mut want, tokens);
+                let mut out = be.zeros(tokens * n);
+                be.matmul(&be.from_host(&x), &w, &mut out, tokens);
+                let got = be.to_host(&out);
+                let label =
+                    format!("matmul bf16 checkpoint-bf16={bf16} [{tokens}x{k}] @ [{n}x{k}]^T");
+                check(&label, &got, &want, TOL_MATMUL);
+                let mut exact = vec![0.0; tokens * n];
+                ReferenceBackend.matmul(&x, &w_ref, &mut exact, tokens);
+                let scale = exact.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+                let e = got
+                    .iter()
+                    .zip(&exact)
+                    .map(|(a, b)| (a - b).abs() / scale)
+                    .fold(0.0, f32::max);
+                worst_vs_unrounded = worst_vs_unrounded.max(e);
+            }
+        }
+    }
+    // What rounding the activations costs, for the docs (bounded by 2^-9 of sum |x w|).
+    println!(
+        "matmul bf16 against unrounded activations: max relative error {worst_vs_unrounded:.2e}"
+    );
+    assert!(
+        worst_vs_unrounded < 1e-2,
+        "bf16 activation rounding cost {worst_vs_unrounded}"
+    );
+}
+
+#[test]
+fn embedding_gathers_rows_exactly() {
+    for precision in [GemmPrecision::F32, GemmPrecision::Bf16] {
+        let Some(be) = cuda(precision, "embedding_gathers_rows_exactly") else {
+            return;
+        };
+        let mut rng = Rng(3);
+        let (vocab, hidden) = (300, 72);
+        let values = rng.vec(vocab * hidden, 2.0);
+        for bf16 in [true, false] {
+            let t = if bf16 {
+                HostTensor::from_f32_as_bf16("e", vec![vocab, hidden], &values)
+            } else {
+                HostTensor::from_f32("e", vec![vocab, hidden], &values)
+            };
+            // Under Bf16 an f32 table is stored rounded.
+            let expect_table = if bf16 || precision == GemmPrecision::Bf16 {
+                HostTensor::from_f32_as_bf16("e", vec![vocab, hidden], &values)
+            } else {
+                t.clone()
+            };
+            let ids = [0u32, 299, 5, 5, 17, 123, 0];
+            let mut want = vec![0.0; ids.len() * hidden];
+            ReferenceBackend.embedding(
+                &ReferenceBackend.load_mat(&expect_table).unwrap(),
+                &ids,
+                &mut want,
+            );
+            let mut out = be.zeros(ids.len() * hidden);
+            be.embedding(&be.load_mat(&t).unwrap(), &ids, &mut out);
+            check(
+                &format!("embedding {precision:?} checkpoint-bf16={bf16}"),
+                &be.to_host(&out),
+                &want,
+                0.0,
+            );
+        }
+    }
+}
+
+#[test]
+fn norms_and_elementwise_ops_match_reference() {
+    let Some(be) = cuda(
+        GemmPrecision::F32,
+        "norms_and_elementwise_ops_match_reference",
+    ) else {
+        return;
+    };
+    let r = ReferenceBackend;
+    let mut rng = Rng(4);
+    for (rows, dim) in [
+        (1, 1),
+        (3, 31),
+        (5, 32),
+        (130, 64),
+        (2, 257),
+        (4, 1000),
+        (3, 1024),
+        (2, 5120),
+    ] {
+        let x = rng.vec(rows * dim, 3.0);
+        let z = rng.vec(rows * dim, 3.0);
+        let w = rng.vec(dim, 0.5);
+        let mut want = vec![0.0; rows * dim];
+        r.rms_norm(&x, &w, 1e-6, dim, &mut want);
+        let mut out = be.zeros(rows * dim);
+        be.rms_norm(&be.from_host(&x), &be.from_host(&w), 1e-6, dim, &mut out);
+        check(
+            &format!("rms_norm [{rows}x{dim}]"),
+            &be.to_host(&out),
+            &want,
+            TOL_DENSE,
+        );
+        r.gated_rms_norm(&x, &z, &w, 1e-6, dim, &mut want);
+        be.gated_rms_norm(
+            &be.from_host(&x),
+            &be.from_host(&z),
+            &be.from_host(&w),
+            1e-6,
+            dim,
+            &mut out,
+        );
+        check(
+            &format!("gated_rms_norm [{rows}x{dim}]"),
+            &be.to_host(&out),
+            &want,
+            TOL_DENSE,
+        );
+    }
+
+    let n = 100_003;
+    let (a, b) = (rng.vec(n, 4.0), rng.vec(n, 4.0));
+    let mut acc = a.clone();
+    r.add_inplace(&mut acc, &b);
+    let mut acc_dev = be.from_host(&a);
+    be.add_inplace(&mut acc_dev, &be.from_host(&b));
+    check("add_inplace", &be.to_host(&acc_dev), &acc, TOL_DENSE);
+
+    let mut want = vec![0.0; n];
+    r.silu_mul(&a, &b, &mut want);
+    let mut out = be.zeros(n);
+    be.silu_mul(&be.from_host(&a), &be.from_host(&b), &mut out);
+    check("silu_mul", &be.to_host(&out), &want, TOL_DENSE);
+
+    let mut want = a.clone();
+    r.sigmoid_mul_inplace(&mut want, &b);
+    let mut x_dev = be.from_host(&a);
+    be.sigmoid_mul_inplace(&mut x_dev, &be.from_host(&b));
+    check("sigmoid_mul_inplace", &be.to_host(&x_dev), &want, TOL_DENSE);
+
+    for (rows, dim) in [(1, 64), (77, 96)] {
+        let x = rng.vec(rows * dim, 2.0);
+        let gate = rng.vec(rows, 3.0);
+        let mut want = x.clone();
+        r.sigmoid_scale_rows(&mut want, &gate, dim);
+        let mut x_dev = be.from_host(&x);
+        be.sigmoid_scale_rows(&mut x_dev, &be.from_host(&gate), dim);
+        check(
+            &format!("sigmoid_scale_rows [{rows}x{dim}]"),
+            &be.to_host(&x_dev),
+            &want,
+            TOL_DENSE,
+        );
+
+        let y = rng.vec(rows * 40, 1.0);
+        let mut want = vec![0.0; rows * (dim + 40)];
+        r.concat_cols(&x, &y, dim, 40, &mut want);
+        let mut out = be.zeros(rows * (dim + 40));
+        be.concat_cols(&be.from_host(&x), &be.from_host(&y), dim, 40, &mut out);
+        check(
+            &format!("concat_cols [{rows}x{dim}+40]"),
+            &be.to_host(&out),
+            &want,
+            0.0,
+        );
+    }
+
+    let (rows, dim) = (37, 65);
+    let src = rng.vec(rows * dim, 1.0);
+    let pick = [36u32, 0, 5, 5, 20];
+    let want = r.gather_rows(&src, dim, &pick);
+    check(
+        "gather_rows",
+        &be.to_host(&be.gather_rows(&be.from_host(&src), dim, &pick)),
+        &want,
+        0.0,
+    );
+    check(
+        "gather_rows (none)",
+        &be.to_host(&be.gather_rows(&be.from_host(&src), dim, &[])),
+        &[],
+        0.0,
+    );
+
+    // Repeated destination rows: added in list order.
+    let updates = rng.vec(pick.len() * dim, 1.0);
+    let weights = [0.25f32, -1.5, 0.75, 0.5, 2.0];
+    let mut want = src.clone();
+    r.scatter_add_rows(&mut want, &updates, dim, &pick, &weights);
+    let mut acc_dev = be.from_host(&src);
+    be.scatter_add_rows(&mut acc_dev, &be.from_host(&updates), dim, &pick, &weights);
+    check("scatter_add_rows", &be.to_host(&acc_dev), &want, TOL_DENSE);
+
+    let logits = rng.vec(9 * 8, 3.0);
+    let mut tied = logits.clone();
+    tied[8..16].fill(0.5);
+    for (input, label) in [(&logits, "random"), (&tied, "tied")] {
+        for (k, renorm) in [(2, true), (3, false)] {
+            let want = r.route_top_k(input, 8, k, renorm);
+            let got = be.route_top_k(&be.from_host(input), 8, k, renorm);
+            assert_eq!(got, want, "route_top_k {label} k={k}");
+        }
+    }
+}
+
+#[test]
+fn rope_matches_reference() {
+    let Some(be) = cuda(GemmPrecision::F32, "rope_matches_reference") else {
+        return;
+    };
+    let mut rng = Rng(5);
+    for (heads, head_dim, rotary_dim, theta) in [
+        (4, 32, 8, 1e4f32),
+        (2, 256, 64, 1e7),
+        (3, 32, 32, 1e6),
+        (1, 16, 2, 1e4),
+    ] {
+        let positions = [0u32, 1, 2, 63, 64, 65, 1000, 100_000, 262_143];
+        let x = rng.vec(positions.len() * heads * head_dim, 2.0);
+        let mut want = x.clone();
+        ReferenceBackend.rope(&mut want, &positions, heads, head_dim, rotary_dim, theta);
+        let mut x_dev = be.from_host(&x);
+        be.rope(&mut x_dev, &positions, heads, head_dim, rotary_dim, theta);
+        check(
+            &format!("rope heads={heads} head_dim={head_dim} rotary={rotary_dim} theta={theta}"),
+            &be.to_host(&x_dev),
+            &want,
+            TOL_DENSE,
+        );
+    }
+}
+
+/// Blocks of sequence `s` out of `seqs`, interleaved so that no block table is contiguous.
+fn blocks_of(s: usize, per_seq: usize, seqs: usize) -> Vec<u32> {
+    (0..per_seq).map(|i| (i * seqs + s) as u32).collect()
+}
+
+/// (q heads, kv heads, head_dim, per sequence (new tokens, cached tokens)).
+type AttentionCase = (usize, usize, usize, &'static [(usize, usize)]);
+
+#[test]
+fn paged_attention_matches_reference() {
+    let Some(be) = cuda(GemmPrecision::F32, "paged_attention_matches_reference") else {
+        return;
+    };
+    let mut rng = Rng(6);
+    let block_size = 16;
+    let cases: [AttentionCase; 5] = [
+        (4, 2, 32, &[(150, 0)]),
+        (6, 2, 32, &[(1, 0), (63, 0), (64, 0), (65, 0)]),
+        (8, 1, 64, &[(65, 150), (1, 63), (1, 64), (2, 150)]),
+        (2, 2, 256, &[(64, 1), (1, 200)]),
+        (4, 4, 16, &[(5, 0), (1, 5), (150, 65)]),
+    ];
+    for (q_heads, kv_heads, head_dim, seqs) in cases {
+        let shape = AttnShape {
+            q_heads,
+            kv_heads,
+            head_dim,
+        };
+        let per_seq = seqs
+            .iter()
+            .map(|&(n, p)| (n + p).div_ceil(block_size))
+            .max()
+            .unwrap();
+        let num_blocks = per_seq * seqs.len() + 3;
+        let mut ref_pool = KvLayerPool::new(
+            &ReferenceBackend,
+            num_blocks,
+            block_size,
+            kv_heads,
+            head_dim,
+        );
+        // Cached context: random K/V already in the pool at the first `pos` positions.
+        let kv_len = ref_pool.k.len();
+        ref_pool.k = rng.vec(kv_len, 1.0);
+        ref_pool.v = rng.vec(kv_len, 1.0);
+        let mut pool = KvLayerPool::<CudaBackend> {
+            k: be.from_host(&ref_pool.k),
+            v: be.from_host(&ref_pool.v),
+            num_blocks,
+            block_size,
+            kv_heads,
+            head_dim,
+        };
+        let batch = BatchLayout::packed(
+            block_size,
+            seqs.iter()
+                .enumerate()
+                .map(|(s, &(n, p))| (n, p, blocks_of(s, per_seq, seqs.len()), s)),
+        );
+        let t = batch.total_tokens();
+        let q = rng.vec(t * q_heads * head_dim, 1.5);
+        let k = rng.vec(t * kv_heads * head_dim, 1.5);
+        let v = rng.vec(t * kv_heads * head_dim, 1.0);
+        let mut want = vec![0.0; t * q_heads * head_dim];
+        ReferenceBackend.attention(&q, &k, &v, &mut ref_pool, &batch, shape, &mut want);
+        let mut out = be.zeros(t * q_heads * head_dim);
+        be.attention(
+            &be.from_host(&q),
+            &be.from_host(&k),
+            &be.from_host(&v),
+            &mut pool,
+            &batch,
+            shape,
+            &mut out,
+        );
+        let label = format!("attention q{q_heads}/kv{kv_heads} d{head_dim} seqs {seqs:?}");
+        check(&label, &be.to_host(&out), &want, TOL_ATTENTION);
+        check(
+            &format!("{label} k pool"),
+            &be.to_host(&pool.k),
+            &ref_pool.k,
+            0.0,
+        );
+        check(
+            &format!("{label} v pool"),
+            &be.to_host(&pool.v),
+            &ref_pool.v,
+            0.0,
+        );
+    }
+}
+
+/// A random state pool on both backends.
+fn state_pools(
+    be: &CudaBackend,
+    rng: &mut Rng,
+    slots: usize,
+    conv_dim: usize,
+    shape: GdnShape,
+) -> (
+    StateLayerPool<ReferenceBackend>,
+    StateLayerPool<CudaBackend>,
+) {
+    let mut r = StateLayerPool::new(
+        &ReferenceBackend,
+        slots,
+        conv_dim,
+        4,
+        shape.value_heads,
+        shape.key_dim,
+        shape.value_dim,
+    );
+    let (c, s) = (r.conv.len(), r.ssm.len());
+    r.conv = rng.vec(c, 1.0);
+    r.ssm = rng.vec(s, 0.5);
+    let d = StateLayerPool::<CudaBackend> {
+        conv: be.from_host(&r.conv),
+        ssm: be.from_host(&r.ssm),
+        slots,
+        conv_dim,
+        conv_history: r.conv_history,
+        value_heads: r.value_heads,
+        key_dim: r.key_dim,
+        value_dim: r.value_dim,
+    };
+    (r, d)
+}
+
+/// A ragged batch: a long prefill, a prefill shorter than the conv window, a continued prefill, a
+/// decode, and a 4-token verify with snapshot slots; slots are not in row order.
+fn gdn_batch(lens: &[(usize, bool)]) -> (BatchLayout, usize) {
+    let mut seqs = Vec::new();
+    let mut start = 0;
+    let mut next_snapshot = lens.len() + 1;
+    for (i, &(len, snapshots)) in lens.iter().enumerate() {
+        let snapshot_slots = if snapshots {
+            let s: Vec<usize> = (next_snapshot..next_snapshot + len).collect();
+            next_snapshot += len;
+            s
+        } else {
+            Vec::new()
+        };
+        seqs.push(SeqLayout {
+            start,
+            len,
+            pos: 7,
+            blocks: Vec::new(),
+            slot: lens.len() - i,
+            snapshot_slots,
+        });
+        start += len;
+    }
+    (
+        BatchLayout {
+            seqs,
+            block_size: 16,
+        },
+        next_snapshot,
+    )
+}
+
+fn gdn_shapes() -> [(GdnShape, &'static [(usize, bool)]); 3] {
+    [
+        (
+            GdnShape {
+                key_heads: 2,
+                value_heads: 6,
+                key_dim: 16,
+                value_dim: 16,
+            },
+            &[(150, false), (2, false), (65, false), (1, false), (4, true)],
+        ),
+        (
+            GdnShape {
+                key_heads: 2,
+                value_heads: 4,
+                key_dim: 32,
+                value_dim: 24,
+            },
+            &[(1, false), (63, false), (64, false), (3, true)],
+        ),
+        (
+            GdnShape {
+                key_heads: 1,
+                value_heads: 2,
+                key_dim: 128,
+                value_dim: 128,
+            },
+            &[(65, false), (1, false), (2, true)],
+        ),
+    ]
+}
+
+#[test]
+fn causal_conv1d_matches_reference_with_snapshots() {
+    let Some(be) = cuda(
+        GemmPrecision::F32,
+        "causal_conv1d_matches_reference_with_snapshots",
+    ) else {
+        return;
+    };
+    let mut rng = Rng(7);
+    for (shape, lens) in gdn_shapes() {
+        let conv_dim = shape.conv_dim();
+        let (batch, slots) = gdn_batch(lens);
+        let (mut ref_pool, mut pool) = state_pools(be, &mut rng, slots, conv_dim, shape);
+        let t = batch.total_tokens();
+        let x = rng.vec(t * conv_dim, 2.0);
+        let w = rng.vec(conv_dim * 4, 0.5);
+        let mut want = vec![0.0; t * conv_dim];
+        ReferenceBackend.causal_conv1d(&x, &w, &mut ref_pool, &batch, &mut want);
+        let mut out = be.zeros(t * conv_dim);
+        be.causal_conv1d(
+            &be.from_host(&x),
+            &be.from_host(&w),
+            &mut pool,
+            &batch,
+            &mut out,
+        );
+        let label = format!("causal_conv1d conv_dim {conv_dim} lens {lens:?}");
+        check(&label, &be.to_host(&out), &want, TOL_DENSE);
+        check(
+            &format!("{label} windows"),
+            &be.to_host(&pool.conv),
+            &ref_pool.conv,
+            0.0,
+        );
+    }
+}
+
+#[test]
+fn gdn_gates_match_reference() {
+    let Some(be) = cuda(GemmPrecision::F32, "gdn_gates_match_reference") else {
+        return;
+    };
+    let mut rng = Rng(8);
+    let (t, heads) = (67, 6);
+    let a = rng.vec(t * heads, 25.0); // crosses softplus's threshold of 20
+    let b = rng.vec(t * heads, 6.0);
+    let a_log = rng.vec(heads, 1.0);
+    let dt_bias = rng.vec(heads, 1.0);
+    let (mut g, mut beta) = (vec![0.0; t * heads], vec![0.0; t * heads]);
+    ReferenceBackend.gdn_gates(&a, &b, &a_log, &dt_bias, &mut g, &mut beta);
+    let (mut g_dev, mut beta_dev) = (be.zeros(t * heads), be.zeros(t * heads));
+    be.gdn_gates(
+        &be.from_host(&a),
+        &be.from_host(&b),
+        &be.from_host(&a_log),
+        &be.from_host(&dt_bias),
+        &mut g_dev,
+        &mut beta_dev,
+    );
+    check("gdn_gates g", &be.to_host(&g_dev), &g, TOL_DENSE);
+    check("gdn_gates beta", &be.to_host(&beta_dev), &beta, TOL_DENSE);
+}
+
+#[test]
+fn gated_delta_rule_matches_reference_with_snapshots() {
+    let Some(be) = cuda(
+        GemmPrecision::F32,
+        "gated_delta_rule_matches_reference_with_snapshots",
+    ) else {
+        return;
+    };
+    let mut rng = Rng(9);
+    for (shape, lens) in gdn_shapes() {
+        let conv_dim = shape.conv_dim();
+        let (batch, slots) = gdn_batch(lens);
+        let (mut ref_pool, mut pool) = state_pools(be, &mut rng, slots, conv_dim, shape);
+        let t = batch.total_tokens();
+        let hv = shape.value_heads;
+        let mixed = rng.vec(t * conv_dim, 1.0);
+        let g: Vec<f32> = rng
+            .vec(t * hv, 1.0)
+            .iter()
+            .map(|x| -0.3 * (x + 1.0))
+            .collect();
+        let beta: Vec<f32> = rng.vec(t * hv, 1.0).iter().map(|x| 0.5 + 0.5 * x).collect();
+        let mut want = vec![0.0; t * hv * shape.value_dim];
+        ReferenceBackend.gated_delta_rule(
+            &mixed,
+            &g,
+            &beta,
+            &mut ref_pool,
+            &batch,
+            shape,
+            &mut want,
+        );
+        let mut out = be.zeros(t * hv * shape.value_dim);
+        be.gated_delta_rule(
+            &be.from_host(&mixed),
+            &be.from_host(&g),
+            &be.from_host(&beta),
+            &mut pool,
+            &batch,
+            shape,
+            &mut out,
+        );
+        let label = format!("gated_delta_rule {shape:?} lens {lens:?}");
+        check(&label, &be.to_host(&out), &want, TOL_GDN);
+        check(
+            &format!("{label} states (snapshots included)"),
+            &be.to_host(&pool.ssm),
+            &ref_pool.ssm,
+            TOL_GDN,
+        );
+    }
+}
+
+#[test]
+fn state_slots_reset_and_copy() {
+    let Some(be) = cuda(GemmPrecision::F32, "state_slots_reset_and_copy") else {
+        return;
+    };
+    let mut rng = Rng(10);
+    let shape = GdnShape {
+        key_heads: 2,
+        value_heads: 6,
+        key_dim: 16,
+        value_dim: 16,
+    };
+    let (mut r, mut d) = state_pools(be, &mut rng, 5, shape.conv_dim(), shape);
+    for (src, dst) in [(0, 3), (4, 1), (2, 2)] {
+        ReferenceBackend.copy_state_slot(&mut r, src, dst);
+        be.copy_state_slot(&mut d, src, dst);
+    }
+    ReferenceBackend.reset_state_slot(&mut r, 4);
+    be.reset_state_slot(&mut d, 4);
+    check(
+        "state slots: conv after copies and a reset",
+        &be.to_host(&d.conv),
+        &r.conv,
+        0.0,
+    );
+    check(
+        "state slots: ssm after copies and a reset",
+        &be.to_host(&d.ssm),
+        &r.ssm,
+        0.0,
+    );
+}
