@@ -1,0 +1,655 @@
+//! Every op of `CpuBackend` against `ReferenceBackend` on random inputs, on both kernel levels
+//! (AVX-512 where the CPU has it, and the portable fallback), with shapes chosen to hit the edges of
+//! the SIMD width, the GEMM blocks, the KV blocks and the GDN chunks.
+//!
+//! Tolerances: the reference accumulates in f64, this backend in f32. A dot product of length K
+//! with f32 accumulation errs by about sqrt(K) * 2^-24 * sum|x_i w_i| in the typical case; relative
+//! to the largest output magnitude that is ~1e-6 for K = 1000. Errors are measured as
+//! max |got - want| / max(1, max |want|); each assertion allows 3-15x the worst error measured on
+//! an AVX-512 machine and on the portable path (printed with `--nocapture`), see `TOL_*`.
+
+use super::{CpuBackend, IsaLevel};
+use crate::backend::{AttnShape, Backend, GdnShape};
+use crate::batch::BatchLayout;
+use crate::cache::{KvLayerPool, StateLayerPool};
+use crate::host::HostTensor;
+use crate::reference::ReferenceBackend;
+
+/// Matrix products with K up to 1000 (measured worst: 1.7e-6, K = 1000).
+const TOL_MATMUL: f32 = 5e-6;
+/// Norms, rope, conv and elementwise ops (measured worst: 2.7e-7, rms_norm over 1024).
+const TOL_DENSE: f32 = 2e-6;
+/// Attention (softmax + weighted sums over up to 151 positions, measured worst: 3.6e-7).
+const TOL_ATTENTION: f32 = 2e-6;
+/// GDN outputs and states after up to 220 tokens from a non-zero state (measured worst: 1.2e-7).
+const TOL_GDN: f32 = 2e-6;
+
+/// Deterministic values in [-scale, scale).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> f32 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+
+    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.next() * scale).collect()
+    }
+}
+
+fn backends() -> Vec<(&'static str, CpuBackend)> {
+    vec![
+        ("best", CpuBackend::with_isa(2, IsaLevel::Avx512).unwrap()),
+        (
+            "portable",
+            CpuBackend::with_isa(3, IsaLevel::Scalar).unwrap(),
+        ),
+    ]
+}
+
+/// Max |got - want| relative to max(1, max |want|); panics above `tol`. Returns the error.
+fn check(label: &str, got: &[f32], want: &[f32], tol: f32) -> f32 {
+    assert_eq!(got.len(), want.len(), "{label}: length");
+    let scale = want.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+    let mut worst = 0.0f32;
+    let mut at = 0;
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let e = (g - w).abs() / scale;
+        if e > worst || e.is_nan() {
+            worst = if e.is_nan() { f32::INFINITY } else { e };
+            at = i;
+        }
+    }
+    println!("{label}: max relative error {worst:.2e}");
+    assert!(
+        worst <= tol,
+        "{label}: error {worst:e} at {at} ({} vs {}) above {tol:e}",
+        got[at],
+        want[at]
+    );
+    worst
+}
+
+#[test]
+fn matmul_matches_reference_for_every_kernel_and_dtype() {
+    let mut rng = Rng(1);
+    for (name, be) in backends() {
+        for (n, k) in [(1, 1), (7, 15), (33, 17), (64, 64), (300, 1000)] {
+            let values = rng.vec(n * k, 1.0);
+            for bf16 in [true, false] {
+                let t = if bf16 {
+                    HostTensor::from_f32_as_bf16("w", vec![n, k], &values)
+                } else {
+                    HostTensor::from_f32("w", vec![n, k], &values)
+                };
+                let w = be.load_mat(&t).unwrap();
+                let w_ref = ReferenceBackend.load_mat(&t).unwrap();
+                for tokens in [1, 2, 3, 4, 5, 9, 17, 65, 130] {
+                    let x = rng.vec(tokens * k, 1.0);
+                    let mut want = vec![0.0; tokens * n];
+                    ReferenceBackend.matmul(&x, &w_ref, &mut want, tokens);
+                    let label = format!("matmul {name} bf16={bf16} [{tokens}x{k}] @ [{n}x{k}]^T");
+                    let mut got = vec![f32::NAN; tokens * n];
+                    be.matmul(&x, &w, &mut got, tokens);
+                    check(&label, &got, &want, TOL_MATMUL);
+                    let mut got = vec![f32::NAN; tokens * n];
+                    be.matmul_gemv(&x, &w, &mut got, tokens);
+                    check(&format!("{label} gemv"), &got, &want, TOL_MATMUL);
+                    let mut got = vec![f32::NAN; tokens * n];
+                    be.matmul_gemm(&x, &w, &mut got, tokens);
+                    check(&format!("{label} gemm"), &got, &want, TOL_MATMUL);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn bf16_precision_equals_the_exact_product_of_bf16_rounded_activations() {
+    // The bf16 precision rounds activations to bf16 and then multiplies exactly (GEMM and GEMV
+    // alike): against the reference fed the same rounded activations it must be as close as the
+    // f32 path is; against the unrounded reference its error is the rounding's (measured ~1.5e-3).
+    let options = super::CpuOptions {
+        threads: 2,
+        matmul_precision: super::MatmulPrecision::Bf16,
+        ..Default::default()
+    };
+    let be = CpuBackend::with_options(options).unwrap();
+    let mut rng = Rng(12);
+    for (n, k, tokens) in [(70, 1001, 65), (300, 256, 130), (5, 3, 7), (33, 64, 1)] {
+        let t = HostTensor::from_f32_as_bf16("w", vec![n, k], &rng.vec(n * k, 1.0));
+        let (w, w_ref) = (
+            be.load_mat(&t).unwrap(),
+            ReferenceBackend.load_mat(&t).unwrap(),
+        );
+        let x = rng.vec(tokens * k, 1.0);
+        let rounded: Vec<f32> = x
+            .iter()
+            .map(|&v| crate::dtype::bf16_to_f32(crate::dtype::f32_to_bf16(v)))
+            .collect();
+        let mut got = vec![f32::NAN; tokens * n];
+        be.matmul(&x, &w, &mut got, tokens);
+        let mut want = vec![0.0; tokens * n];
+        ReferenceBackend.matmul(&rounded, &w_ref, &mut want, tokens);
+        let label = format!("bf16 matmul [{tokens}x{k}] @ [{n}x{k}]^T");
+        if be.isa().bf16_dot() {
+            check(
+                &format!("{label} vs rounded input"),
+                &got,
+                &want,
+                TOL_MATMUL,
+            );
+            ReferenceBackend.matmul(&x, &w_ref, &mut want, tokens);
+            check(&format!("{label} vs exact input"), &got, &want, 1e-2);
+        } else {
+            // Without AVX512_BF16 the precision falls back to the exact f32 product.
+            ReferenceBackend.matmul(&x, &w_ref, &mut want, tokens);
+            check(&format!("{label} (f32 fallback)"), &got, &want, TOL_MATMUL);
+        }
+    }
+}
+
+#[test]
+fn matmul_results_do_not_depend_on_the_token_count() {
+    // A row's output must be bit-identical whether it is multiplied alone (GEMV), with a few others
+    // (GEMV with more tokens per pass) or inside a prefill (blocked GEMM, split across threads):
+    // the engine batches sequences freely and a sequence's numbers must not depend on its company.
+    let mut rng = Rng(13);
+    let bf16_options = super::CpuOptions {
+        threads: 2,
+        matmul_precision: super::MatmulPrecision::Bf16,
+        ..Default::default()
+    };
+    let mut configs = backends();
+    configs.push(("best bf16", CpuBackend::with_options(bf16_options).unwrap()));
+    for (name, be) in configs {
+        for (n, k) in [(130, 300), (64, 1001)] {
+            let values = rng.vec(n * k, 1.0);
+            for t in [
+                HostTensor::from_f32_as_bf16("w", vec![n, k], &values),
+                HostTensor::from_f32("w", vec![n, k], &values),
+            ] {
+                let w = be.load_mat(&t).unwrap();
+                let x = rng.vec(70 * k, 1.0);
+                let mut all = vec![0.0; 70 * n];
+                be.matmul(&x, &w, &mut all, 70);
+                for tokens in [1, 2, 3, 4, 5, 7, 9, 13] {
+                    for first in [0, 21] {
+                        let part = x[first * k..(first + tokens) * k].to_vec();
+                        let mut got = vec![0.0; tokens * n];
+                        be.matmul(&part, &w, &mut got, tokens);
+                        let want = &all[first * n..(first + tokens) * n];
+                        assert!(
+                            got == want,
+                            "{name} {:?} [{n}x{k}]: rows {first}.. change with {tokens} tokens",
+                            t.dtype
+                        );
+                        be.matmul_gemv(&part, &w, &mut got, tokens);
+                        assert!(
+                            got == want,
+                            "{name} {:?} [{n}x{k}]: GEMV of {tokens} tokens differs from GEMM",
+                            t.dtype
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_of_an_f16_checkpoint_widens_exactly() {
+    let be = CpuBackend::new(2);
+    let values = [1.0f32, -0.5, 0.25, 2.0, 3.0, -4.0];
+    let bytes: Vec<u8> = values
+        .iter()
+        .flat_map(|&v| half::f16::from_f32(v).to_bits().to_le_bytes())
+        .collect();
+    let owner: std::sync::Arc<dyn crate::host::ByteOwner> = std::sync::Arc::new(bytes);
+    let t =
+        HostTensor::from_owner("w", crate::dtype::DType::F16, vec![2, 3], owner, 0, 12).unwrap();
+    let w = be.load_mat(&t).unwrap();
+    let mut out = vec![0.0; 2];
+    be.matmul(&vec![1.0, 1.0, 1.0], &w, &mut out, 1);
+    assert_eq!(out, vec![0.75, 1.0]);
+}
+
+#[test]
+fn embedding_and_row_ops_match_reference() {
+    let mut rng = Rng(2);
+    for (name, be) in backends() {
+        let table = rng.vec(50 * 24, 1.0);
+        for t in [
+            HostTensor::from_f32_as_bf16("e", vec![50, 24], &table),
+            HostTensor::from_f32("e", vec![50, 24], &table),
+        ] {
+            let ids = [3u32, 49, 0, 3];
+            let mut got = vec![0.0; 4 * 24];
+            let mut want = vec![0.0; 4 * 24];
+            be.embedding(&be.load_mat(&t).unwrap(), &ids, &mut got);
+            ReferenceBackend.embedding(&ReferenceBackend.load_mat(&t).unwrap(), &ids, &mut want);
+            check(&format!("embedding {name} {:?}", t.dtype), &got, &want, 0.0);
+        }
+        let (a, b) = (rng.vec(6 * 5, 1.0), rng.vec(6 * 3, 1.0));
+        let mut got = vec![0.0; 6 * 8];
+        let mut want = vec![0.0; 6 * 8];
+        be.concat_cols(&a, &b, 5, 3, &mut got);
+        ReferenceBackend.concat_cols(&a, &b, 5, 3, &mut want);
+        check(&format!("concat {name}"), &got, &want, 0.0);
+        let src = rng.vec(7 * 9, 1.0);
+        let rows = [6u32, 0, 6, 2];
+        check(
+            &format!("gather {name}"),
+            &be.gather_rows(&src, 9, &rows),
+            &ReferenceBackend.gather_rows(&src, 9, &rows),
+            0.0,
+        );
+        let weights = [0.5f32, -1.5, 0.25, 2.0];
+        let part = rng.vec(4 * 9, 1.0);
+        let mut got = src.clone();
+        let mut want = src.clone();
+        be.scatter_add_rows(&mut got, &part, 9, &rows, &weights);
+        ReferenceBackend.scatter_add_rows(&mut want, &part, 9, &rows, &weights);
+        check(&format!("scatter_add {name}"), &got, &want, TOL_DENSE);
+        let logits = rng.vec(5 * 12, 4.0);
+        for renorm in [true, false] {
+            let got = be.route_top_k(&logits, 12, 3, renorm);
+            let want = ReferenceBackend.route_top_k(&logits, 12, 3, renorm);
+            assert_eq!(got, want, "route_top_k {name}");
+        }
+    }
+}
+
+#[test]
+fn norms_and_activations_match_reference() {
+    let mut rng = Rng(3);
+    for (name, be) in backends() {
+        for (rows, dim) in [(1, 1), (3, 100), (40, 1024)] {
+            let x = rng.vec(rows * dim, 3.0);
+            let z = rng.vec(rows * dim, 6.0);
+            let w = rng.vec(dim, 0.5);
+            let (mut got, mut want) = (vec![0.0; rows * dim], vec![0.0; rows * dim]);
+            be.rms_norm(&x, &w, 1e-6, dim, &mut got);
+            ReferenceBackend.rms_norm(&x, &w, 1e-6, dim, &mut want);
+            check(
+                &format!("rms_norm {name} [{rows}x{dim}]"),
+                &got,
+                &want,
+                TOL_DENSE,
+            );
+            be.gated_rms_norm(&x, &z, &w, 1e-6, dim, &mut got);
+            ReferenceBackend.gated_rms_norm(&x, &z, &w, 1e-6, dim, &mut want);
+            check(
+                &format!("gated_rms_norm {name} [{rows}x{dim}]"),
+                &got,
+                &want,
+                TOL_DENSE,
+            );
+        }
+        // Below and above the parallel split, values wide enough to reach exp's saturation.
+        for n in [1000, 100_003] {
+            let a = rng.vec(n, 30.0);
+            let b = rng.vec(n, 2.0);
+            let (mut got, mut want) = (a.clone(), a.clone());
+            be.add_inplace(&mut got, &b);
+            ReferenceBackend.add_inplace(&mut want, &b);
+            check(&format!("add {name} {n}"), &got, &want, TOL_DENSE);
+            let (mut got, mut want) = (vec![0.0; n], vec![0.0; n]);
+            be.silu_mul(&a, &b, &mut got);
+            ReferenceBackend.silu_mul(&a, &b, &mut want);
+            check(&format!("silu_mul {name} {n}"), &got, &want, TOL_DENSE);
+            let (mut got, mut want) = (b.clone(), b.clone());
+            be.sigmoid_mul_inplace(&mut got, &a);
+            ReferenceBackend.sigmoid_mul_inplace(&mut want, &a);
+            check(&format!("sigmoid_mul {name} {n}"), &got, &want, TOL_DENSE);
+            let dim = 7;
+            let gate = rng.vec(n / dim, 20.0);
+            let (mut got, mut want) = (a[..n / dim * dim].to_vec(), a[..n / dim * dim].to_vec());
+            be.sigmoid_scale_rows(&mut got, &gate, dim);
+            ReferenceBackend.sigmoid_scale_rows(&mut want, &gate, dim);
+            check(
+                &format!("sigmoid_scale_rows {name} {n}"),
+                &got,
+                &want,
+                TOL_DENSE,
+            );
+        }
+    }
+}
+
+#[test]
+fn rope_matches_reference() {
+    let mut rng = Rng(4);
+    for (name, be) in backends() {
+        for (tokens, heads, head_dim, rotary) in [(5, 3, 32, 16), (70, 2, 256, 64)] {
+            let x = rng.vec(tokens * heads * head_dim, 2.0);
+            let positions: Vec<u32> = (0..tokens).map(|i| (i as u32 * 7919) % 100_000).collect();
+            let (mut got, mut want) = (x.clone(), x.clone());
+            be.rope(&mut got, &positions, heads, head_dim, rotary, 10_000_000.0);
+            ReferenceBackend.rope(&mut want, &positions, heads, head_dim, rotary, 10_000_000.0);
+            check(&format!("rope {name} T={tokens}"), &got, &want, TOL_DENSE);
+        }
+    }
+}
+
+/// A batch whose sequences own scattered blocks: sequence `i` of `(len, pos)` gets the blocks
+/// listed in `tables[i]`.
+fn batch_of(
+    block_size: usize,
+    seqs: &[(usize, usize)],
+    tables: &[Vec<u32>],
+    slots: &[usize],
+) -> BatchLayout {
+    BatchLayout::packed(
+        block_size,
+        seqs.iter()
+            .zip(tables)
+            .zip(slots)
+            .map(|((&(len, pos), blocks), &slot)| (len, pos, blocks.clone(), slot)),
+    )
+}
+
+#[test]
+fn attention_matches_reference_over_ragged_batches_and_decodes() {
+    let shape = AttnShape {
+        q_heads: 6,
+        kv_heads: 2,
+        head_dim: 40,
+    };
+    let block_size = 5;
+    let num_blocks = 40;
+    // Non-contiguous, interleaved block tables; 5 does not divide any of the lengths.
+    let tables = vec![
+        vec![7u32, 2, 30, 11, 5, 19, 23],
+        vec![0u32, 33],
+        vec![12u32, 1, 39, 8, 25, 3, 14, 36, 20],
+    ];
+    // Step 1: prefill chunks (one starting mid-sequence after an empty cache is not meaningful, so
+    // the second step continues them); step 2: a decode, a second prefill chunk and a decode;
+    // step 3: decodes only.
+    let steps: Vec<Vec<(usize, usize)>> = vec![
+        vec![(23, 0), (1, 0), (17, 0)],
+        vec![(1, 23), (4, 1), (21, 17)],
+        vec![(1, 24), (1, 5), (1, 38)],
+    ];
+    let mut rng = Rng(5);
+    for (name, be) in backends() {
+        let mut pool =
+            KvLayerPool::new(&be, num_blocks, block_size, shape.kv_heads, shape.head_dim);
+        let mut pool_ref = KvLayerPool::new(
+            &ReferenceBackend,
+            num_blocks,
+            block_size,
+            shape.kv_heads,
+            shape.head_dim,
+        );
+        for (s, step) in steps.iter().enumerate() {
+            let batch = batch_of(block_size, step, &tables, &[0, 1, 2]);
+            batch.validate(num_blocks, 3).unwrap();
+            let t = batch.total_tokens();
+            let q = rng.vec(t * shape.q_heads * shape.head_dim, 2.0);
+            let k = rng.vec(t * shape.kv_heads * shape.head_dim, 2.0);
+            let v = rng.vec(t * shape.kv_heads * shape.head_dim, 1.0);
+            let (mut got, mut want) = (vec![f32::NAN; q.len()], vec![0.0; q.len()]);
+            be.attention(&q, &k, &v, &mut pool, &batch, shape, &mut got);
+            ReferenceBackend.attention(&q, &k, &v, &mut pool_ref, &batch, shape, &mut want);
+            check(
+                &format!("attention {name} step {s}"),
+                &got,
+                &want,
+                TOL_ATTENTION,
+            );
+            check(
+                &format!("attention {name} step {s} K pool"),
+                &pool.k,
+                &pool_ref.k,
+                0.0,
+            );
+            check(
+                &format!("attention {name} step {s} V pool"),
+                &pool.v,
+                &pool_ref.v,
+                0.0,
+            );
+        }
+    }
+}
+
+#[test]
+fn attention_with_full_size_heads_matches_reference() {
+    let shape = AttnShape {
+        q_heads: 8,
+        kv_heads: 2,
+        head_dim: 256,
+    };
+    let block_size = 16;
+    let tables = vec![(0..12u32).rev().collect::<Vec<_>>()];
+    let mut rng = Rng(6);
+    for (name, be) in backends() {
+        let mut pool = KvLayerPool::new(&be, 12, block_size, 2, 256);
+        let mut pool_ref = KvLayerPool::new(&ReferenceBackend, 12, block_size, 2, 256);
+        for (s, step) in [(150usize, 0usize), (1, 150)].into_iter().enumerate() {
+            let batch = batch_of(block_size, &[step], &tables, &[0]);
+            let t = batch.total_tokens();
+            let q = rng.vec(t * 8 * 256, 1.0);
+            let k = rng.vec(t * 2 * 256, 1.0);
+            let v = rng.vec(t * 2 * 256, 1.0);
+            let (mut got, mut want) = (vec![0.0; q.len()], vec![0.0; q.len()]);
+            be.attention(&q, &k, &v, &mut pool, &batch, shape, &mut got);
+            ReferenceBackend.attention(&q, &k, &v, &mut pool_ref, &batch, shape, &mut want);
+            check(
+                &format!("attention 256 {name} step {s}"),
+                &got,
+                &want,
+                TOL_ATTENTION,
+            );
+        }
+    }
+}
+
+/// Sequences of a GDN step: `(len, snapshot slots)` in state slots 0, 1, 2, ...
+fn gdn_batch(seqs: &[(usize, Vec<usize>)]) -> BatchLayout {
+    let mut batch = BatchLayout::packed(
+        256,
+        seqs.iter()
+            .enumerate()
+            .map(|(i, (len, _))| (*len, 0, vec![0], i)),
+    );
+    for (seq, (_, snaps)) in batch.seqs.iter_mut().zip(seqs) {
+        seq.snapshot_slots = snaps.clone();
+    }
+    batch
+}
+
+#[test]
+fn conv1d_matches_reference_with_state_carried_and_snapshots() {
+    let dim = 37;
+    let slots = 12;
+    let mut rng = Rng(7);
+    let steps = [
+        vec![(1, vec![]), (5, vec![]), (20, vec![]), (2, vec![])],
+        vec![(1, vec![]), (3, vec![6, 7, 8]), (1, vec![9]), (40, vec![])],
+    ];
+    // Kernel 4 (every supported model, a fused path) and 3 (the generic path).
+    for kernel in [4, 3] {
+        for (name, be) in backends() {
+            let mut pool = StateLayerPool::new(&be, slots, dim, kernel, 1, 1, 1);
+            let mut pool_ref = StateLayerPool::new(&ReferenceBackend, slots, dim, kernel, 1, 1, 1);
+            let init = rng.vec(pool.conv.len(), 1.0);
+            pool.conv.copy_from_slice(&init);
+            pool_ref.conv.copy_from_slice(&init);
+            let w = rng.vec(dim * kernel, 1.0);
+            for (s, step) in steps.iter().enumerate() {
+                let batch = gdn_batch(step);
+                batch.validate(1, slots).unwrap();
+                let x = rng.vec(batch.total_tokens() * dim, 2.0);
+                let (mut got, mut want) = (vec![0.0; x.len()], vec![0.0; x.len()]);
+                be.causal_conv1d(&x, &w, &mut pool, &batch, &mut got);
+                ReferenceBackend.causal_conv1d(&x, &w, &mut pool_ref, &batch, &mut want);
+                check(
+                    &format!("conv1d k={kernel} {name} step {s}"),
+                    &got,
+                    &want,
+                    TOL_DENSE,
+                );
+                check(
+                    &format!("conv1d k={kernel} {name} step {s} windows"),
+                    &pool.conv,
+                    &pool_ref.conv,
+                    0.0,
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn gdn_gates_and_state_slots_match_reference() {
+    let mut rng = Rng(8);
+    for (name, be) in backends() {
+        let heads = 6;
+        let (a, b) = (rng.vec(9 * heads, 8.0), rng.vec(9 * heads, 8.0));
+        let (a_log, dt_bias) = (rng.vec(heads, 1.0), rng.vec(heads, 15.0));
+        let (mut g, mut beta) = (vec![0.0; a.len()], vec![0.0; a.len()]);
+        let (mut g_ref, mut beta_ref) = (vec![0.0; a.len()], vec![0.0; a.len()]);
+        be.gdn_gates(&a, &b, &a_log, &dt_bias, &mut g, &mut beta);
+        ReferenceBackend.gdn_gates(&a, &b, &a_log, &dt_bias, &mut g_ref, &mut beta_ref);
+        check(&format!("gdn_gates g {name}"), &g, &g_ref, 0.0);
+        check(&format!("gdn_gates beta {name}"), &beta, &beta_ref, 0.0);
+
+        let mut pool = StateLayerPool::new(&be, 3, 5, 4, 2, 3, 4);
+        let init = rng.vec(pool.conv.len() + pool.ssm.len(), 1.0);
+        let conv_len = pool.conv.len();
+        pool.conv.copy_from_slice(&init[..conv_len]);
+        pool.ssm.copy_from_slice(&init[conv_len..]);
+        be.copy_state_slot(&mut pool, 2, 0);
+        let (c, s) = (pool.conv_slot_len(), pool.ssm_slot_len());
+        assert_eq!(pool.conv[..c], pool.conv[2 * c..]);
+        assert_eq!(pool.ssm[..s], pool.ssm[2 * s..]);
+        be.reset_state_slot(&mut pool, 1);
+        assert!(pool.conv[c..2 * c]
+            .iter()
+            .chain(&pool.ssm[s..2 * s])
+            .all(|&v| v == 0.0));
+        assert_eq!(pool.ssm[2 * s..], init[conv_len + 2 * s..]);
+    }
+}
+
+/// Runs `steps` of the gated delta rule on both backends from the same non-zero initial state and
+/// compares outputs and every state slot after each step.
+fn gdn_case(
+    label: &str,
+    shape: GdnShape,
+    slots: usize,
+    steps: &[Vec<(usize, Vec<usize>)>],
+    seed: u64,
+) {
+    let mut rng = Rng(seed);
+    let hv = shape.value_heads;
+    for (name, be) in backends() {
+        let mut pool = StateLayerPool::new(
+            &be,
+            slots,
+            shape.conv_dim(),
+            4,
+            hv,
+            shape.key_dim,
+            shape.value_dim,
+        );
+        let mut pool_ref = StateLayerPool::new(
+            &ReferenceBackend,
+            slots,
+            shape.conv_dim(),
+            4,
+            hv,
+            shape.key_dim,
+            shape.value_dim,
+        );
+        let init = rng.vec(pool.ssm.len(), 0.5);
+        pool.ssm.copy_from_slice(&init);
+        pool_ref.ssm.copy_from_slice(&init);
+        for (s, step) in steps.iter().enumerate() {
+            let batch = gdn_batch(step);
+            batch.validate(1, slots).unwrap();
+            let t = batch.total_tokens();
+            let mixed = rng.vec(t * shape.conv_dim(), 1.0);
+            // Realistic gates: g = -exp(a_log) softplus(a + dt_bias) in about [-3, 0), beta in (0, 1).
+            let (a, b) = (rng.vec(t * hv, 3.0), rng.vec(t * hv, 3.0));
+            let (a_log, dt_bias) = (rng.vec(hv, 0.5), rng.vec(hv, 1.0));
+            let (mut g, mut beta) = (vec![0.0; t * hv], vec![0.0; t * hv]);
+            ReferenceBackend.gdn_gates(&a, &b, &a_log, &dt_bias, &mut g, &mut beta);
+            let n_out = t * hv * shape.value_dim;
+            let (mut got, mut want) = (vec![f32::NAN; n_out], vec![0.0; n_out]);
+            be.gated_delta_rule(&mixed, &g, &beta, &mut pool, &batch, shape, &mut got);
+            ReferenceBackend.gated_delta_rule(
+                &mixed,
+                &g,
+                &beta,
+                &mut pool_ref,
+                &batch,
+                shape,
+                &mut want,
+            );
+            check(
+                &format!("{label} {name} step {s} out"),
+                &got,
+                &want,
+                TOL_GDN,
+            );
+            check(
+                &format!("{label} {name} step {s} states"),
+                &pool.ssm,
+                &pool_ref.ssm,
+                TOL_GDN,
+            );
+        }
+    }
+}
+
+#[test]
+fn gated_delta_rule_matches_reference_across_chunk_boundaries() {
+    // Value/key head ratio 3; dims that are not multiples of the 16-lane width or the 64-column tile.
+    let shape = GdnShape {
+        key_heads: 2,
+        value_heads: 6,
+        key_dim: 24,
+        value_dim: 40,
+    };
+    let steps = vec![
+        vec![
+            (1, vec![]),
+            (63, vec![]),
+            (64, vec![]),
+            (65, vec![]),
+            (150, vec![]),
+        ],
+        // Decodes, a speculative verify with snapshots, and a prefill continuing from its state.
+        vec![
+            (1, vec![]),
+            (3, vec![7, 8, 9]),
+            (1, vec![10]),
+            (70, vec![]),
+            (2, vec![]),
+        ],
+    ];
+    gdn_case("gdn", shape, 11, &steps, 9);
+}
+
+#[test]
+fn gated_delta_rule_matches_reference_at_model_head_size() {
+    let shape = GdnShape {
+        key_heads: 1,
+        value_heads: 3,
+        key_dim: 128,
+        value_dim: 128,
+    };
+    let steps = vec![
+        vec![(65, vec![]), (1, vec![])],
+        vec![(1, vec![]), (2, vec![3, 4])],
+    ];
+    gdn_case("gdn 128", shape, 5, &steps, 10);
+}
