@@ -3,6 +3,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
+use deltaserve_cuda::CudaBackend;
 use deltaserve_model::config::ModelConfig;
 use deltaserve_model::dummy::DummySource;
 use deltaserve_model::safetensors::SafetensorsSource;
@@ -21,6 +22,8 @@ pub enum BackendKind {
     Reference,
     /// The fast CPU backend (threads, SIMD).
     Cpu,
+    /// NVIDIA GPUs: NVRTC kernels and cuBLAS, CUDA libraries loaded at run time.
+    Cuda,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -56,6 +59,7 @@ pub enum AnyModel {
     Cpu(Model<CpuBackend>),
     /// The diagnostic broken-attention wrapper around the cpu backend.
     BrokenCpu(Model<BrokenAttention<CpuBackend>>),
+    Cuda(Model<CudaBackend>),
 }
 
 /// Runs `$body` with `$m` bound to the concrete `Model<B>`.
@@ -65,6 +69,7 @@ macro_rules! with_model {
             $crate::loading::AnyModel::Reference($m) => $body,
             $crate::loading::AnyModel::Cpu($m) => $body,
             $crate::loading::AnyModel::BrokenCpu($m) => $body,
+            $crate::loading::AnyModel::Cuda($m) => $body,
         }
     };
 }
@@ -95,7 +100,10 @@ pub fn open_source(args: &ModelArgs) -> Result<(ModelConfig, Box<dyn TensorSourc
     let config = ModelConfig::from_dir(dir)?;
     let source: Box<dyn TensorSource> = match args.load_format {
         LoadFormat::Auto => Box::new(SafetensorsSource::open(dir)?),
-        LoadFormat::Dummy => Box::new(DummySource::new(config.dtype.unwrap_or(DType::BF16), 0).with_tied_embeddings(config.tie_word_embeddings)),
+        LoadFormat::Dummy => Box::new(
+            DummySource::new(config.dtype.unwrap_or(DType::BF16), 0)
+                .with_tied_embeddings(config.tie_word_embeddings),
+        ),
     };
     Ok((config, source))
 }
@@ -113,9 +121,33 @@ pub fn load_model(args: &ModelArgs) -> Result<AnyModel> {
     let (config, source) = open_source(args)?;
     let dir = &args.model_path;
     Ok(match args.backend {
-        BackendKind::Reference => AnyModel::Reference(build(ReferenceBackend, config, source.as_ref(), dir)?),
-        BackendKind::Cpu if broken => AnyModel::BrokenCpu(build(BrokenAttention { inner: cpu_backend(args.threads)? }, config, source.as_ref(), dir)?),
-        BackendKind::Cpu => AnyModel::Cpu(build(cpu_backend(args.threads)?, config, source.as_ref(), dir)?),
+        BackendKind::Reference => {
+            AnyModel::Reference(build(ReferenceBackend, config, source.as_ref(), dir)?)
+        }
+        BackendKind::Cpu if broken => AnyModel::BrokenCpu(build(
+            BrokenAttention {
+                inner: cpu_backend(args.threads)?,
+            },
+            config,
+            source.as_ref(),
+            dir,
+        )?),
+        BackendKind::Cpu => AnyModel::Cpu(build(
+            cpu_backend(args.threads)?,
+            config,
+            source.as_ref(),
+            dir,
+        )?),
+        BackendKind::Cuda => {
+            let backend =
+                CudaBackend::new(0).map_err(|e| anyhow::anyhow!("--backend cuda: {e}"))?;
+            eprintln!(
+                "cuda: {} (compute capability {:?})",
+                backend.device_name(),
+                backend.compute_capability()
+            );
+            AnyModel::Cuda(build(backend, config, source.as_ref(), dir)?)
+        }
     })
 }
 
@@ -129,10 +161,17 @@ fn cpu_backend(threads: usize) -> Result<CpuBackend> {
     CpuBackend::try_new(threads).map_err(|e| anyhow::anyhow!("--threads {threads}: {e}"))
 }
 
-pub fn build<B: Backend>(backend: B, config: ModelConfig, source: &dyn TensorSource, dir: &Path) -> Result<Model<B>> {
+pub fn build<B: Backend>(
+    backend: B,
+    config: ModelConfig,
+    source: &dyn TensorSource,
+    dir: &Path,
+) -> Result<Model<B>> {
     let bar = indicatif::ProgressBar::new(0).with_style(
-        indicatif::ProgressStyle::with_template("loading weights [{bar:40}] {pos}/{len} tensors {elapsed}")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        indicatif::ProgressStyle::with_template(
+            "loading weights [{bar:40}] {pos}/{len} tensors {elapsed}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     let weights = Weights::load(&backend, &config, source, true, &mut |done, total| {
         bar.set_length(total.max(done) as u64);

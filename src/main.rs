@@ -8,7 +8,11 @@ mod loading;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "deltaserve", version, about = "Inference server for Gated-DeltaNet hybrid LLMs (Qwen3.5, Qwen3.6, Qwen3-Next)")]
+#[command(
+    name = "deltaserve",
+    version,
+    about = "Inference server for Gated-DeltaNet hybrid LLMs (Qwen3.5, Qwen3.6, Qwen3-Next)"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -31,6 +35,9 @@ enum Command {
     Doctor(commands::doctor::DoctorArgs),
     /// Run the degeneration detector on a text or a JSONL file of chat completion responses.
     LintOutput(commands::lint_output::LintOutputArgs),
+    /// Check that any OpenAI-compatible server answers correctly: fixed prompts, reasoning split,
+    /// usage, streaming = non-streaming, degeneration detector. Exits 1 when a check fails.
+    Smoke(deltaserve_api::SmokeArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -45,6 +52,11 @@ fn main() -> std::process::ExitCode {
         Command::LintOutput(args) => match commands::lint_output::run(args) {
             Ok(true) => return std::process::ExitCode::from(1),
             Ok(false) => Ok(()),
+            Err(e) => Err(e),
+        },
+        Command::Smoke(args) => match commands::smoke::run(args) {
+            Ok(false) => return std::process::ExitCode::from(1),
+            Ok(true) => Ok(()),
             Err(e) => Err(e),
         },
     };

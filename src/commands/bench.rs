@@ -39,10 +39,17 @@ pub fn decode_weight_bytes(c: &ModelConfig, bytes_per_param: usize) -> usize {
     let dense = 3 * h * c.intermediate_size;
     let mut params = 0;
     for layer in 0..c.num_hidden_layers {
-        params += if c.is_full_attention(layer) { attn } else { gdn };
+        params += if c.is_full_attention(layer) {
+            attn
+        } else {
+            gdn
+        };
         params += match &c.moe {
             Some(m) if m.layer_is_moe.get(layer).copied().unwrap_or(false) => {
-                m.num_experts * h + m.top_k * 3 * h * m.moe_intermediate_size + 3 * h * m.shared_expert_intermediate_size + h
+                m.num_experts * h
+                    + m.top_k * 3 * h * m.moe_intermediate_size
+                    + 3 * h * m.shared_expert_intermediate_size
+                    + h
             }
             _ => dense,
         };
@@ -75,7 +82,10 @@ fn measure_read_bandwidth(threads: usize) -> f64 {
                     })
                 })
                 .collect();
-            handles.into_iter().map(|h| h.join().unwrap_or(0)).fold(0u64, |x, y| x.wrapping_add(y))
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or(0))
+                .fold(0u64, |x, y| x.wrapping_add(y))
         });
         std::hint::black_box(total);
         best = best.min(start.elapsed().as_secs_f64());
@@ -91,13 +101,23 @@ struct Timings {
 fn run_on<B: Backend>(m: &Model<B>, prefill_len: usize, decode_len: usize) -> Timings {
     let vocab = m.config.vocab_size as u32;
     // Deterministic token ids spread over the vocabulary.
-    let prompt: Vec<u32> = (0..prefill_len as u32).map(|i| (i.wrapping_mul(2_654_435_761)) % vocab).collect();
+    let prompt: Vec<u32> = (0..prefill_len as u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761)) % vocab)
+        .collect();
     let mut cache = m.single_sequence_cache(prefill_len + decode_len + 1);
     let blocks: Vec<u32> = (0..cache.geometry.num_blocks as u32).collect();
     let bs = cache.geometry.block_size;
     let start = Instant::now();
     let batch = BatchLayout::packed(bs, [(prompt.len(), 0, blocks.clone(), 0)]);
-    let out = m.forward(&ForwardInput { tokens: &prompt, batch: &batch, logit_rows: &[prompt.len() as u32 - 1], hidden_rows: &[] }, &mut cache);
+    let out = m.forward(
+        &ForwardInput {
+            tokens: &prompt,
+            batch: &batch,
+            logit_rows: &[prompt.len() as u32 - 1],
+            hidden_rows: &[],
+        },
+        &mut cache,
+    );
     let mut next = argmax(&m.backend.to_host(&out.logits));
     let prefill_s = start.elapsed().as_secs_f64();
     let bar = indicatif::ProgressBar::new(decode_len as u64);
@@ -105,13 +125,24 @@ fn run_on<B: Backend>(m: &Model<B>, prefill_len: usize, decode_len: usize) -> Ti
     for step in 0..decode_len {
         let t0 = Instant::now();
         let batch = BatchLayout::packed(bs, [(1, prefill_len + step, blocks.clone(), 0)]);
-        let out = m.forward(&ForwardInput { tokens: &[next], batch: &batch, logit_rows: &[0], hidden_rows: &[] }, &mut cache);
+        let out = m.forward(
+            &ForwardInput {
+                tokens: &[next],
+                batch: &batch,
+                logit_rows: &[0],
+                hidden_rows: &[],
+            },
+            &mut cache,
+        );
         next = argmax(&m.backend.to_host(&out.logits));
         decode_s.push(t0.elapsed().as_secs_f64());
         bar.inc(1);
     }
     bar.finish_and_clear();
-    Timings { prefill_s, decode_s }
+    Timings {
+        prefill_s,
+        decode_s,
+    }
 }
 
 pub fn run(mut args: BenchArgs) -> Result<()> {
@@ -122,14 +153,21 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
     let load_s = load_start.elapsed().as_secs_f64();
     let (config, backend) = with_model!(&model, m => (m.config.clone(), m.backend.name()));
     let timings = with_model!(&model, m => run_on(m, args.prefill_len, args.decode_len));
-    let weight_bytes = decode_weight_bytes(&config, config.dtype.unwrap_or(DType::BF16).size_bytes());
+    let weight_bytes =
+        decode_weight_bytes(&config, config.dtype.unwrap_or(DType::BF16).size_bytes());
     // Median step time: robust to the first steps warming caches.
     let mut steps = timings.decode_s.clone();
     steps.sort_by(f64::total_cmp);
     let median = steps.get(steps.len() / 2).copied().unwrap_or(f64::NAN);
     let decode_bandwidth = weight_bytes as f64 / median;
-    let threads = if args.model.threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { args.model.threads };
-    let machine_bandwidth = args.measure_bandwidth.then(|| measure_read_bandwidth(threads));
+    let threads = if args.model.threads == 0 {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    } else {
+        args.model.threads
+    };
+    let machine_bandwidth = args
+        .measure_bandwidth
+        .then(|| measure_read_bandwidth(threads));
     let report = serde_json::json!({
         "model": args.model.model_path,
         "load_format": format!("{:?}", args.model.load_format).to_lowercase(),
@@ -151,11 +189,28 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
     } else {
         println!("model           {}", args.model.model_path.display());
         println!("backend         {backend} ({threads} threads)");
-        println!("prefill         {:.1} tok/s ({} tokens)", args.prefill_len as f64 / timings.prefill_s, args.prefill_len);
-        println!("decode          {:.2} tok/s (median {:.1} ms/token over {})", 1.0 / median, median * 1e3, args.decode_len);
-        println!("decode weights  {:.2} GB/token read -> {:.1} GB/s", weight_bytes as f64 / 1e9, decode_bandwidth / 1e9);
+        println!(
+            "prefill         {:.1} tok/s ({} tokens)",
+            args.prefill_len as f64 / timings.prefill_s,
+            args.prefill_len
+        );
+        println!(
+            "decode          {:.2} tok/s (median {:.1} ms/token over {})",
+            1.0 / median,
+            median * 1e3,
+            args.decode_len
+        );
+        println!(
+            "decode weights  {:.2} GB/token read -> {:.1} GB/s",
+            weight_bytes as f64 / 1e9,
+            decode_bandwidth / 1e9
+        );
         if let Some(b) = machine_bandwidth {
-            println!("machine read    {:.1} GB/s -> decode reaches {:.0} %", b / 1e9, 100.0 * decode_bandwidth / b);
+            println!(
+                "machine read    {:.1} GB/s -> decode reaches {:.0} %",
+                b / 1e9,
+                100.0 * decode_bandwidth / b
+            );
         }
     }
     Ok(())

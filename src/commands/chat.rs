@@ -4,8 +4,13 @@
 use crate::loading::{load_model, with_model, ModelArgs};
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use deltaserve_engine::{EngineConfig, EngineEvent, EngineHandle, GenerationRequest, LocalEngine, SamplingParams};
-use deltaserve_text::{prompt_opens_reasoning, ChatMessage, ChatTemplate, Detokenizer, ReasoningStream, RenderOptions, Tokenizer};
+use deltaserve_engine::{
+    EngineConfig, EngineEvent, EngineHandle, GenerationRequest, LocalEngine, SamplingParams,
+};
+use deltaserve_text::{
+    prompt_opens_reasoning, ChatMessage, ChatTemplate, Detokenizer, ReasoningStream, RenderOptions,
+    Tokenizer,
+};
 use std::io::{BufRead, IsTerminal, Write};
 
 #[derive(Args, Debug)]
@@ -47,8 +52,14 @@ struct Session {
 impl Session {
     /// Streams one reply to stdout; returns the answer text (reasoning excluded).
     fn reply(&self, messages: &[ChatMessage], args: &ChatArgs) -> Result<String> {
-        let mut options = RenderOptions { add_generation_prompt: true, ..Default::default() };
-        options.kwargs.insert("enable_thinking".into(), serde_json::Value::Bool(!args.no_think));
+        let mut options = RenderOptions {
+            add_generation_prompt: true,
+            ..Default::default()
+        };
+        options.kwargs.insert(
+            "enable_thinking".into(),
+            serde_json::Value::Bool(!args.no_think),
+        );
         let prompt = self.template.render(messages, &options)?;
         let prompt_ids = self.tokenizer.encode(&prompt, false)?;
         let stop = self.tokenizer.stop_token_ids().to_vec();
@@ -68,7 +79,10 @@ impl Session {
         let mut out = std::io::stdout().lock();
         let mut in_reasoning = false;
         let mut held_newlines = 0;
-        let mut show = |delta: deltaserve_text::ReasoningDelta, out: &mut std::io::StdoutLock, answer: &mut String| -> Result<()> {
+        let mut show = |delta: deltaserve_text::ReasoningDelta,
+                        out: &mut std::io::StdoutLock,
+                        answer: &mut String|
+         -> Result<()> {
             if !delta.reasoning.is_empty() && !args.hide_reasoning {
                 if self.color && !in_reasoning {
                     write!(out, "{DIM}")?;
@@ -83,7 +97,11 @@ impl Session {
                 held_newlines += delta.reasoning.len() - text.len();
             }
             // The answer's leading blank lines are the template's separator, not text.
-            let content = if answer.is_empty() { delta.content.trim_start_matches('\n') } else { delta.content.as_str() };
+            let content = if answer.is_empty() {
+                delta.content.trim_start_matches('\n')
+            } else {
+                delta.content.as_str()
+            };
             if !content.is_empty() {
                 if in_reasoning {
                     writeln!(out, "{}", if self.color { RESET } else { "" })?;
@@ -123,12 +141,18 @@ impl Session {
 pub fn run(mut args: ChatArgs) -> Result<()> {
     args.model = args.model.resolved()?;
     let dir = args.model.model_path.clone();
-    let tokenizer = Tokenizer::from_dir(&dir).with_context(|| format!("--model-path {}", dir.display()))?;
-    let template = ChatTemplate::from_tokenizer(&tokenizer, false).with_context(|| format!("{} has no usable chat template", dir.display()))?;
+    let tokenizer =
+        Tokenizer::from_dir(&dir).with_context(|| format!("--model-path {}", dir.display()))?;
+    let template = ChatTemplate::from_tokenizer(&tokenizer, false)
+        .with_context(|| format!("{} has no usable chat template", dir.display()))?;
     let defaults = tokenizer.generation_defaults().clone();
     let greedy_by_default = defaults.do_sample == Some(false);
     let sampling = SamplingParams {
-        temperature: args.temperature.unwrap_or(if greedy_by_default { 0.0 } else { defaults.temperature.unwrap_or(1.0) }),
+        temperature: args.temperature.unwrap_or(if greedy_by_default {
+            0.0
+        } else {
+            defaults.temperature.unwrap_or(1.0)
+        }),
         top_p: defaults.top_p.unwrap_or(1.0),
         top_k: defaults.top_k.unwrap_or(0) as usize,
         min_p: defaults.min_p.unwrap_or(0.0),
@@ -153,14 +177,27 @@ pub fn run(mut args: ChatArgs) -> Result<()> {
         speculative: None,
     };
     let engine = with_model!(model, m => LocalEngine::spawn(m, config));
-    let session = Session { tokenizer, template, engine, sampling, color: std::io::stdout().is_terminal() };
-    let mut messages: Vec<ChatMessage> = args.system.iter().map(|s| ChatMessage::text("system", s)).collect();
+    let session = Session {
+        tokenizer,
+        template,
+        engine,
+        sampling,
+        color: std::io::stdout().is_terminal(),
+    };
+    let mut messages: Vec<ChatMessage> = args
+        .system
+        .iter()
+        .map(|s| ChatMessage::text("system", s))
+        .collect();
     if let Some(message) = &args.message {
         messages.push(ChatMessage::text("user", message));
         session.reply(&messages, &args)?;
         return Ok(());
     }
-    eprintln!("chatting with {} (empty line or Ctrl-D ends)", dir.display());
+    eprintln!(
+        "chatting with {} (empty line or Ctrl-D ends)",
+        dir.display()
+    );
     let stdin = std::io::stdin();
     loop {
         eprint!("> ");

@@ -16,14 +16,18 @@ use deltaserve_tensor::Backend;
 /// f32 backends agree with the f64-accumulating reference to ~1e-5 relative; this leaves room for
 /// long dot products and the chunked GDN form while catching any real defect (those are O(1)).
 const DEFAULT_TOLERANCE: f32 = 2e-3;
+/// The cuda backend rounds GEMM inputs to bf16 (8 significant bits, ~4e-3 relative per product),
+/// and the error grows through the layers; real defects still show as O(1) differences.
+const CUDA_TOLERANCE: f32 = 5e-2;
 
 #[derive(Args, Debug)]
 pub struct DoctorArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Largest relative error (max |ours - reference| / max |reference|) that passes.
-    #[arg(long, default_value_t = DEFAULT_TOLERANCE)]
-    pub tolerance: f32,
+    /// Largest relative error (max |ours - reference| / max |reference|) that passes
+    /// (default 2e-3, or 5e-2 for the bf16 GEMMs of --backend cuda).
+    #[arg(long)]
+    pub tolerance: Option<f32>,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
@@ -31,10 +35,19 @@ pub struct DoctorArgs {
 
 fn print_table(title: &str, rows: &[CheckRow]) {
     println!("\n{title}");
-    println!("{:<48} {:<24} {:>11} {:>11}  verdict", "op / stage", "where", "max |err|", "rel err");
+    println!(
+        "{:<48} {:<24} {:>11} {:>11}  verdict",
+        "op / stage", "where", "max |err|", "rel err"
+    );
     for r in rows {
         let verdict = if r.passed() { "ok" } else { "FAIL" };
-        println!("{:<48} {:<24} {:>11.3e} {:>11.3e}  {verdict}", r.what, r.location(), r.comparison.max_abs, r.comparison.relative);
+        println!(
+            "{:<48} {:<24} {:>11.3e} {:>11.3e}  {verdict}",
+            r.what,
+            r.location(),
+            r.comparison.max_abs,
+            r.comparison.relative
+        );
     }
 }
 
@@ -46,14 +59,34 @@ fn row_json(r: &CheckRow) -> serde_json::Value {
     })
 }
 
-fn examine<B: Backend>(args: &DoctorArgs, reference: &Model<ReferenceBackend>, target: &Model<B>) -> Result<()> {
+fn examine<B: Backend>(
+    args: &DoctorArgs,
+    reference: &Model<ReferenceBackend>,
+    target: &Model<B>,
+) -> Result<()> {
     let dir = &args.model.model_path;
-    let tokenizer = if dir.join("tokenizer.json").is_file() { Some(deltaserve_text::Tokenizer::from_dir(dir)?) } else { None };
-    let spec = CanarySpec::for_model(dir, tokenizer.as_ref(), target.config.vocab_size).map_err(anyhow::Error::msg)?;
-    let ops = check_ops(reference, target, args.tolerance);
-    let layers = check_layers(reference, target, &spec.prompt_ids, args.tolerance);
-    let stop_ids = tokenizer.as_ref().map_or_else(|| target.config.eos_token_ids.clone(), |t| t.stop_token_ids().to_vec());
-    let mut generated = target.generate_greedy(&spec.prompt_ids, spec.max_tokens, &stop_ids, &mut |_| {});
+    let tokenizer = if dir.join("tokenizer.json").is_file() {
+        Some(deltaserve_text::Tokenizer::from_dir(dir)?)
+    } else {
+        None
+    };
+    let spec = CanarySpec::for_model(dir, tokenizer.as_ref(), target.config.vocab_size)
+        .map_err(anyhow::Error::msg)?;
+    let tolerance = args
+        .tolerance
+        .unwrap_or(if args.model.backend == BackendKind::Cuda {
+            CUDA_TOLERANCE
+        } else {
+            DEFAULT_TOLERANCE
+        });
+    let ops = check_ops(reference, target, tolerance);
+    let layers = check_layers(reference, target, &spec.prompt_ids, tolerance);
+    let stop_ids = tokenizer.as_ref().map_or_else(
+        || target.config.eos_token_ids.clone(),
+        |t| t.stop_token_ids().to_vec(),
+    );
+    let mut generated =
+        target.generate_greedy(&spec.prompt_ids, spec.max_tokens, &stop_ids, &mut |_| {});
     let stopped = generated.last().is_some_and(|t| stop_ids.contains(t));
     if stopped {
         generated.pop();
@@ -70,10 +103,21 @@ fn examine<B: Backend>(args: &DoctorArgs, reference: &Model<ReferenceBackend>, t
         });
         println!("{report}");
     } else {
-        println!("doctor: backend `{}` against `reference` on {}", target.backend.name(), dir.display());
+        println!(
+            "doctor: backend `{}` against `reference` on {}",
+            target.backend.name(),
+            dir.display()
+        );
         print_table("ops (real weights and shapes, pseudo-random inputs)", &ops);
-        print_table("layers (one prompt, hidden state after each layer)", &layers);
-        println!("\ncanary ({} prompt tokens, greedy, up to {} tokens)", spec.prompt_ids.len(), spec.max_tokens);
+        print_table(
+            "layers (one prompt, hidden state after each layer)",
+            &layers,
+        );
+        println!(
+            "\ncanary ({} prompt tokens, greedy, up to {} tokens)",
+            spec.prompt_ids.len(),
+            spec.max_tokens
+        );
         if let Some(q) = &spec.question {
             println!("  question: {q}");
         }
@@ -88,14 +132,21 @@ fn examine<B: Backend>(args: &DoctorArgs, reference: &Model<ReferenceBackend>, t
     match (first_op, first_layer, canary.failure()) {
         (None, None, None) => {
             if !args.json {
-                println!("\ndoctor: all {} checks passed", ops.len() + layers.len() + 1);
+                println!(
+                    "\ndoctor: all {} checks passed",
+                    ops.len() + layers.len() + 1
+                );
             }
             Ok(())
         }
         (op, layer, canary_failure) => {
             let mut parts = Vec::new();
             if let Some(op) = op {
-                parts.push(format!("first diverging op: `{}` in {}", op.what, op.location()));
+                parts.push(format!(
+                    "first diverging op: `{}` in {}",
+                    op.what,
+                    op.location()
+                ));
             }
             if let Some(layer) = layer {
                 parts.push(format!("first diverging layer: {}", layer.location()));
@@ -103,7 +154,11 @@ fn examine<B: Backend>(args: &DoctorArgs, reference: &Model<ReferenceBackend>, t
             if let Some(why) = canary_failure {
                 parts.push(format!("canary: {why}"));
             }
-            bail!("doctor found problems with backend `{}`: {}", target.backend.name(), parts.join("; "))
+            bail!(
+                "doctor found problems with backend `{}`: {}",
+                target.backend.name(),
+                parts.join("; ")
+            )
         }
     }
 }

@@ -23,11 +23,20 @@ pub struct GenerateArgs {
 pub fn run(mut args: GenerateArgs) -> Result<()> {
     args.model = args.model.resolved()?;
     let tokenizer_path = args.model.model_path.join("tokenizer.json");
-    let tokenizer = if tokenizer_path.is_file() { Some(deltaserve_text::Tokenizer::from_dir(&args.model.model_path)?) } else { None };
+    let tokenizer = if tokenizer_path.is_file() {
+        Some(deltaserve_text::Tokenizer::from_dir(
+            &args.model.model_path,
+        )?)
+    } else {
+        None
+    };
     let prompt_ids: Vec<u32> = match (&args.prompt, &args.prompt_ids) {
         (Some(text), None) => {
             let Some(tok) = &tokenizer else {
-                bail!("--prompt needs {} to tokenize the text; pass --prompt-ids instead", tokenizer_path.display());
+                bail!(
+                    "--prompt needs {} to tokenize the text; pass --prompt-ids instead",
+                    tokenizer_path.display()
+                );
             };
             tok.encode(text, false).context("tokenizing --prompt")?
         }
@@ -38,7 +47,8 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
         bail!("the prompt is empty: give at least one token");
     }
     let model = load_model(&args.model)?;
-    let (vocab, eos) = with_model!(&model, m => (m.config.vocab_size, m.config.eos_token_ids.clone()));
+    let (vocab, eos) =
+        with_model!(&model, m => (m.config.vocab_size, m.config.eos_token_ids.clone()));
     if let Some(bad) = prompt_ids.iter().find(|&&id| id as usize >= vocab) {
         bail!("prompt token id {bad} is outside the vocabulary (vocab_size {vocab})");
     }
@@ -47,7 +57,9 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
     let mut out = stdout.lock();
     match &tokenizer {
         Some(tok) => {
-            let text = tok.decode(&generated, false).context("decoding the output")?;
+            let text = tok
+                .decode(&generated, false)
+                .context("decoding the output")?;
             writeln!(out, "{text}").context("writing to stdout")?;
         }
         None => {

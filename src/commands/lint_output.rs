@@ -19,33 +19,50 @@ pub struct LintOutputArgs {
 fn is_response_jsonl(text: &str) -> bool {
     let mut lines = text.lines().filter(|l| !l.trim().is_empty()).peekable();
     lines.peek().is_some()
-        && lines.all(|l| serde_json::from_str::<serde_json::Value>(l).is_ok_and(|v| v.get("choices").is_some()))
+        && lines.all(|l| {
+            serde_json::from_str::<serde_json::Value>(l).is_ok_and(|v| v.get("choices").is_some())
+        })
 }
 
 /// Lints and prints; returns whether anything was degenerate.
 pub fn run(args: LintOutputArgs) -> Result<bool> {
     let text = if args.input.as_os_str() == "-" {
         let mut s = String::new();
-        std::io::stdin().read_to_string(&mut s).context("reading standard input")?;
+        std::io::stdin()
+            .read_to_string(&mut s)
+            .context("reading standard input")?;
         s
     } else {
-        std::fs::read_to_string(&args.input).with_context(|| format!("reading {}", args.input.display()))?
+        std::fs::read_to_string(&args.input)
+            .with_context(|| format!("reading {}", args.input.display()))?
     };
     let config = Config::default();
     let mut degenerate = false;
     if is_response_jsonl(&text) {
-        for (line_no, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-            let value: serde_json::Value = serde_json::from_str(line).with_context(|| format!("line {}", line_no + 1))?;
-            let reports = analyze_chat_completion(&value, &config).with_context(|| format!("line {}", line_no + 1))?;
+        for (line_no, line) in text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty())
+        {
+            let value: serde_json::Value =
+                serde_json::from_str(line).with_context(|| format!("line {}", line_no + 1))?;
+            let reports = analyze_chat_completion(&value, &config)
+                .with_context(|| format!("line {}", line_no + 1))?;
             let bad = reports.iter().any(|r| r.verdict.is_some());
             degenerate |= bad;
             let id = value.get("id").cloned().unwrap_or(serde_json::Value::Null);
-            println!("{}", serde_json::json!({"line": line_no + 1, "id": id, "degenerate": bad, "choices": reports}));
+            println!(
+                "{}",
+                serde_json::json!({"line": line_no + 1, "id": id, "degenerate": bad, "choices": reports})
+            );
         }
     } else {
         let verdict = analyze_text(&text, &config)?;
         degenerate = verdict.is_some();
-        println!("{}", serde_json::json!({"degenerate": degenerate, "verdict": verdict}));
+        println!(
+            "{}",
+            serde_json::json!({"degenerate": degenerate, "verdict": verdict})
+        );
     }
     Ok(degenerate)
 }

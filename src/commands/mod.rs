@@ -7,3 +7,4 @@ pub mod generate;
 pub mod lint_output;
 pub mod score;
 pub mod serve;
+pub mod smoke;

@@ -30,9 +30,14 @@ fn log_prob(row: &[f32], index: usize) -> f64 {
 
 pub fn run(mut args: ScoreArgs) -> Result<()> {
     args.model = args.model.resolved()?;
-    let text = std::fs::read_to_string(&args.tokens).with_context(|| format!("reading --tokens {}", args.tokens.display()))?;
-    let ids: Vec<u32> = serde_json::from_str(&text)
-        .with_context(|| format!("--tokens {}: expected a JSON array of non-negative integer token ids", args.tokens.display()))?;
+    let text = std::fs::read_to_string(&args.tokens)
+        .with_context(|| format!("reading --tokens {}", args.tokens.display()))?;
+    let ids: Vec<u32> = serde_json::from_str(&text).with_context(|| {
+        format!(
+            "--tokens {}: expected a JSON array of non-negative integer token ids",
+            args.tokens.display()
+        )
+    })?;
     if ids.is_empty() {
         bail!("--tokens {}: the array is empty", args.tokens.display());
     }
@@ -51,12 +56,20 @@ pub fn run(mut args: ScoreArgs) -> Result<()> {
     let vocab = logits.len() / ids.len();
     let mut token_logprobs: Vec<Option<f64>> = vec![None];
     for i in 1..ids.len() {
-        token_logprobs.push(Some(log_prob(&logits[(i - 1) * vocab..i * vocab], ids[i] as usize)));
+        token_logprobs.push(Some(log_prob(
+            &logits[(i - 1) * vocab..i * vocab],
+            ids[i] as usize,
+        )));
     }
     let scored: Vec<f64> = token_logprobs.iter().flatten().copied().collect();
-    let perplexity = if scored.is_empty() { None } else { Some((-scored.iter().sum::<f64>() / scored.len() as f64).exp()) };
+    let perplexity = if scored.is_empty() {
+        None
+    } else {
+        Some((-scored.iter().sum::<f64>() / scored.len() as f64).exp())
+    };
     if let Some(path) = &args.logits_out {
-        npy::write_f32(path, &[ids.len(), vocab], &logits).with_context(|| format!("writing --logits-out {}", path.display()))?;
+        npy::write_f32(path, &[ids.len(), vocab], &logits)
+            .with_context(|| format!("writing --logits-out {}", path.display()))?;
     }
     let report = serde_json::json!({ "token_logprobs": token_logprobs, "perplexity": perplexity, "tokens": ids.len() });
     println!("{report}");

@@ -6,7 +6,10 @@ use anyhow::{Context, Result};
 use deltaserve_api::{AppState, HealthStatus, ServeArgs, ServerConfig};
 use deltaserve_doctor::canary::{judge, CanaryOutcome, CanarySpec};
 use deltaserve_engine::pool_plan::{plan_pools, PoolPlan, PoolRequest};
-use deltaserve_engine::{EngineConfig, EngineEvent, EngineHandle, GenerationRequest, LocalEngine, SamplingParams, SharedEngine, SpecConfig};
+use deltaserve_engine::{
+    EngineConfig, EngineEvent, EngineHandle, GenerationRequest, LocalEngine, SamplingParams,
+    SharedEngine, SpecConfig,
+};
 use deltaserve_model::config::ModelConfig;
 use deltaserve_tensor::Backend;
 use deltaserve_text::Tokenizer;
@@ -21,7 +24,10 @@ const DEFAULT_MAX_QUEUED: usize = 1024;
 fn available_memory_bytes() -> usize {
     std::fs::read_to_string("/proc/meminfo")
         .ok()
-        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("MemAvailable:").map(str::to_owned)))
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("MemAvailable:").map(str::to_owned))
+        })
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<usize>().ok())
         .map_or(4 << 30, |kib| kib * 1024)
 }
@@ -32,6 +38,7 @@ fn model_args(args: &ServeArgs) -> ModelArgs {
         backend: match args.backend {
             deltaserve_api::BackendKind::Reference => BackendKind::Reference,
             deltaserve_api::BackendKind::Cpu => BackendKind::Cpu,
+            deltaserve_api::BackendKind::Cuda => BackendKind::Cuda,
         },
         load_format: match args.load_format {
             deltaserve_api::LoadFormat::Auto => LoadFormat::Auto,
@@ -56,15 +63,43 @@ fn human_bytes(bytes: usize) -> String {
     }
 }
 
-fn print_summary(args: &ServeArgs, config: &ModelConfig, backend: &str, plan: &PoolPlan, spec: Option<&SpecConfig>) {
-    let dtype = config.dtype.map_or("unknown".to_string(), |d| d.to_string());
+fn print_summary(
+    args: &ServeArgs,
+    config: &ModelConfig,
+    backend: &str,
+    plan: &PoolPlan,
+    spec: Option<&SpecConfig>,
+) {
+    let dtype = config
+        .dtype
+        .map_or("unknown".to_string(), |d| d.to_string());
     eprintln!("deltaserve ready to prove itself:");
-    eprintln!("  model            {} ({:?}, {} layers, dtype {dtype})", args.model_path.display(), config.architecture, config.num_hidden_layers);
+    eprintln!(
+        "  model            {} ({:?}, {} layers, dtype {dtype})",
+        args.model_path.display(),
+        config.architecture,
+        config.num_hidden_layers
+    );
     eprintln!("  backend          {backend}");
-    eprintln!("  KV pool          {} blocks x {} tokens = {} tokens, {} ({} per token)", plan.num_kv_blocks, plan.block_size, plan.kv_tokens(), human_bytes(plan.kv_bytes()), human_bytes(plan.kv_bytes_per_token));
-    eprintln!("  state-slot pool  {} slots x {} = {}", plan.state_slots, human_bytes(plan.state_bytes_per_slot), human_bytes(plan.state_bytes()));
+    eprintln!(
+        "  KV pool          {} blocks x {} tokens = {} tokens, {} ({} per token)",
+        plan.num_kv_blocks,
+        plan.block_size,
+        plan.kv_tokens(),
+        human_bytes(plan.kv_bytes()),
+        human_bytes(plan.kv_bytes_per_token)
+    );
+    eprintln!(
+        "  state-slot pool  {} slots x {} = {}",
+        plan.state_slots,
+        human_bytes(plan.state_bytes_per_slot),
+        human_bytes(plan.state_bytes())
+    );
     match spec {
-        Some(s) => eprintln!("  speculative      NEXTN (MTP), {} draft steps, {} snapshot slots per running request", s.num_steps, plan.snapshot_slots_per_sequence),
+        Some(s) => eprintln!(
+            "  speculative      NEXTN (MTP), {} draft steps, {} snapshot slots per running request",
+            s.num_steps, plan.snapshot_slots_per_sequence
+        ),
         None => eprintln!("  speculative      off"),
     }
     eprintln!("  max running      {} requests", plan.max_running_requests);
@@ -75,7 +110,11 @@ fn print_summary(args: &ServeArgs, config: &ModelConfig, backend: &str, plan: &P
 }
 
 /// Generates the canary through the engine (as a request would) and judges it.
-async fn run_canary(engine: &SharedEngine, spec: &CanarySpec, tokenizer: &Tokenizer) -> Result<CanaryOutcome, String> {
+async fn run_canary(
+    engine: &SharedEngine,
+    spec: &CanarySpec,
+    tokenizer: &Tokenizer,
+) -> Result<CanaryOutcome, String> {
     let request = GenerationRequest {
         prompt_ids: spec.prompt_ids.clone(),
         sampling: SamplingParams::default(),
@@ -83,16 +122,22 @@ async fn run_canary(engine: &SharedEngine, spec: &CanarySpec, tokenizer: &Tokeni
         stop_token_ids: tokenizer.stop_token_ids().to_vec(),
         disable_speculation: false,
     };
-    let (_, mut rx) = engine.submit(request).map_err(|e| format!("submitting the canary: {e}"))?;
+    let (_, mut rx) = engine
+        .submit(request)
+        .map_err(|e| format!("submitting the canary: {e}"))?;
     let mut tokens = Vec::new();
     loop {
         match rx.recv().await {
             Some(EngineEvent::Token { id, .. }) => tokens.push(id),
             Some(EngineEvent::Finished { .. }) | None => break,
-            Some(EngineEvent::Error { message }) => return Err(format!("the canary generation failed: {message}")),
+            Some(EngineEvent::Error { message }) => {
+                return Err(format!("the canary generation failed: {message}"))
+            }
         }
     }
-    let stopped = tokens.last().is_some_and(|t| tokenizer.stop_token_ids().contains(t));
+    let stopped = tokens
+        .last()
+        .is_some_and(|t| tokenizer.stop_token_ids().contains(t));
     if stopped {
         tokens.pop();
     }
@@ -100,13 +145,27 @@ async fn run_canary(engine: &SharedEngine, spec: &CanarySpec, tokenizer: &Tokeni
 }
 
 pub fn run(mut args: ServeArgs) -> Result<()> {
+    // Every model this server runs (Qwen3.5 / Qwen3.6 / Qwen3-Next) writes <think> blocks and
+    // Qwen3-Coder XML tool calls, so their parsers are on unless other ones are named.
+    args.reasoning_parser
+        .get_or_insert_with(|| "qwen3".to_string());
+    args.tool_call_parser
+        .get_or_insert_with(|| "qwen3_coder".to_string());
     let speculative = args.validate()?;
-    if args.served_model_name.is_none() && args.model_path.as_os_str() == crate::demo_model::DEMO_MODEL_NAME {
+    if args.served_model_name.is_none()
+        && args.model_path.as_os_str() == crate::demo_model::DEMO_MODEL_NAME
+    {
         args.served_model_name = Some(crate::demo_model::DEMO_MODEL_NAME.to_string());
     }
     args.model_path = crate::demo_model::resolve_model_path(&args.model_path)?;
-    let tokenizer = Arc::new(Tokenizer::from_dir(&args.model_path).with_context(|| format!("--model-path {}", args.model_path.display()))?);
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the async runtime")?;
+    let tokenizer = Arc::new(
+        Tokenizer::from_dir(&args.model_path)
+            .with_context(|| format!("--model-path {}", args.model_path.display()))?,
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
     runtime.block_on(async move {
         let state = Arc::new(AppState::new(ServerConfig::from_args(&args), tokenizer.clone()));
         state.health.set(HealthStatus::Loading("loading weights".into()));

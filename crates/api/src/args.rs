@@ -103,6 +103,30 @@ pub struct ServeArgs {
     /// proves that something generates, not that it is right).
     #[arg(long)]
     pub skip_canary: bool,
+    /// What to do when a request's output degenerates (loops, collapses, reasoning that never
+    /// closes): `log` counts it, logs a diagnosis and adds a `degeneration` field to the choice;
+    /// `stop` also ends the request there (`finish_reason: "stop"`).
+    #[arg(long, value_enum, default_value_t = DegenerationAction::Log)]
+    pub degeneration_action: DegenerationAction,
+}
+
+/// `--degeneration-action`.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DegenerationAction {
+    /// Count, log and report the degeneration; let the request run on.
+    #[default]
+    Log,
+    /// Count, log and report it, and end the request at once.
+    Stop,
+}
+
+impl DegenerationAction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Log => "log",
+            Self::Stop => "stop",
+        }
+    }
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,6 +146,8 @@ pub enum LoadFormat {
 pub enum BackendKind {
     Reference,
     Cpu,
+    /// NVIDIA GPU (CUDA libraries loaded at run time).
+    Cuda,
 }
 
 /// The diagnostic attention backend that computes attention wrongly on purpose (see
@@ -315,6 +341,7 @@ impl ServeArgs {
         match self.backend {
             BackendKind::Reference => "reference",
             BackendKind::Cpu => "cpu",
+            BackendKind::Cuda => "cuda",
         }
     }
 
@@ -424,6 +451,9 @@ mod tests {
         assert_eq!(args.model_name(), "/m");
         assert_eq!(args.validate().unwrap(), None);
         assert_eq!(args.listen_addr().unwrap().to_string(), "127.0.0.1:30000");
+        assert_eq!(args.degeneration_action, DegenerationAction::Log);
+        let args = parse("--model-path /m --degeneration-action stop");
+        assert_eq!(args.degeneration_action, DegenerationAction::Stop);
     }
 
     #[test]

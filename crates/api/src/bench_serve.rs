@@ -8,15 +8,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use clap::{Args, ValueEnum};
-use http_body_util::{BodyExt, Full};
-use hyper::client::conn::http1::SendRequest;
-use hyper::Request;
-use hyper_util::rt::TokioIo;
+use http_body_util::BodyExt;
 use serde_json::{json, Value};
 
 pub use crate::bench_report::{BenchServeReport, Distribution};
+use crate::http_client::{body_text, drain_sse_payloads, Connection, Target, UrlError};
 
 /// Flags of `deltaserve bench serve`.
 #[derive(Args, Debug, Clone, PartialEq)]
@@ -70,8 +67,8 @@ pub enum BenchEndpoint {
 
 #[derive(Debug, thiserror::Error)]
 pub enum BenchServeError {
-    #[error("--url {url:?}: {reason}")]
-    Url { url: String, reason: String },
+    #[error(transparent)]
+    Url(#[from] UrlError),
     #[error("{flag} must be at least 1")]
     Zero { flag: &'static str },
     #[error("cannot reach {addr}: {message}")]
@@ -80,119 +77,6 @@ pub enum BenchServeError {
     Models(String),
     #[error("cannot start the async runtime: {0}")]
     Runtime(std::io::Error),
-}
-
-/// A parsed `http://host:port/prefix` URL.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Target {
-    /// `host:port` to connect to and send as `Host`.
-    authority: String,
-    /// Path prefix without a trailing slash (usually empty).
-    prefix: String,
-}
-
-impl Target {
-    fn parse(url: &str) -> Result<Self, BenchServeError> {
-        let error = |reason: &str| BenchServeError::Url {
-            url: url.to_string(),
-            reason: reason.to_string(),
-        };
-        let rest = url
-            .strip_prefix("http://")
-            .ok_or_else(|| error("only http:// URLs are supported"))?;
-        let (authority, path) = rest.split_once('/').map_or((rest, ""), |(a, p)| (a, p));
-        if authority.is_empty() {
-            return Err(error("no host"));
-        }
-        let authority = if authority.contains(':') && !authority.ends_with(']') {
-            authority.to_string()
-        } else {
-            format!("{authority}:80")
-        };
-        let mut prefix = format!("/{}", path.trim_end_matches('/'));
-        if prefix.ends_with("/v1") {
-            prefix.truncate(prefix.len() - 3);
-        }
-        if prefix == "/" {
-            prefix.clear();
-        }
-        Ok(Self {
-            authority,
-            prefix: prefix.trim_end_matches('/').to_string(),
-        })
-    }
-}
-
-/// An HTTP/1.1 connection that is re-opened when the server closes it.
-struct Connection {
-    target: Target,
-    sender: Option<SendRequest<Full<Bytes>>>,
-}
-
-impl Connection {
-    fn new(target: Target) -> Self {
-        Self {
-            target,
-            sender: None,
-        }
-    }
-
-    async fn sender(&mut self) -> Result<&mut SendRequest<Full<Bytes>>, String> {
-        let usable = match &mut self.sender {
-            Some(sender) => sender.ready().await.is_ok(),
-            None => false,
-        };
-        if !usable {
-            let stream = tokio::net::TcpStream::connect(&self.target.authority)
-                .await
-                .map_err(|e| format!("connect {}: {e}", self.target.authority))?;
-            let _ = stream.set_nodelay(true);
-            let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-                .await
-                .map_err(|e| format!("HTTP handshake: {e}"))?;
-            tokio::spawn(connection);
-            self.sender = Some(sender);
-        }
-        self.sender
-            .as_mut()
-            .ok_or_else(|| "no connection".to_string())
-    }
-
-    /// Sends a request; returns the status and the response body.
-    async fn send(
-        &mut self,
-        method: &str,
-        path: &str,
-        body: Option<&Value>,
-    ) -> Result<(u16, hyper::body::Incoming), String> {
-        let uri = format!("{}{}", self.target.prefix, path);
-        let authority = self.target.authority.clone();
-        let payload = body.map(|b| Bytes::from(b.to_string())).unwrap_or_default();
-        let request = Request::builder()
-            .method(method)
-            .uri(uri)
-            .header("host", authority)
-            .header("content-type", "application/json")
-            .header("accept", "application/json, text/event-stream")
-            .body(Full::new(payload))
-            .map_err(|e| format!("building the request: {e}"))?;
-        let sender = self.sender().await?;
-        match sender.send_request(request).await {
-            Ok(response) => Ok((response.status().as_u16(), response.into_body())),
-            Err(e) => {
-                self.sender = None;
-                Err(format!("request failed: {e}"))
-            }
-        }
-    }
-}
-
-/// Reads a whole response body as text.
-async fn body_text(body: hyper::body::Incoming) -> Result<String, String> {
-    body.collect()
-        .await
-        .map(|collected| String::from_utf8_lossy(&collected.to_bytes()).into_owned())
-        .map_err(|e| format!("reading the body: {e}"))
 }
 
 /// Outcome of one benchmark request.
@@ -356,33 +240,27 @@ async fn run_one(
             continue;
         };
         buffer.push_str(&String::from_utf8_lossy(&data));
-        while let Some(end) = buffer.find("\n\n") {
-            let event: String = buffer.drain(..end + 2).collect();
-            for line in event.lines() {
-                let Some(payload) = line.strip_prefix("data:").map(str::trim) else {
-                    continue;
-                };
-                if payload == "[DONE]" {
-                    continue;
+        for payload in drain_sse_payloads(&mut buffer) {
+            if payload == "[DONE]" {
+                continue;
+            }
+            let Ok(value) = serde_json::from_str::<Value>(&payload) else {
+                result.error = Some(format!("invalid SSE event: {payload}"));
+                return result;
+            };
+            if let Some(error) = value.get("error") {
+                result.error = Some(format!("server error in stream: {error}"));
+                return result;
+            }
+            read_usage(&value, &mut result);
+            if chunk_text_len(&value) > 0 {
+                let now = Instant::now();
+                match last_text_at {
+                    None => result.ttft = (now - started).as_secs_f64(),
+                    Some(previous) => result.itl.push((now - previous).as_secs_f64()),
                 }
-                let Ok(value) = serde_json::from_str::<Value>(payload) else {
-                    result.error = Some(format!("invalid SSE event: {payload}"));
-                    return result;
-                };
-                if let Some(error) = value.get("error") {
-                    result.error = Some(format!("server error in stream: {error}"));
-                    return result;
-                }
-                read_usage(&value, &mut result);
-                if chunk_text_len(&value) > 0 {
-                    let now = Instant::now();
-                    match last_text_at {
-                        None => result.ttft = (now - started).as_secs_f64(),
-                        Some(previous) => result.itl.push((now - previous).as_secs_f64()),
-                    }
-                    last_text_at = Some(now);
-                    text_chunks += 1;
-                }
+                last_text_at = Some(now);
+                text_chunks += 1;
             }
         }
     }
@@ -513,26 +391,6 @@ pub fn run_bench_serve_blocking(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn url_forms() {
-        let t = Target::parse("http://127.0.0.1:30000").unwrap();
-        assert_eq!(
-            (t.authority.as_str(), t.prefix.as_str()),
-            ("127.0.0.1:30000", "")
-        );
-        let t = Target::parse("http://localhost:8000/v1/").unwrap();
-        assert_eq!(
-            (t.authority.as_str(), t.prefix.as_str()),
-            ("localhost:8000", "")
-        );
-        let t = Target::parse("http://host/proxy/v1").unwrap();
-        assert_eq!(
-            (t.authority.as_str(), t.prefix.as_str()),
-            ("host:80", "/proxy")
-        );
-        assert!(Target::parse("https://x").is_err());
-    }
 
     #[test]
     fn prompts_have_the_requested_length_and_differ() {

@@ -154,7 +154,7 @@ async fn complete(
         } else {
             end.finish.as_str()
         };
-        account_choice(state, end, finish_reason);
+        account_choice(state, end, finish_reason, &head.id, index);
         usage.add(&end.usage);
         let mut body = Map::new();
         body.insert("role".into(), json!("assistant"));
@@ -166,12 +166,16 @@ async fn complete(
                 Value::Array(message.tool_calls.iter().map(tool_call_json).collect()),
             );
         }
-        choices.push(json!({
+        let mut choice = json!({
             "index": index,
             "message": body,
             "logprobs": chat_logprobs(logprobs, tokens),
             "finish_reason": finish_reason,
-        }));
+        });
+        if let Some(report) = &end.degeneration {
+            choice["degeneration"] = report.to_json();
+        }
+        choices.push(choice);
     }
     Ok(axum::Json(json!({
         "id": head.id,
@@ -304,7 +308,7 @@ impl ChatStream {
                     self.pending_tokens[index].extend(tokens);
                 }
                 let delta = self.parsers[index].push(&text);
-                self.delta_event(index, &delta, None)
+                self.delta_event(index, &delta, None, None)
             }
             ChoiceItem::Finished(end) => {
                 let delta = self.parsers[index].finish();
@@ -319,20 +323,28 @@ impl ChatStream {
                     } else {
                         end.finish.as_str()
                     };
-                account_choice(&self.state, &end, finish_reason);
+                account_choice(&self.state, &end, finish_reason, &self.head.id, index);
                 self.usage.add(&end.usage);
-                events.push_str(&self.delta_event(index, &delta, Some(finish_reason)));
+                let degeneration = end.degeneration.as_ref().map(|r| r.to_json());
+                events.push_str(&self.delta_event(
+                    index,
+                    &delta,
+                    Some(finish_reason),
+                    degeneration,
+                ));
                 events
             }
         }
     }
 
-    /// A chunk for `delta` (and finish reason); empty when there is nothing to say.
+    /// A chunk for `delta` (and finish reason, and on the final chunk the degeneration report);
+    /// empty when there is nothing to say.
     fn delta_event(
         &mut self,
         index: usize,
         delta: &MessageDelta,
         finish_reason: Option<&str>,
+        degeneration: Option<Value>,
     ) -> String {
         if delta.is_empty() && finish_reason.is_none() {
             return String::new();
@@ -356,12 +368,15 @@ impl ChatStream {
         } else {
             Value::Null
         };
-        let choice = json!({
+        let mut choice = json!({
             "index": index,
             "delta": body,
             "logprobs": logprobs,
             "finish_reason": finish_reason,
         });
+        if let Some(report) = degeneration {
+            choice["degeneration"] = report;
+        }
         sse_event(&self.chunk(vec![choice]))
     }
 }

@@ -90,6 +90,7 @@ pub fn start_choices(
                 stop_strings: params.stop.clone(),
                 skip_special_tokens: params.skip_special_tokens,
                 reasoning_tags,
+                watch: state.watch_spec(prompt.opens_reasoning),
             };
             ChoiceRun::start(engine.clone(), Arc::clone(tokenizer), spec, arrival).map_err(|e| {
                 let error = ApiError::from_submit(e);

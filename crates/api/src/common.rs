@@ -1,6 +1,6 @@
 //! Steps every generation route takes: reading the JSON body (400 invalid JSON, 413 too large), checking
-//! the requested model (404), and accounting a finished choice in metrics and health. Route-specific
-//! shaping stays in chat.rs and completions.rs.
+//! the requested model (404), and accounting a finished choice in metrics, health and (when its output
+//! degenerated) the log. Route-specific shaping stays in chat.rs and completions.rs.
 
 use axum::extract::rejection::BytesRejection;
 use axum::http::StatusCode;
@@ -37,8 +37,16 @@ pub fn check_model(state: &AppState, requested: Option<&str>) -> Result<(), ApiE
     }
 }
 
-/// Counts a finished choice; a choice that generated tokens and ended normally proves health.
-pub fn account_choice(state: &AppState, end: &ChoiceEnd, finish_reason: &str) {
+/// Counts a finished choice (choice `index` of response `response_id`); a choice that generated
+/// tokens, ended normally and did not degenerate proves health. A degenerate one is counted by kind
+/// and logged with its evidence and diagnosis.
+pub fn account_choice(
+    state: &AppState,
+    end: &ChoiceEnd,
+    finish_reason: &str,
+    response_id: &str,
+    index: usize,
+) {
     state.metrics.record_generation(
         finish_reason,
         &GenerationRecord {
@@ -49,7 +57,10 @@ pub fn account_choice(state: &AppState, end: &ChoiceEnd, finish_reason: &str) {
             e2e: end.e2e,
         },
     );
-    if matches!(end.finish, FinishKind::Stop | FinishKind::Length)
+    if let Some(report) = &end.degeneration {
+        state.metrics.record_degeneration(report.verdict.kind);
+        eprintln!("{}", report.log_line(response_id, index));
+    } else if matches!(end.finish, FinishKind::Stop | FinishKind::Length)
         && end.usage.completion_tokens > 0
     {
         state.health.record_success();

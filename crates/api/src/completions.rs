@@ -125,14 +125,18 @@ async fn complete(
         .zip(&plans)
         .enumerate()
         .map(|(index, ((text, tokens, end), plan))| {
-            account_choice(&state, end, end.finish.as_str());
+            account_choice(&state, end, end.finish.as_str(), &head.id, index);
             usage.add(&end.usage);
-            json!({
+            let mut choice = json!({
                 "index": index,
                 "text": format!("{}{text}", plan.echo),
                 "logprobs": completion_logprobs(logprobs, tokens, plan.echo.len()),
                 "finish_reason": end.finish.as_str(),
-            })
+            });
+            if let Some(report) = &end.degeneration {
+                choice["degeneration"] = report.to_json();
+            }
+            choice
         })
         .collect();
     Ok(axum::Json(json!({
@@ -238,16 +242,22 @@ impl CompletionStream {
                 return Some(events);
             };
             let echo = self.echo[index].take().unwrap_or_default();
-            let (text, tokens, finish_reason) = match item {
-                ChoiceItem::Text { text, tokens } => (text, tokens, None),
+            let (text, tokens, finish_reason, degeneration) = match item {
+                ChoiceItem::Text { text, tokens } => (text, tokens, None, None),
                 ChoiceItem::Finished(end) => {
-                    account_choice(&self.state, &end, end.finish.as_str());
+                    account_choice(&self.state, &end, end.finish.as_str(), &self.head.id, index);
                     self.usage.add(&end.usage);
                     if let FinishKind::Error(message) = &end.finish {
                         let error = ApiError::internal(format!("generation failed: {message}"));
                         return Some(sse_event(&error.body()));
                     }
-                    (String::new(), Vec::new(), Some(end.finish.as_str()))
+                    let degeneration = end.degeneration.as_ref().map(|r| r.to_json());
+                    (
+                        String::new(),
+                        Vec::new(),
+                        Some(end.finish.as_str()),
+                        degeneration,
+                    )
                 }
             };
             let text = echo + &text;
@@ -261,12 +271,15 @@ impl CompletionStream {
             } else {
                 Value::Null
             };
-            let choice = json!({
+            let mut choice = json!({
                 "index": index,
                 "text": text,
                 "logprobs": logprobs,
                 "finish_reason": finish_reason,
             });
+            if let Some(report) = degeneration {
+                choice["degeneration"] = report;
+            }
             return Some(sse_event(&self.chunk(vec![choice])));
         }
     }

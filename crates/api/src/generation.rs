@@ -1,7 +1,8 @@
 //! One choice of one request, from engine events to text: detokenizing, stop strings (across token
-//! boundaries, then aborting the engine request), logprobs, token counts and timing. Dropping a run
-//! before it finished aborts the engine request, which is how a client disconnect frees its slots.
-//! Reasoning and tool-call parsing happen above this, in the chat route.
+//! boundaries, then aborting the engine request), the degeneration watch (stopping the request when
+//! told to), logprobs, token counts and timing. Dropping a run before it finished aborts the engine
+//! request, which is how a client disconnect frees its slots. Reasoning and tool-call parsing happen
+//! above this, in the chat route.
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
@@ -11,14 +12,17 @@ use deltaserve_engine::{
     EngineEvent, EventReceiver, FinishReason, GenerationRequest, RequestId, SharedEngine,
     SubmitError, TokenLogprob,
 };
+use deltaserve_health::StreamEnd;
 use deltaserve_text::{count_reasoning_tokens, Detokenizer, ThinkTokenIds, Tokenizer};
 use futures_util::Stream;
 
+use crate::diagnosis::Acceptance;
+use crate::output_watch::{DegenerationReport, OutputWatch, WatchSpec};
 use crate::stop::{StopMatcher, StopOutcome};
 use crate::token_bytes::{token_bytes, token_display};
 
-/// How long to wait for the engine's `Finished` after aborting a request whose stop string matched
-/// (its usage carries the speculative-decoding counts).
+/// How long to wait for the engine's `Finished` after aborting a request whose stop string matched or
+/// whose output degenerated (its usage carries the speculative-decoding counts).
 const ABORT_DRAIN_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// Tags the reasoning and tool-call parsers need to see in the text even when the tokenizer marks
@@ -33,6 +37,8 @@ pub struct ChoiceSpec {
     pub skip_special_tokens: bool,
     /// Counts reasoning tokens by id when set: the tag ids and whether the prompt opened a think block.
     pub reasoning_tags: Option<(ThinkTokenIds, bool)>,
+    /// The degeneration watch of the output (`None`: not watched).
+    pub watch: Option<WatchSpec>,
 }
 
 /// One alternative token in logprobs.
@@ -103,6 +109,8 @@ pub struct ChoiceEnd {
     pub time_to_first_token: Option<Duration>,
     /// From request arrival to the end.
     pub e2e: Duration,
+    /// Set when the output degenerated (boxed: rare and large).
+    pub degeneration: Option<Box<DegenerationReport>>,
 }
 
 /// What a running choice yields.
@@ -128,6 +136,7 @@ pub struct ChoiceRun {
     kept_special: HashSet<u32>,
     detokenizer: Detokenizer,
     stop: StopMatcher,
+    watch: Option<OutputWatch>,
     generated: Vec<u32>,
     arrival: Instant,
     first_token: Option<Duration>,
@@ -153,6 +162,10 @@ impl ChoiceRun {
             .filter_map(|t| tokenizer.token_to_id(t))
             .collect();
         let stop = StopMatcher::new(&spec.stop_strings);
+        let watch = spec
+            .watch
+            .clone()
+            .map(|watch| OutputWatch::new(watch, engine.as_ref(), id));
         Ok(Self {
             engine,
             tokenizer,
@@ -163,6 +176,7 @@ impl ChoiceRun {
             kept_special,
             detokenizer: Detokenizer::new(false),
             stop,
+            watch,
             generated: Vec::new(),
             arrival,
             first_token: None,
@@ -194,16 +208,16 @@ impl ChoiceRun {
                     FinishReason::Length => FinishKind::Length,
                     FinishReason::Abort => FinishKind::Abort,
                 };
-                self.finish(finish, usage.draft_tokens, usage.accepted_draft_tokens)
+                self.finish(finish, Some(spec_usage(&usage)))
             }
             Some(EngineEvent::Error { message }) => {
                 self.engine_done = true;
-                self.finish(FinishKind::Error(message), 0, 0)
+                self.finish(FinishKind::Error(message), None)
             }
             None => {
                 self.engine_done = true;
                 let message = "the engine dropped the request without finishing it".to_string();
-                self.finish(FinishKind::Error(message), 0, 0)
+                self.finish(FinishKind::Error(message), None)
             }
         };
         self.ended |= matches!(item, ChoiceItem::Finished(_));
@@ -228,44 +242,53 @@ impl ChoiceRun {
                 .step(&self.tokenizer, id)
                 .unwrap_or_default()
         };
+        let degenerated = match &mut self.watch {
+            Some(watch) => watch.push(self.engine.as_ref(), id, &text),
+            None => false,
+        };
         match self.stop.push(&text) {
-            StopOutcome::Emit(text) => ChoiceItem::Text { text, tokens },
-            StopOutcome::Stopped(text) => {
-                self.engine.abort(self.id);
-                let (draft, accepted) = self.drain_after_abort().await;
-                self.engine_done = true;
-                self.queued.push_back(ChoiceItem::Text { text, tokens });
-                self.finish(FinishKind::Stop, draft, accepted)
+            StopOutcome::Emit(text) if degenerated => {
+                if let Some(watch) = &mut self.watch {
+                    watch.mark_stopped();
+                }
+                self.abort_and_finish(text, tokens).await
             }
+            StopOutcome::Emit(text) => ChoiceItem::Text { text, tokens },
+            StopOutcome::Stopped(text) => self.abort_and_finish(text, tokens).await,
         }
     }
 
-    /// Reads events after our abort until the engine confirms; returns its speculative counts.
-    async fn drain_after_abort(&mut self) -> (usize, usize) {
+    /// Ends the request here: aborts it in the engine, queues the last text and finishes with `stop`.
+    async fn abort_and_finish(&mut self, text: String, tokens: Vec<TokenInfo>) -> ChoiceItem {
+        self.engine.abort(self.id);
+        let usage = self.drain_after_abort().await;
+        self.engine_done = true;
+        self.queued.push_back(ChoiceItem::Text { text, tokens });
+        self.finish(FinishKind::Stop, usage)
+    }
+
+    /// Reads events after our abort until the engine confirms; returns its speculative counts
+    /// (drafted, accepted), `None` when the engine did not confirm in time.
+    async fn drain_after_abort(&mut self) -> Option<(usize, usize)> {
         let wait = async {
             while let Some(event) = self.events.recv().await {
                 match event {
-                    EngineEvent::Finished { usage, .. } => {
-                        return (usage.draft_tokens, usage.accepted_draft_tokens)
-                    }
-                    EngineEvent::Error { .. } => return (0, 0),
+                    EngineEvent::Finished { usage, .. } => return Some(spec_usage(&usage)),
+                    EngineEvent::Error { .. } => return None,
                     EngineEvent::Token { .. } => {}
                 }
             }
-            (0, 0)
+            None
         };
         tokio::time::timeout(ABORT_DRAIN_TIMEOUT, wait)
             .await
-            .unwrap_or((0, 0))
+            .ok()
+            .flatten()
     }
 
     /// Queues any text still held back and then the `Finished` item; returns the first queued item.
-    fn finish(
-        &mut self,
-        mut finish: FinishKind,
-        draft_tokens: usize,
-        accepted: usize,
-    ) -> ChoiceItem {
+    /// `spec` is the request's (drafted, accepted) draft tokens, `None` when unknown.
+    fn finish(&mut self, mut finish: FinishKind, spec: Option<(usize, usize)>) -> ChoiceItem {
         if !self.stop.is_stopped() {
             let mut tail = self.detokenizer.finish(&self.tokenizer).unwrap_or_default();
             tail = match self.stop.push(&tail) {
@@ -296,6 +319,18 @@ impl ChoiceRun {
             .reasoning_tags
             .map(|(tags, starts)| count_reasoning_tokens(generated, &tags, starts))
             .unwrap_or(0);
+        let (draft_tokens, accepted) = spec.unwrap_or((0, 0));
+        let stream_end = match finish {
+            FinishKind::Stop => StreamEnd::Stop,
+            FinishKind::Length => StreamEnd::Length,
+            FinishKind::Abort | FinishKind::Error(_) => StreamEnd::Unknown,
+        };
+        let request_spec = spec.map(|(d, a)| Acceptance::new(d as u64, a as u64));
+        let degeneration = self
+            .watch
+            .as_mut()
+            .and_then(|watch| watch.finish(self.engine.as_ref(), stream_end, request_spec))
+            .map(Box::new);
         let end = ChoiceItem::Finished(ChoiceEnd {
             finish,
             usage: ChoiceUsage {
@@ -307,6 +342,7 @@ impl ChoiceRun {
             },
             time_to_first_token: self.first_token,
             e2e: self.arrival.elapsed(),
+            degeneration,
         });
         self.queued.push_back(end);
         // Not empty: `end` was just pushed. The fallback keeps this panic-free all the same.
@@ -372,12 +408,18 @@ impl ChoiceRun {
                         usage: ChoiceUsage::default(),
                         time_to_first_token: self.first_token,
                         e2e: self.arrival.elapsed(),
+                        degeneration: None,
                     };
                     return (text, tokens, end);
                 }
             }
         }
     }
+}
+
+/// The (drafted, accepted) draft tokens of an engine usage.
+fn spec_usage(usage: &deltaserve_engine::Usage) -> (usize, usize) {
+    (usage.draft_tokens, usage.accepted_draft_tokens)
 }
 
 impl Drop for ChoiceRun {

@@ -1,6 +1,7 @@
 //! The OpenAI-compatible HTTP side of deltaserve: routes, request validation, SSE streaming, error
-//! objects, /health and /metrics, and the `bench serve` load generator. It talks to the engine only
-//! through `EngineHandle` and to text only through deltaserve-text; it never touches tensors.
+//! objects, /health and /metrics, the degeneration watch on every output, the `bench serve` load
+//! generator and the `smoke` suite. It talks to the engine only through `EngineHandle` and to text
+//! only through deltaserve-text; it never touches tensors.
 
 pub mod args;
 mod bench_report;
@@ -10,27 +11,39 @@ mod chat_output;
 mod choices;
 mod common;
 mod completions;
+pub mod diagnosis;
 pub mod error;
 mod fields;
 pub mod generation;
 pub mod health;
+pub mod http_client;
 pub mod metrics;
+pub mod output_watch;
 pub mod request;
 mod response;
 mod routes;
 pub mod server;
+pub mod smoke;
+mod smoke_checks;
+mod smoke_report;
+pub mod spec_counters;
 mod sse;
 pub mod state;
 pub mod stop;
 mod token_bytes;
 
-pub use args::{ArgsError, BackendKind, LoadFormat, MambaSsmDtype, ServeArgs, SpeculativeConfig};
+pub use args::{
+    ArgsError, BackendKind, DegenerationAction, LoadFormat, MambaSsmDtype, ServeArgs,
+    SpeculativeConfig,
+};
 pub use bench_serve::{
     run_bench_serve, run_bench_serve_blocking, BenchEndpoint, BenchServeArgs, BenchServeError,
     BenchServeReport,
 };
 pub use error::ApiError;
 pub use health::{HealthMonitor, HealthReport, HealthStatus};
+pub use output_watch::DegenerationReport;
 pub use routes::router;
 pub use server::{bind, serve, serve_until, termination_signal, ServeError, Shutdown};
+pub use smoke::{run_smoke, run_smoke_blocking, SmokeArgs, SmokeError, SmokeReport};
 pub use state::{AppState, MetricsSource, ServerConfig};

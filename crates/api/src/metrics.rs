@@ -1,5 +1,5 @@
-//! HTTP-level Prometheus metrics the API owns (requests by route and status, token counts, TTFT, TPOT and
-//! end-to-end latency histograms) and their text rendering. Engine metrics are appended as text by the
+//! HTTP-level Prometheus metrics the API owns (requests by route and status, token counts, degenerate
+//! outputs by kind, TTFT, TPOT and end-to-end latency histograms) and their text rendering. Engine metrics are appended as text by the
 //! server state; this module never reads the engine.
 
 use std::collections::BTreeMap;
@@ -7,6 +7,15 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
+
+use deltaserve_health::DegenerationKind;
+
+/// Every degeneration kind, so each counter is exported (at 0) before the first detection.
+const DEGENERATION_KINDS: [DegenerationKind; 3] = [
+    DegenerationKind::PeriodicLoop,
+    DegenerationKind::NgramCollapse,
+    DegenerationKind::UnclosedReasoning,
+];
 
 /// Latency bucket bounds in seconds, shared by the three histograms (TTFT, TPOT, e2e).
 const TTFT_BUCKETS: [f64; 14] = [
@@ -105,6 +114,8 @@ pub struct HttpMetrics {
     requests: Mutex<BTreeMap<(String, u16), u64>>,
     finished: Mutex<BTreeMap<String, u64>>,
     health_probes: Mutex<BTreeMap<&'static str, u64>>,
+    /// Degenerate outputs (choices), indexed like `DEGENERATION_KINDS`.
+    degenerate: [AtomicU64; 3],
     in_flight: AtomicI64,
     prompt_tokens: AtomicU64,
     generation_tokens: AtomicU64,
@@ -120,6 +131,7 @@ impl Default for HttpMetrics {
             requests: Mutex::default(),
             finished: Mutex::default(),
             health_probes: Mutex::default(),
+            degenerate: Default::default(),
             in_flight: AtomicI64::new(0),
             prompt_tokens: AtomicU64::new(0),
             generation_tokens: AtomicU64::new(0),
@@ -162,6 +174,20 @@ impl HttpMetrics {
 
     pub fn leave(&self) {
         self.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Counts one choice whose output degenerated.
+    pub fn record_degeneration(&self, kind: DegenerationKind) {
+        if let Some(i) = DEGENERATION_KINDS.iter().position(|&k| k == kind) {
+            self.degenerate[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub fn degenerations_counted(&self, kind: DegenerationKind) -> u64 {
+        DEGENERATION_KINDS
+            .iter()
+            .position(|&k| k == kind)
+            .map_or(0, |i| self.degenerate[i].load(Ordering::Relaxed))
     }
 
     pub fn record_health_probe(&self, result: &'static str) {
@@ -252,6 +278,20 @@ impl HttpMetrics {
         }
         header(
             &mut out,
+            "deltaserve_degenerate_requests_total",
+            "Generations (choices) whose output the degeneration detector flagged, by kind.",
+            "counter",
+        );
+        for (kind, count) in DEGENERATION_KINDS.iter().zip(&self.degenerate) {
+            let _ = writeln!(
+                out,
+                "deltaserve_degenerate_requests_total{{kind=\"{}\"}} {}",
+                kind.as_str(),
+                count.load(Ordering::Relaxed)
+            );
+        }
+        header(
+            &mut out,
             "deltaserve_health_probes_total",
             "One-token generations run by /health, by result.",
             "counter",
@@ -299,7 +339,14 @@ mod tests {
         metrics.record_request("/v1/chat/completions", 200);
         metrics.record_request("/v1/chat/completions", 200);
         metrics.time_to_first_token.observe(1000.0);
+        metrics.record_degeneration(DegenerationKind::PeriodicLoop);
+        metrics.record_degeneration(DegenerationKind::PeriodicLoop);
         let text = metrics.render();
+        assert!(text.contains("deltaserve_degenerate_requests_total{kind=\"periodic_loop\"} 2\n"));
+        assert!(text.contains("deltaserve_degenerate_requests_total{kind=\"ngram_collapse\"} 0\n"));
+        assert!(
+            text.contains("deltaserve_degenerate_requests_total{kind=\"unclosed_reasoning\"} 0\n")
+        );
         assert!(text.contains(
             "deltaserve_http_requests_total{route=\"/v1/chat/completions\",status=\"200\"} 2"
         ));

@@ -1,17 +1,19 @@
 //! What every route handler shares: the engine (attached once loading is done), the tokenizer and its
-//! compiled chat templates, server settings, the health monitor and the metrics. Construction only; the
-//! routes decide what to do with it.
+//! compiled chat templates, server settings, the degeneration detector every output is watched with,
+//! the health monitor and the metrics. Construction only; the routes decide what to do with it.
 
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use deltaserve_engine::SharedEngine;
+use deltaserve_health::DegenerationDetector;
 use deltaserve_text::{ChatTemplate, TemplateError, Tokenizer};
 
-use crate::args::ServeArgs;
+use crate::args::{DegenerationAction, ServeArgs};
 use crate::error::ApiError;
 use crate::health::HealthMonitor;
 use crate::metrics::HttpMetrics;
+use crate::output_watch::WatchSpec;
 
 /// Produces the engine's Prometheus text for /metrics.
 pub type MetricsSource = Arc<dyn Fn() -> String + Send + Sync>;
@@ -35,6 +37,10 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// On shutdown, how long in-flight requests may take to finish.
     pub grace_period: Duration,
+    /// `--degeneration-action`: what happens when an output degenerates.
+    pub degeneration_action: DegenerationAction,
+    /// Thresholds of the degeneration detector watching every output.
+    pub degeneration: deltaserve_health::Config,
 }
 
 /// Default request body limit: generous for long prompts, small enough to refuse abuse.
@@ -52,6 +58,8 @@ impl ServerConfig {
             health_probe_timeout: Duration::from_secs(60),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             grace_period: args.grace_period(),
+            degeneration_action: args.degeneration_action,
+            degeneration: deltaserve_health::Config::default(),
         }
     }
 
@@ -66,6 +74,8 @@ impl ServerConfig {
             health_probe_timeout: Duration::from_secs(60),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             grace_period: Duration::from_secs(30),
+            degeneration_action: DegenerationAction::Log,
+            degeneration: deltaserve_health::Config::default(),
         }
     }
 }
@@ -86,6 +96,9 @@ pub struct AppState {
     engine: RwLock<Option<SharedEngine>>,
     engine_metrics: RwLock<Option<MetricsSource>>,
     templates: Templates,
+    /// A fresh detector built from `config.degeneration`, cloned for every choice (its buffers are
+    /// allocated once here); `None` when that configuration is invalid (logged at start-up).
+    detector: Option<DegenerationDetector>,
     /// Unix time of start-up, reported as `created` by /v1/models.
     pub created: u64,
 }
@@ -99,6 +112,13 @@ impl AppState {
             with_tools: ChatTemplate::from_tokenizer(&tokenizer, true),
         };
         let health = HealthMonitor::new(config.health_interval, config.health_probe_timeout);
+        let detector = match DegenerationDetector::new(config.degeneration.clone()) {
+            Ok(detector) => Some(detector),
+            Err(error) => {
+                eprintln!("WARNING outputs are not watched for degeneration: {error}");
+                None
+            }
+        };
         Self {
             config,
             tokenizer,
@@ -107,6 +127,7 @@ impl AppState {
             engine: RwLock::new(None),
             engine_metrics: RwLock::new(None),
             templates,
+            detector,
             created: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map(|d| d.as_secs())
@@ -144,6 +165,16 @@ impl AppState {
             .unwrap_or_else(|p| p.into_inner())
             .clone();
         source.map(|f| f()).unwrap_or_default()
+    }
+
+    /// How a choice's output is watched for degeneration; `starts_in_reasoning` when the prompt
+    /// opens a think block.
+    pub fn watch_spec(&self, starts_in_reasoning: bool) -> Option<WatchSpec> {
+        self.detector.as_ref().map(|detector| WatchSpec {
+            detector: detector.clone(),
+            action: self.config.degeneration_action,
+            starts_in_reasoning,
+        })
     }
 
     /// The chat template for a request with or without tools.

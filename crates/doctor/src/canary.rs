@@ -3,7 +3,9 @@
 //! Health means "generates correct text": `serve` runs it before reporting ready, `doctor` at the end.
 
 use deltaserve_health::{Config, DegenerationDetector, StreamEnd, Verdict};
-use deltaserve_text::{prompt_opens_reasoning, split_reasoning, ChatMessage, ChatTemplate, RenderOptions, Tokenizer};
+use deltaserve_text::{
+    prompt_opens_reasoning, split_reasoning, ChatMessage, ChatTemplate, RenderOptions, Tokenizer,
+};
 use std::path::Path;
 
 /// The question every canary asks unless the model directory says otherwise.
@@ -34,25 +36,54 @@ pub struct CanarySpec {
 impl CanarySpec {
     /// The canary for a model directory: its chat template and tokenizer when it has them (the
     /// question as a user turn), else fixed token ids judged by the detector alone.
-    pub fn for_model(dir: &Path, tokenizer: Option<&Tokenizer>, vocab_size: usize) -> Result<Self, String> {
+    pub fn for_model(
+        dir: &Path,
+        tokenizer: Option<&Tokenizer>,
+        vocab_size: usize,
+    ) -> Result<Self, String> {
         let file_path = dir.join(CANARY_FILE);
         let file: CanaryFile = if file_path.is_file() {
-            let text = std::fs::read_to_string(&file_path).map_err(|e| format!("{}: {e}", file_path.display()))?;
+            let text = std::fs::read_to_string(&file_path)
+                .map_err(|e| format!("{}: {e}", file_path.display()))?;
             serde_json::from_str(&text).map_err(|e| format!("{}: {e}", file_path.display()))?
         } else {
             CanaryFile::default()
         };
         let max_tokens = file.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
         let Some(tokenizer) = tokenizer.filter(|t| t.chat_template().is_some()) else {
-            let prompt_ids = (0..16u32).map(|i| (i * 7919 + 17) % vocab_size as u32).collect();
-            return Ok(Self { question: None, prompt_ids, expect: None, max_tokens, opens_reasoning: false });
+            let prompt_ids = (0..16u32)
+                .map(|i| (i * 7919 + 17) % vocab_size as u32)
+                .collect();
+            return Ok(Self {
+                question: None,
+                prompt_ids,
+                expect: None,
+                max_tokens,
+                opens_reasoning: false,
+            });
         };
-        let question = file.question.unwrap_or_else(|| DEFAULT_QUESTION.to_string());
-        let template = ChatTemplate::from_tokenizer(tokenizer, false).map_err(|e| format!("chat template: {e}"))?;
-        let options = RenderOptions { add_generation_prompt: true, ..Default::default() };
-        let prompt = template.render(&[ChatMessage::text("user", &question)], &options).map_err(|e| format!("chat template: {e}"))?;
-        let prompt_ids = tokenizer.encode(&prompt, false).map_err(|e| format!("tokenizing the canary prompt: {e}"))?;
-        Ok(Self { question: Some(question), prompt_ids, expect: file.expect, max_tokens, opens_reasoning: prompt_opens_reasoning(&prompt) })
+        let question = file
+            .question
+            .unwrap_or_else(|| DEFAULT_QUESTION.to_string());
+        let template = ChatTemplate::from_tokenizer(tokenizer, false)
+            .map_err(|e| format!("chat template: {e}"))?;
+        let options = RenderOptions {
+            add_generation_prompt: true,
+            ..Default::default()
+        };
+        let prompt = template
+            .render(&[ChatMessage::text("user", &question)], &options)
+            .map_err(|e| format!("chat template: {e}"))?;
+        let prompt_ids = tokenizer
+            .encode(&prompt, false)
+            .map_err(|e| format!("tokenizing the canary prompt: {e}"))?;
+        Ok(Self {
+            question: Some(question),
+            prompt_ids,
+            expect: file.expect,
+            max_tokens,
+            opens_reasoning: prompt_opens_reasoning(&prompt),
+        })
     }
 }
 
@@ -92,24 +123,45 @@ fn truncate(text: &str, max: usize) -> String {
 }
 
 /// Judges generated `tokens` of the canary: the detector over the stream, then the expected answer.
-pub fn judge(spec: &CanarySpec, tokens: &[u32], stopped: bool, tokenizer: Option<&Tokenizer>) -> CanaryOutcome {
+pub fn judge(
+    spec: &CanarySpec,
+    tokens: &[u32],
+    stopped: bool,
+    tokenizer: Option<&Tokenizer>,
+) -> CanaryOutcome {
     // Invariant: the default config is valid (the health crate tests it).
-    let mut detector = DegenerationDetector::new(Config::default()).expect("the default detector config is valid");
+    let mut detector =
+        DegenerationDetector::new(Config::default()).expect("the default detector config is valid");
     if spec.opens_reasoning {
         detector.start_reasoning();
     }
     let mut text = String::new();
     let mut detok = deltaserve_text::Detokenizer::new(false);
     for &id in tokens {
-        let piece = tokenizer.and_then(|t| detok.step(t, id).ok()).unwrap_or_default();
+        let piece = tokenizer
+            .and_then(|t| detok.step(t, id).ok())
+            .unwrap_or_default();
         text.push_str(&piece);
         detector.push(id, &piece);
     }
-    let end = if stopped { StreamEnd::Stop } else { StreamEnd::Length };
+    let end = if stopped {
+        StreamEnd::Stop
+    } else {
+        StreamEnd::Length
+    };
     let verdict = detector.finish(end).cloned();
     let answer_ok = spec.expect.as_ref().map(|expect| {
         let split = split_reasoning(&text, spec.opens_reasoning);
-        split.content.as_deref().is_some_and(|c| c.contains(expect.as_str()))
+        split
+            .content
+            .as_deref()
+            .is_some_and(|c| c.contains(expect.as_str()))
     });
-    CanaryOutcome { tokens: tokens.to_vec(), text, verdict, answer_ok, stopped }
+    CanaryOutcome {
+        tokens: tokens.to_vec(),
+        text,
+        verdict,
+        answer_ok,
+        stopped,
+    }
 }

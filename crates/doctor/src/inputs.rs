@@ -15,5 +15,8 @@ pub fn uniform(n: usize, seed: u64, scale: f32) -> Vec<f32> {
 
 /// Token ids spread over the vocabulary.
 pub fn token_ids(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
-    uniform(n, seed, 1.0).iter().map(|x| ((x + 1.0) * 0.5 * vocab as f32) as u32 % vocab as u32).collect()
+    uniform(n, seed, 1.0)
+        .iter()
+        .map(|x| ((x + 1.0) * 0.5 * vocab as f32) as u32 % vocab as u32)
+        .collect()
 }

@@ -22,13 +22,30 @@ fn run<B: Backend>(model: &Model<B>, prompt: &[u32]) -> (Vec<Vec<f32>>, Vec<f32>
     let blocks = (0..cache.geometry.num_blocks as u32).collect();
     let batch = BatchLayout::packed(cache.geometry.block_size, [(prompt.len(), 0, blocks, 0)]);
     let rows: Vec<u32> = (0..prompt.len() as u32).collect();
-    let mut capture = Capture { backend: &model.backend, layers: Vec::new() };
-    let out = model.forward_observed(&ForwardInput { tokens: prompt, batch: &batch, logit_rows: &rows, hidden_rows: &[] }, &mut cache, &mut capture);
+    let mut capture = Capture {
+        backend: &model.backend,
+        layers: Vec::new(),
+    };
+    let out = model.forward_observed(
+        &ForwardInput {
+            tokens: prompt,
+            batch: &batch,
+            logit_rows: &rows,
+            hidden_rows: &[],
+        },
+        &mut cache,
+        &mut capture,
+    );
     (capture.layers, model.backend.to_host(&out.logits))
 }
 
 /// Compares the hidden state after each layer, then the logits, of `prompt` (non-empty).
-pub fn check_layers<B: Backend>(reference: &Model<ReferenceBackend>, target: &Model<B>, prompt: &[u32], tolerance: f32) -> Vec<CheckRow> {
+pub fn check_layers<B: Backend>(
+    reference: &Model<ReferenceBackend>,
+    target: &Model<B>,
+    prompt: &[u32],
+    tolerance: f32,
+) -> Vec<CheckRow> {
     let (ref_layers, ref_logits) = run(reference, prompt);
     let (our_layers, our_logits) = run(target, prompt);
     let c = &reference.config;
@@ -39,11 +56,21 @@ pub fn check_layers<B: Backend>(reference: &Model<ReferenceBackend>, target: &Mo
         .map(|(i, (r, o))| CheckRow {
             what: format!("hidden after layer ({} tokens)", prompt.len()),
             layer: Some(i),
-            layer_kind: if c.is_full_attention(i) { "full_attention" } else { "linear_attention" },
+            layer_kind: if c.is_full_attention(i) {
+                "full_attention"
+            } else {
+                "linear_attention"
+            },
             comparison: Comparison::of(o, r),
             tolerance,
         })
         .collect();
-    rows.push(CheckRow { what: "logits".into(), layer: None, layer_kind: "model", comparison: Comparison::of(&our_logits, &ref_logits), tolerance });
+    rows.push(CheckRow {
+        what: "logits".into(),
+        layer: None,
+        layer_kind: "model",
+        comparison: Comparison::of(&our_logits, &ref_logits),
+        tolerance,
+    });
     rows
 }

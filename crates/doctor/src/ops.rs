@@ -23,8 +23,20 @@ struct Checker<'a, B: Backend> {
 }
 
 impl<B: Backend> Checker<'_, B> {
-    fn push(&mut self, what: impl Into<String>, layer: Option<usize>, layer_kind: &'static str, comparison: Comparison) {
-        self.rows.push(CheckRow { what: what.into(), layer, layer_kind, comparison, tolerance: self.tolerance });
+    fn push(
+        &mut self,
+        what: impl Into<String>,
+        layer: Option<usize>,
+        layer_kind: &'static str,
+        comparison: Comparison,
+    ) {
+        self.rows.push(CheckRow {
+            what: what.into(),
+            layer,
+            layer_kind,
+            comparison,
+            tolerance: self.tolerance,
+        });
     }
 
     fn both(&self, data: &[f32]) -> (Vec<f32>, B::Buf) {
@@ -35,7 +47,16 @@ impl<B: Backend> Checker<'_, B> {
         Comparison::of(&self.t.backend.to_host(ours), reference)
     }
 
-    fn matmul(&mut self, what: &str, layer: Option<usize>, kind: &'static str, wr: &deltaserve_tensor::reference::RefMat, wt: &B::Mat, tokens: usize, seed: u64) {
+    fn matmul(
+        &mut self,
+        what: &str,
+        layer: Option<usize>,
+        kind: &'static str,
+        wr: &deltaserve_tensor::reference::RefMat,
+        wt: &B::Mat,
+        tokens: usize,
+        seed: u64,
+    ) {
         let (rows, cols) = (wr.rows, wr.cols);
         let (xr, xt) = self.both(&uniform(tokens * cols, seed, 1.0));
         let mut or = vec![0.0; tokens * rows];
@@ -43,10 +64,24 @@ impl<B: Backend> Checker<'_, B> {
         let mut ot = self.t.backend.zeros(tokens * rows);
         self.t.backend.matmul(&xt, wt, &mut ot, tokens);
         let c = self.compare(&ot, &or);
-        self.push(format!("matmul {what} [{tokens} x {cols}] -> {rows}"), layer, kind, c);
+        self.push(
+            format!("matmul {what} [{tokens} x {cols}] -> {rows}"),
+            layer,
+            kind,
+            c,
+        );
     }
 
-    fn rms_norm(&mut self, what: &str, layer: Option<usize>, kind: &'static str, wr: &Vec<f32>, wt: &B::Buf, rows: usize, seed: u64) {
+    fn rms_norm(
+        &mut self,
+        what: &str,
+        layer: Option<usize>,
+        kind: &'static str,
+        wr: &Vec<f32>,
+        wt: &B::Buf,
+        rows: usize,
+        seed: u64,
+    ) {
         let dim = wr.len();
         let (xr, xt) = self.both(&uniform(rows * dim, seed, 2.0));
         let eps = self.r.config.rms_norm_eps;
@@ -63,29 +98,63 @@ impl<B: Backend> Checker<'_, B> {
         let blocks_a: Vec<u32> = (0..(PREFILL + 1).div_ceil(BLOCK) as u32).collect();
         let blocks_b: Vec<u32> = (blocks_a.len() as u32..blocks_a.len() as u32 + 1).collect();
         [
-            BatchLayout::packed(BLOCK, [(PREFILL, 0, blocks_a.clone(), 0), (SHORT, 0, blocks_b.clone(), 1)]),
+            BatchLayout::packed(
+                BLOCK,
+                [
+                    (PREFILL, 0, blocks_a.clone(), 0),
+                    (SHORT, 0, blocks_b.clone(), 1),
+                ],
+            ),
             BatchLayout::packed(BLOCK, [(1, PREFILL, blocks_a, 0), (1, SHORT, blocks_b, 1)]),
         ]
     }
 
     fn attention_layer(&mut self, layer: usize, rl: &Layer<ReferenceBackend>, tl: &Layer<B>) {
-        let (Mixer::Attention(rw), Mixer::Attention(tw)) = (&rl.mixer, &tl.mixer) else { return };
+        let (Mixer::Attention(rw), Mixer::Attention(tw)) = (&rl.mixer, &tl.mixer) else {
+            return;
+        };
         let kind = "full_attention";
         let l = Some(layer);
-        for (name, wr, wt) in [("q_proj (query)", &rw.q, &tw.q), ("q_proj (gate)", &rw.gate, &tw.gate), ("k_proj", &rw.k, &tw.k), ("v_proj", &rw.v, &tw.v), ("o_proj", &rw.o, &tw.o)] {
+        for (name, wr, wt) in [
+            ("q_proj (query)", &rw.q, &tw.q),
+            ("q_proj (gate)", &rw.gate, &tw.gate),
+            ("k_proj", &rw.k, &tw.k),
+            ("v_proj", &rw.v, &tw.v),
+            ("o_proj", &rw.o, &tw.o),
+        ] {
             self.matmul(name, l, kind, wr, wt, PREFILL, 11);
             self.matmul(name, l, kind, wr, wt, 1, 12);
         }
         let shape = self.r.config.attn_shape();
         let d = shape.head_dim;
-        self.rms_norm("q_norm", l, kind, &rw.q_norm, &tw.q_norm, PREFILL * shape.q_heads, 13);
-        self.rms_norm("k_norm", l, kind, &rw.k_norm, &tw.k_norm, PREFILL * shape.kv_heads, 14);
+        self.rms_norm(
+            "q_norm",
+            l,
+            kind,
+            &rw.q_norm,
+            &tw.q_norm,
+            PREFILL * shape.q_heads,
+            13,
+        );
+        self.rms_norm(
+            "k_norm",
+            l,
+            kind,
+            &rw.k_norm,
+            &tw.k_norm,
+            PREFILL * shape.kv_heads,
+            14,
+        );
 
         let positions: Vec<u32> = (0..PREFILL as u32).map(|p| p * 3 + 1).collect();
         let (mut qr, mut qt) = self.both(&uniform(PREFILL * shape.q_heads * d, 15, 1.0));
         let (rot, theta) = (self.r.config.rotary_dim, self.r.config.rope_theta as f32);
-        self.r.backend.rope(&mut qr, &positions, shape.q_heads, d, rot, theta);
-        self.t.backend.rope(&mut qt, &positions, shape.q_heads, d, rot, theta);
+        self.r
+            .backend
+            .rope(&mut qr, &positions, shape.q_heads, d, rot, theta);
+        self.t
+            .backend
+            .rope(&mut qt, &positions, shape.q_heads, d, rot, theta);
         let c = self.compare(&qt, &qr);
         self.push("rope (partial, neox)", l, kind, c);
 
@@ -99,10 +168,18 @@ impl<B: Backend> Checker<'_, B> {
             let (kr, kt) = self.both(&uniform(n * shape.kv_heads * d, 18 + step as u64, 2.0));
             let (vr, vt) = self.both(&uniform(n * shape.kv_heads * d, 20 + step as u64, 1.0));
             let mut or = vec![0.0; n * shape.q_heads * d];
-            self.r.backend.attention(&qr, &kr, &vr, &mut pool_r, batch, shape, &mut or);
+            self.r
+                .backend
+                .attention(&qr, &kr, &vr, &mut pool_r, batch, shape, &mut or);
             let mut ot = self.t.backend.zeros(n * shape.q_heads * d);
-            self.t.backend.attention(&qt, &kt, &vt, &mut pool_t, batch, shape, &mut ot);
-            let what = if step == 0 { "attention (prefill, 2 sequences)" } else { "attention (paged decode)" };
+            self.t
+                .backend
+                .attention(&qt, &kt, &vt, &mut pool_t, batch, shape, &mut ot);
+            let what = if step == 0 {
+                "attention (prefill, 2 sequences)"
+            } else {
+                "attention (paged decode)"
+            };
             let c = self.compare(&ot, &or);
             self.push(what, l, kind, c);
         }
@@ -116,10 +193,18 @@ impl<B: Backend> Checker<'_, B> {
     }
 
     fn gdn_layer(&mut self, layer: usize, rl: &Layer<ReferenceBackend>, tl: &Layer<B>) {
-        let (Mixer::Gdn(rw), Mixer::Gdn(tw)) = (&rl.mixer, &tl.mixer) else { return };
+        let (Mixer::Gdn(rw), Mixer::Gdn(tw)) = (&rl.mixer, &tl.mixer) else {
+            return;
+        };
         let kind = "linear_attention";
         let l = Some(layer);
-        for (name, wr, wt) in [("in_proj_qkv", &rw.qkv, &tw.qkv), ("in_proj_z", &rw.z, &tw.z), ("in_proj_b", &rw.b, &tw.b), ("in_proj_a", &rw.a, &tw.a), ("out_proj", &rw.out, &tw.out)] {
+        for (name, wr, wt) in [
+            ("in_proj_qkv", &rw.qkv, &tw.qkv),
+            ("in_proj_z", &rw.z, &tw.z),
+            ("in_proj_b", &rw.b, &tw.b),
+            ("in_proj_a", &rw.a, &tw.a),
+            ("out_proj", &rw.out, &tw.out),
+        ] {
             self.matmul(name, l, kind, wr, wt, PREFILL, 31);
             self.matmul(name, l, kind, wr, wt, 1, 32);
         }
@@ -128,37 +213,88 @@ impl<B: Backend> Checker<'_, B> {
         let conv_dim = shape.conv_dim();
         let hv = shape.value_heads;
         let steps = self.two_sequence_steps();
-        let mut pool_r = StateLayerPool::new(&self.r.backend, 2, conv_dim, c.linear_conv_kernel_dim, hv, shape.key_dim, shape.value_dim);
-        let mut pool_t = StateLayerPool::new(&self.t.backend, 2, conv_dim, c.linear_conv_kernel_dim, hv, shape.key_dim, shape.value_dim);
+        let mut pool_r = StateLayerPool::new(
+            &self.r.backend,
+            2,
+            conv_dim,
+            c.linear_conv_kernel_dim,
+            hv,
+            shape.key_dim,
+            shape.value_dim,
+        );
+        let mut pool_t = StateLayerPool::new(
+            &self.t.backend,
+            2,
+            conv_dim,
+            c.linear_conv_kernel_dim,
+            hv,
+            shape.key_dim,
+            shape.value_dim,
+        );
         for (step, batch) in steps.iter().enumerate() {
             let n = batch.total_tokens();
-            let phase = if step == 0 { "prefill, chunked" } else { "decode, recurrent" };
+            let phase = if step == 0 {
+                "prefill, chunked"
+            } else {
+                "decode, recurrent"
+            };
             let (xr, xt) = self.both(&uniform(n * conv_dim, 40 + step as u64, 2.0));
             let mut conv_r = vec![0.0; n * conv_dim];
             let mut conv_t = self.t.backend.zeros(n * conv_dim);
-            self.r.backend.causal_conv1d(&xr, &rw.conv, &mut pool_r, batch, &mut conv_r);
-            self.t.backend.causal_conv1d(&xt, &tw.conv, &mut pool_t, batch, &mut conv_t);
-            let c = self.compare(&conv_t, &conv_r).worst(self.compare(&pool_t.conv, &pool_r.conv));
+            self.r
+                .backend
+                .causal_conv1d(&xr, &rw.conv, &mut pool_r, batch, &mut conv_r);
+            self.t
+                .backend
+                .causal_conv1d(&xt, &tw.conv, &mut pool_t, batch, &mut conv_t);
+            let c = self
+                .compare(&conv_t, &conv_r)
+                .worst(self.compare(&pool_t.conv, &pool_r.conv));
             self.push(format!("causal_conv1d + state ({phase})"), l, kind, c);
 
             let (ar, at) = self.both(&uniform(n * hv, 42 + step as u64, 3.0));
             let (br, bt) = self.both(&uniform(n * hv, 44 + step as u64, 3.0));
             let (mut gr, mut betar) = (vec![0.0; n * hv], vec![0.0; n * hv]);
             let (mut gt, mut betat) = (self.t.backend.zeros(n * hv), self.t.backend.zeros(n * hv));
-            self.r.backend.gdn_gates(&ar, &br, &rw.a_log, &rw.dt_bias, &mut gr, &mut betar);
-            self.t.backend.gdn_gates(&at, &bt, &tw.a_log, &tw.dt_bias, &mut gt, &mut betat);
+            self.r
+                .backend
+                .gdn_gates(&ar, &br, &rw.a_log, &rw.dt_bias, &mut gr, &mut betar);
+            self.t
+                .backend
+                .gdn_gates(&at, &bt, &tw.a_log, &tw.dt_bias, &mut gt, &mut betat);
             let c = self.compare(&gt, &gr).worst(self.compare(&betat, &betar));
             self.push(format!("gdn gates ({phase})"), l, kind, c);
 
             // The delta rule reads the reference's conv output on both sides, so only its own error shows.
             let mixed_t = self.t.backend.from_host(&conv_r);
-            let (gt, betat) = (self.t.backend.from_host(&gr), self.t.backend.from_host(&betar));
+            let (gt, betat) = (
+                self.t.backend.from_host(&gr),
+                self.t.backend.from_host(&betar),
+            );
             let out_len = n * hv * shape.value_dim;
             let mut or = vec![0.0; out_len];
             let mut ot = self.t.backend.zeros(out_len);
-            self.r.backend.gated_delta_rule(&conv_r, &gr, &betar, &mut pool_r, batch, shape, &mut or);
-            self.t.backend.gated_delta_rule(&mixed_t, &gt, &betat, &mut pool_t, batch, shape, &mut ot);
-            let c = self.compare(&ot, &or).worst(self.compare(&pool_t.ssm, &pool_r.ssm));
+            self.r.backend.gated_delta_rule(
+                &conv_r,
+                &gr,
+                &betar,
+                &mut pool_r,
+                batch,
+                shape,
+                &mut or,
+            );
+            self.t.backend.gated_delta_rule(
+                &mixed_t,
+                &gt,
+                &betat,
+                &mut pool_t,
+                batch,
+                shape,
+                &mut ot,
+            );
+            let c = self
+                .compare(&ot, &or)
+                .worst(self.compare(&pool_t.ssm, &pool_r.ssm));
             self.push(format!("gated delta rule + state ({phase})"), l, kind, c);
             pool_t.ssm = self.t.backend.from_host(&pool_r.ssm);
             pool_t.conv = self.t.backend.from_host(&pool_r.conv);
@@ -168,38 +304,106 @@ impl<B: Backend> Checker<'_, B> {
         let (zr, zt) = self.both(&uniform(PREFILL * hv * dv, 51, 3.0));
         let mut or = vec![0.0; PREFILL * hv * dv];
         let mut ot = self.t.backend.zeros(PREFILL * hv * dv);
-        self.r.backend.gated_rms_norm(&xr, &zr, &rw.norm, c.rms_norm_eps, dv, &mut or);
-        self.t.backend.gated_rms_norm(&xt, &zt, &tw.norm, c.rms_norm_eps, dv, &mut ot);
+        self.r
+            .backend
+            .gated_rms_norm(&xr, &zr, &rw.norm, c.rms_norm_eps, dv, &mut or);
+        self.t
+            .backend
+            .gated_rms_norm(&xt, &zt, &tw.norm, c.rms_norm_eps, dv, &mut ot);
         let cmp = self.compare(&ot, &or);
         self.push("gated rms_norm", l, kind, cmp);
     }
 
-    fn mlp(&mut self, layer: Option<usize>, kind: &'static str, rl: &Layer<ReferenceBackend>, tl: &Layer<B>) {
-        self.rms_norm("input_layernorm", layer, kind, &rl.input_norm, &tl.input_norm, PREFILL, 60);
-        self.rms_norm("post_attention_layernorm", layer, kind, &rl.post_norm, &tl.post_norm, PREFILL, 61);
+    fn mlp(
+        &mut self,
+        layer: Option<usize>,
+        kind: &'static str,
+        rl: &Layer<ReferenceBackend>,
+        tl: &Layer<B>,
+    ) {
+        self.rms_norm(
+            "input_layernorm",
+            layer,
+            kind,
+            &rl.input_norm,
+            &tl.input_norm,
+            PREFILL,
+            60,
+        );
+        self.rms_norm(
+            "post_attention_layernorm",
+            layer,
+            kind,
+            &rl.post_norm,
+            &tl.post_norm,
+            PREFILL,
+            61,
+        );
         match (&rl.mlp, &tl.mlp) {
             (Mlp::Dense(r), Mlp::Dense(t)) => {
-                for (name, wr, wt) in [("mlp.gate_proj", &r.gate, &t.gate), ("mlp.up_proj", &r.up, &t.up), ("mlp.down_proj", &r.down, &t.down)] {
+                for (name, wr, wt) in [
+                    ("mlp.gate_proj", &r.gate, &t.gate),
+                    ("mlp.up_proj", &r.up, &t.up),
+                    ("mlp.down_proj", &r.down, &t.down),
+                ] {
                     self.matmul(name, layer, kind, wr, wt, PREFILL, 62);
                     self.matmul(name, layer, kind, wr, wt, 1, 63);
                 }
             }
             (Mlp::Moe(r), Mlp::Moe(t)) => {
-                self.matmul("mlp.gate (router)", layer, kind, &r.router, &t.router, PREFILL, 64);
+                self.matmul(
+                    "mlp.gate (router)",
+                    layer,
+                    kind,
+                    &r.router,
+                    &t.router,
+                    PREFILL,
+                    64,
+                );
                 let experts = r.experts.len();
                 let logits = uniform(PREFILL * experts, 65, 4.0);
-                let rr = self.r.backend.route_top_k(&logits, experts, r.top_k, r.renormalize);
-                let rt = self.t.backend.route_top_k(&self.t.backend.from_host(&logits), experts, t.top_k, t.renormalize);
-                let same_experts = rr.len() == rt.len() && rr.iter().zip(&rt).all(|(a, b)| a.token == b.token && a.expert == b.expert);
+                let rr = self
+                    .r
+                    .backend
+                    .route_top_k(&logits, experts, r.top_k, r.renormalize);
+                let rt = self.t.backend.route_top_k(
+                    &self.t.backend.from_host(&logits),
+                    experts,
+                    t.top_k,
+                    t.renormalize,
+                );
+                let same_experts = rr.len() == rt.len()
+                    && rr
+                        .iter()
+                        .zip(&rt)
+                        .all(|(a, b)| a.token == b.token && a.expert == b.expert);
                 let wr: Vec<f32> = rr.iter().map(|c| c.weight).collect();
                 let wt: Vec<f32> = rt.iter().map(|c| c.weight).collect();
-                let cmp = if same_experts { Comparison::of(&wt, &wr) } else { Comparison { max_abs: f32::INFINITY, relative: f32::INFINITY } };
+                let cmp = if same_experts {
+                    Comparison::of(&wt, &wr)
+                } else {
+                    Comparison {
+                        max_abs: f32::INFINITY,
+                        relative: f32::INFINITY,
+                    }
+                };
                 self.push("moe routing (softmax top-k)", layer, kind, cmp);
-                for (name, wr, wt) in [("expert 0 gate_proj", &r.experts[0].gate, &t.experts[0].gate), ("expert 0 down_proj", &r.experts[0].down, &t.experts[0].down)] {
+                for (name, wr, wt) in [
+                    ("expert 0 gate_proj", &r.experts[0].gate, &t.experts[0].gate),
+                    ("expert 0 down_proj", &r.experts[0].down, &t.experts[0].down),
+                ] {
                     self.matmul(name, layer, kind, wr, wt, 3, 66);
                 }
                 if let (Some((rs, _)), Some((ts, _))) = (&r.shared, &t.shared) {
-                    self.matmul("shared_expert.up_proj", layer, kind, &rs.up, &ts.up, PREFILL, 67);
+                    self.matmul(
+                        "shared_expert.up_proj",
+                        layer,
+                        kind,
+                        &rs.up,
+                        &ts.up,
+                        PREFILL,
+                        67,
+                    );
                 }
             }
             _ => {}
@@ -228,8 +432,12 @@ impl<B: Backend> Checker<'_, B> {
         let st = self.t.backend.gather_rows(&gt, 64, &rows);
         let c = self.compare(&st, &sr);
         self.push("gather_rows", None, kind, c);
-        self.r.backend.scatter_add_rows(&mut ar, &sr, 64, &rows, &weights);
-        self.t.backend.scatter_add_rows(&mut at, &st, 64, &rows, &weights);
+        self.r
+            .backend
+            .scatter_add_rows(&mut ar, &sr, 64, &rows, &weights);
+        self.t
+            .backend
+            .scatter_add_rows(&mut at, &st, 64, &rows, &weights);
         let c = self.compare(&at, &ar);
         self.push("scatter_add_rows", None, kind, c);
         let (hr, ht) = self.both(&uniform(PREFILL, 73, 3.0));
@@ -250,12 +458,35 @@ impl<B: Backend> Checker<'_, B> {
         let ids = token_ids(PREFILL, c.vocab_size, 80);
         let mut er = vec![0.0; PREFILL * c.hidden_size];
         let mut et = self.t.backend.zeros(PREFILL * c.hidden_size);
-        self.r.backend.embedding(&self.r.weights.embed, &ids, &mut er);
-        self.t.backend.embedding(&self.t.weights.embed, &ids, &mut et);
+        self.r
+            .backend
+            .embedding(&self.r.weights.embed, &ids, &mut er);
+        self.t
+            .backend
+            .embedding(&self.t.weights.embed, &ids, &mut et);
         let cmp = self.compare(&et, &er);
         self.push("embedding", None, "model", cmp);
-        self.rms_norm("final norm", None, "model", &self.r.weights.norm, &self.t.weights.norm, PREFILL, 81);
-        let (hr, ht) = (self.r.weights.lm_head.as_ref().unwrap_or(&self.r.weights.embed), self.t.weights.lm_head.as_ref().unwrap_or(&self.t.weights.embed));
+        self.rms_norm(
+            "final norm",
+            None,
+            "model",
+            &self.r.weights.norm,
+            &self.t.weights.norm,
+            PREFILL,
+            81,
+        );
+        let (hr, ht) = (
+            self.r
+                .weights
+                .lm_head
+                .as_ref()
+                .unwrap_or(&self.r.weights.embed),
+            self.t
+                .weights
+                .lm_head
+                .as_ref()
+                .unwrap_or(&self.t.weights.embed),
+        );
         self.matmul("lm_head", None, "model", hr, ht, 3, 82);
         if let (Some(mr), Some(mt)) = (&self.r.weights.mtp, &self.t.weights.mtp) {
             self.matmul("mtp.fc", None, "mtp", &mr.fc, &mt.fc, 2, 83);
@@ -263,7 +494,11 @@ impl<B: Backend> Checker<'_, B> {
         }
     }
 
-    fn attention_layer_mtp(&mut self, mr: &deltaserve_model::weights::MtpWeights<ReferenceBackend>, mt: &deltaserve_model::weights::MtpWeights<B>) {
+    fn attention_layer_mtp(
+        &mut self,
+        mr: &deltaserve_model::weights::MtpWeights<ReferenceBackend>,
+        mt: &deltaserve_model::weights::MtpWeights<B>,
+    ) {
         if let (Mixer::Attention(rw), Mixer::Attention(tw)) = (&mr.layer.mixer, &mt.layer.mixer) {
             self.matmul("mtp q_proj (query)", None, "mtp", &rw.q, &tw.q, 1, 84);
             self.matmul("mtp o_proj", None, "mtp", &rw.o, &tw.o, 1, 85);
@@ -274,16 +509,35 @@ impl<B: Backend> Checker<'_, B> {
 /// Checks every op of `target`'s backend against `reference` on the same weights. Rows come in
 /// model order: embedding and head, the first GDN layer, the first full-attention layer (and their
 /// MLPs), generic element-wise ops.
-pub fn check_ops<B: Backend>(reference: &Model<ReferenceBackend>, target: &Model<B>, tolerance: f32) -> Vec<CheckRow> {
-    let mut checker = Checker { r: reference, t: target, tolerance, rows: Vec::new() };
+pub fn check_ops<B: Backend>(
+    reference: &Model<ReferenceBackend>,
+    target: &Model<B>,
+    tolerance: f32,
+) -> Vec<CheckRow> {
+    let mut checker = Checker {
+        r: reference,
+        t: target,
+        tolerance,
+        rows: Vec::new(),
+    };
     checker.head();
     let c = &reference.config;
     let first_of = |full: bool| (0..c.num_hidden_layers).find(|&i| c.is_full_attention(i) == full);
-    let mut chosen: Vec<usize> = [first_of(false), first_of(true)].into_iter().flatten().collect();
+    let mut chosen: Vec<usize> = [first_of(false), first_of(true)]
+        .into_iter()
+        .flatten()
+        .collect();
     chosen.sort_unstable();
     for layer in chosen {
-        let (rl, tl) = (&reference.weights.layers[layer], &target.weights.layers[layer]);
-        let kind = if c.is_full_attention(layer) { "full_attention" } else { "linear_attention" };
+        let (rl, tl) = (
+            &reference.weights.layers[layer],
+            &target.weights.layers[layer],
+        );
+        let kind = if c.is_full_attention(layer) {
+            "full_attention"
+        } else {
+            "linear_attention"
+        };
         checker.gdn_layer(layer, rl, tl);
         checker.attention_layer(layer, rl, tl);
         checker.mlp(Some(layer), kind, rl, tl);

@@ -11,23 +11,46 @@ pub struct Comparison {
 
 impl Comparison {
     pub fn of(ours: &[f32], reference: &[f32]) -> Self {
-        assert_eq!(ours.len(), reference.len(), "compared outputs differ in length");
+        assert_eq!(
+            ours.len(),
+            reference.len(),
+            "compared outputs differ in length"
+        );
         let mut max_abs = 0.0f32;
         let mut scale = 0.0f32;
         for (&a, &b) in ours.iter().zip(reference) {
             let d = (a - b).abs();
             // A NaN anywhere must fail, never compare as small.
-            max_abs = if d.is_nan() { f32::NAN } else if max_abs.is_nan() { max_abs } else { max_abs.max(d) };
+            max_abs = if d.is_nan() {
+                f32::NAN
+            } else if max_abs.is_nan() {
+                max_abs
+            } else {
+                max_abs.max(d)
+            };
             scale = scale.max(b.abs());
         }
-        let relative = if scale > 0.0 { max_abs / scale } else { max_abs };
+        let relative = if scale > 0.0 {
+            max_abs / scale
+        } else {
+            max_abs
+        };
         Self { max_abs, relative }
     }
 
     /// Combines the comparisons of several outputs of one op (e.g. output and updated state).
     pub fn worst(self, other: Self) -> Self {
-        let pick = |a: f32, b: f32| if a.is_nan() || b.is_nan() { f32::NAN } else { a.max(b) };
-        Self { max_abs: pick(self.max_abs, other.max_abs), relative: pick(self.relative, other.relative) }
+        let pick = |a: f32, b: f32| {
+            if a.is_nan() || b.is_nan() {
+                f32::NAN
+            } else {
+                a.max(b)
+            }
+        };
+        Self {
+            max_abs: pick(self.max_abs, other.max_abs),
+            relative: pick(self.relative, other.relative),
+        }
     }
 }
 
@@ -65,7 +88,13 @@ mod tests {
         let c = Comparison::of(&[1.0, 2.0], &[1.0, 2.5]);
         assert_eq!(c.max_abs, 0.5);
         assert_eq!(c.relative, 0.2);
-        let row = CheckRow { what: "x".into(), layer: None, layer_kind: "model", comparison: Comparison::of(&[f32::NAN], &[1.0]), tolerance: 1.0 };
+        let row = CheckRow {
+            what: "x".into(),
+            layer: None,
+            layer_kind: "model",
+            comparison: Comparison::of(&[f32::NAN], &[1.0]),
+            tolerance: 1.0,
+        };
         assert!(!row.passed());
     }
 }

@@ -17,7 +17,9 @@ use std::path::{Path, PathBuf};
 const TOLERANCE: f32 = 2e-3;
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures")
+        .join(name)
 }
 
 fn load<B: Backend>(backend: B, dir: &Path) -> Model<B> {
@@ -39,7 +41,14 @@ const PROMPT: [u32; 80] = {
 
 #[test]
 fn cpu_backend_passes_every_check_on_every_fixture() {
-    for name in ["qwen35_f32", "qwen35_bf16", "qwen35_text_tied", "qwen35_moe", "qwen3_next", "qwen3_next_packed"] {
+    for name in [
+        "qwen35_f32",
+        "qwen35_bf16",
+        "qwen35_text_tied",
+        "qwen35_moe",
+        "qwen3_next",
+        "qwen3_next_packed",
+    ] {
         let dir = fixture(name);
         let reference = load(ReferenceBackend, &dir);
         let cpu = load(CpuBackend::new(0), &dir);
@@ -47,7 +56,13 @@ fn cpu_backend_passes_every_check_on_every_fixture() {
         rows.extend(check_layers(&reference, &cpu, &PROMPT, TOLERANCE));
         assert!(rows.len() > 30, "{name}: only {} checks ran", rows.len());
         for row in &rows {
-            assert!(row.passed(), "{name}: {} at {} failed: {:?}", row.what, row.location(), row.comparison);
+            assert!(
+                row.passed(),
+                "{name}: {} at {} failed: {:?}",
+                row.what,
+                row.location(),
+                row.comparison
+            );
         }
     }
 }
@@ -56,14 +71,35 @@ fn cpu_backend_passes_every_check_on_every_fixture() {
 fn broken_attention_is_named_by_op_and_by_layer() {
     let dir = fixture("qwen35_f32");
     let reference = load(ReferenceBackend, &dir);
-    let broken = load(BrokenAttention { inner: CpuBackend::new(0) }, &dir);
+    let broken = load(
+        BrokenAttention {
+            inner: CpuBackend::new(0),
+        },
+        &dir,
+    );
     let ops = check_ops(&reference, &broken, TOLERANCE);
-    let first = ops.iter().find(|r| !r.passed()).expect("the broken attention must fail an op check");
-    assert!(first.what.starts_with("attention"), "first failing op is {}", first.what);
+    let first = ops
+        .iter()
+        .find(|r| !r.passed())
+        .expect("the broken attention must fail an op check");
+    assert!(
+        first.what.starts_with("attention"),
+        "first failing op is {}",
+        first.what
+    );
     assert_eq!(first.layer_kind, "full_attention");
-    assert!(ops.iter().filter(|r| !r.passed()).all(|r| r.what.starts_with("attention")), "only attention may fail");
+    assert!(
+        ops.iter()
+            .filter(|r| !r.passed())
+            .all(|r| r.what.starts_with("attention")),
+        "only attention may fail"
+    );
     let layers = check_layers(&reference, &broken, &PROMPT, TOLERANCE);
-    let first_layer = layers.iter().find(|r| !r.passed()).expect("a layer must diverge");
-    let first_full = (0..reference.config.num_hidden_layers).find(|&i| reference.config.is_full_attention(i));
+    let first_layer = layers
+        .iter()
+        .find(|r| !r.passed())
+        .expect("a layer must diverge");
+    let first_full =
+        (0..reference.config.num_hidden_layers).find(|&i| reference.config.is_full_attention(i));
     assert_eq!(first_layer.layer, first_full, "first diverging layer");
 }

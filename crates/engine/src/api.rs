@@ -87,10 +87,18 @@ pub struct Usage {
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum EngineEvent {
-    Token { id: u32, logprob: Option<TokenLogprob> },
-    Finished { reason: FinishReason, usage: Usage },
+    Token {
+        id: u32,
+        logprob: Option<TokenLogprob>,
+    },
+    Finished {
+        reason: FinishReason,
+        usage: Usage,
+    },
     /// The request failed inside the engine; no further events follow.
-    Error { message: String },
+    Error {
+        message: String,
+    },
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -98,7 +106,12 @@ pub enum SubmitError {
     #[error("the prompt is empty")]
     EmptyPrompt,
     #[error("the prompt has {prompt} tokens and max_tokens is {max_new}: {total} exceeds the context length {context}")]
-    TooLong { prompt: usize, max_new: usize, total: usize, context: usize },
+    TooLong {
+        prompt: usize,
+        max_new: usize,
+        total: usize,
+        context: usize,
+    },
     #[error("token id {id} is outside the vocabulary ({vocab} tokens)")]
     BadToken { id: u32, vocab: usize },
     #[error("the request queue is full ({0} waiting)")]
@@ -123,7 +136,8 @@ pub type EventReceiver = tokio::sync::mpsc::UnboundedReceiver<EngineEvent>;
 
 /// The engine as the outside sees it. Cloneable and usable from any thread.
 pub trait EngineHandle: Send + Sync {
-    fn submit(&self, request: GenerationRequest) -> Result<(RequestId, EventReceiver), SubmitError>;
+    fn submit(&self, request: GenerationRequest)
+        -> Result<(RequestId, EventReceiver), SubmitError>;
     /// Stops a request; its receiver gets `Finished { reason: Abort }` unless it already finished.
     /// Frees its KV blocks and state slot. Unknown or finished ids are ignored.
     fn abort(&self, id: RequestId);

@@ -19,21 +19,35 @@ struct Participant {
 
 impl<B: Backend> Worker<B> {
     pub(crate) fn draft(&mut self, extends: Vec<Extend>) {
-        let Some(spec) = self.speculative.clone() else { return };
+        let Some(spec) = self.speculative.clone() else {
+            return;
+        };
         if extends.is_empty() {
             return;
         }
         let k = spec.num_steps;
-        let allow = spec.disable_batch_size.is_none_or(|n| self.scheduler.running.len() <= n);
+        let allow = spec
+            .disable_batch_size
+            .is_none_or(|n| self.scheduler.running.len() <= n);
         let mut participants = Vec::with_capacity(extends.len());
         for extend in &extends {
-            let Some(index) = self.scheduler.running.iter().position(|s| s.id == extend.id) else { continue };
+            let Some(index) = self
+                .scheduler
+                .running
+                .iter()
+                .position(|s| s.id == extend.id)
+            else {
+                continue;
+            };
             let seq = &self.scheduler.running[index];
             // Drafts are verified at positions computed..=computed+k: reserve their blocks now, since
             // the MTP cache writes up to computed+k-2 while drafting.
             let decoding = seq.pending() == 1 && seq.computed >= seq.prompt_len;
             let upto = seq.computed + k + 1;
-            let drafting = allow && decoding && upto <= self.context_length && self.scheduler.try_reserve(index, upto);
+            let drafting = allow
+                && decoding
+                && upto <= self.context_length
+                && self.scheduler.try_reserve(index, upto);
             participants.push(Participant { index, drafting });
         }
 
@@ -55,7 +69,11 @@ impl<B: Backend> Worker<B> {
             debug_assert_eq!(seq.computed, extend.pos + extend.next_tokens.len());
         }
         debug_assert_eq!(hidden.len(), next_tokens.len() * hidden_size);
-        let drafters: Vec<usize> = participants.iter().filter(|p| p.drafting).map(|p| p.index).collect();
+        let drafters: Vec<usize> = participants
+            .iter()
+            .filter(|p| p.drafting)
+            .map(|p| p.index)
+            .collect();
         let mut step_hidden = match self.mtp_step(&hidden, &next_tokens, seqs, &last_rows) {
             Some((logits, h)) => {
                 self.take_drafts(&drafters, &logits);
@@ -74,7 +92,12 @@ impl<B: Backend> Worker<B> {
             for (row, &index) in drafters.iter().enumerate() {
                 let seq = &self.scheduler.running[index];
                 let spec_state = seq.spec.as_ref().expect("drafters speculate");
-                tokens.push(*spec_state.drafts.last().expect("a draft from the previous step"));
+                tokens.push(
+                    *spec_state
+                        .drafts
+                        .last()
+                        .expect("a draft from the previous step"),
+                );
                 seqs.push(self.mtp_layout(index, row, 1, seq.computed - 1 + (step - 1)));
             }
             let rows: Vec<u32> = (0..drafters.len() as u32).collect();
@@ -101,18 +124,39 @@ impl<B: Backend> Worker<B> {
     }
 
     /// One MTP forward; host logits and hidden states of `rows`.
-    fn mtp_step(&mut self, hidden: &[f32], next_tokens: &[u32], seqs: Vec<SeqLayout>, rows: &[u32]) -> Option<(Vec<f32>, Vec<f32>)> {
-        let batch = BatchLayout { seqs, block_size: self.scheduler.limits.block_size };
-        let input = MtpInput { hidden, next_tokens, batch: &batch, logit_rows: rows, hidden_rows: rows };
+    fn mtp_step(
+        &mut self,
+        hidden: &[f32],
+        next_tokens: &[u32],
+        seqs: Vec<SeqLayout>,
+        rows: &[u32],
+    ) -> Option<(Vec<f32>, Vec<f32>)> {
+        let batch = BatchLayout {
+            seqs,
+            block_size: self.scheduler.limits.block_size,
+        };
+        let input = MtpInput {
+            hidden,
+            next_tokens,
+            batch: &batch,
+            logit_rows: rows,
+            hidden_rows: rows,
+        };
         let out = self.model.mtp_forward(&input, &mut self.cache).ok()?;
-        Some((self.model.backend.to_host(&out.logits), self.model.backend.to_host(&out.hidden)))
+        Some((
+            self.model.backend.to_host(&out.logits),
+            self.model.backend.to_host(&out.hidden),
+        ))
     }
 
     /// Draws one draft per drafter from its row of MTP logits, with the request's own sampling
     /// settings (penalties see the drafts before it).
     fn take_drafts(&mut self, drafters: &[usize], logits: &[f32]) {
         let vocab = self.model.config.vocab_size;
-        let fault = self.speculative.as_ref().map_or(DraftFault::None, |s| s.fault.clone());
+        let fault = self
+            .speculative
+            .as_ref()
+            .map_or(DraftFault::None, |s| s.fault.clone());
         for (row, &index) in drafters.iter().enumerate() {
             let seq = &mut self.scheduler.running[index];
             let spec = seq.spec.as_mut().expect("drafters speculate");
@@ -120,7 +164,11 @@ impl<B: Backend> Worker<B> {
             for &d in &spec.drafts {
                 history.record(d);
             }
-            let dist = processed_distribution(&logits[row * vocab..(row + 1) * vocab], &seq.request.sampling, &history);
+            let dist = processed_distribution(
+                &logits[row * vocab..(row + 1) * vocab],
+                &seq.request.sampling,
+                &history,
+            );
             let mut token = draw(&dist, &mut seq.rng);
             let mut dist = dist;
             match &fault {

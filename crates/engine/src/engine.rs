@@ -90,7 +90,15 @@ impl LocalEngine {
             .name("deltaserve-engine".into())
             .spawn(move || worker.run())
             .expect("spawning the engine thread");
-        Arc::new(Self { commands: Mutex::new(tx), next_id: AtomicU64::new(1), queued, stats, metrics, config, vocab_size })
+        Arc::new(Self {
+            commands: Mutex::new(tx),
+            next_id: AtomicU64::new(1),
+            queued,
+            stats,
+            metrics,
+            config,
+            vocab_size,
+        })
     }
 
     pub fn metrics(&self) -> &EngineMetrics {
@@ -102,23 +110,38 @@ impl LocalEngine {
     }
 
     fn send(&self, command: Command) -> bool {
-        self.commands.lock().map(|tx| tx.send(command).is_ok()).unwrap_or(false)
+        self.commands
+            .lock()
+            .map(|tx| tx.send(command).is_ok())
+            .unwrap_or(false)
     }
 }
 
 /// A seed for requests that did not bring one.
 fn fresh_seed(id: RequestId) -> u64 {
-    let nanos = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    let nanos = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
     nanos ^ id.wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
 impl EngineHandle for LocalEngine {
-    fn submit(&self, request: GenerationRequest) -> Result<(RequestId, EventReceiver), SubmitError> {
+    fn submit(
+        &self,
+        request: GenerationRequest,
+    ) -> Result<(RequestId, EventReceiver), SubmitError> {
         if request.prompt_ids.is_empty() {
             return Err(SubmitError::EmptyPrompt);
         }
-        if let Some(&id) = request.prompt_ids.iter().find(|&&id| id as usize >= self.vocab_size) {
-            return Err(SubmitError::BadToken { id, vocab: self.vocab_size });
+        if let Some(&id) = request
+            .prompt_ids
+            .iter()
+            .find(|&&id| id as usize >= self.vocab_size)
+        {
+            return Err(SubmitError::BadToken {
+                id,
+                vocab: self.vocab_size,
+            });
         }
         let total = request.prompt_ids.len() + request.max_new_tokens;
         if total > self.config.context_length {
@@ -137,7 +160,9 @@ impl EngineHandle for LocalEngine {
         let seed = request.sampling.seed.unwrap_or_else(|| fresh_seed(id));
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         self.queued.fetch_add(1, Ordering::Relaxed);
-        if !self.send(Command::Submit(Box::new(Sequence::new(id, request, seed, tx)))) {
+        if !self.send(Command::Submit(Box::new(Sequence::new(
+            id, request, seed, tx,
+        )))) {
             self.queued.fetch_sub(1, Ordering::Relaxed);
             return Err(SubmitError::Stopped);
         }
@@ -177,7 +202,14 @@ pub(crate) struct LogWindow {
 
 impl LogWindow {
     fn new() -> Self {
-        Self { since: Instant::now(), decode_steps: 0, generated: 0, verify_steps: 0, drafted: 0, accepted: 0 }
+        Self {
+            since: Instant::now(),
+            decode_steps: 0,
+            generated: 0,
+            verify_steps: 0,
+            drafted: 0,
+            accepted: 0,
+        }
     }
 }
 
@@ -243,12 +275,18 @@ impl<B: Backend> Worker<B> {
     fn finish_by_id(&mut self, id: RequestId, reason: FinishReason) {
         if let Some(i) = self.scheduler.waiting.iter().position(|s| s.id == id) {
             if let Some(seq) = self.scheduler.waiting.remove(i) {
-                seq.send(EngineEvent::Finished { reason, usage: seq.usage.clone() });
+                seq.send(EngineEvent::Finished {
+                    reason,
+                    usage: seq.usage.clone(),
+                });
             }
         } else if let Some(i) = self.scheduler.running.iter().position(|s| s.id == id) {
             let mut seq = self.scheduler.running.remove(i);
             self.scheduler.release(&mut seq);
-            seq.send(EngineEvent::Finished { reason, usage: seq.usage.clone() });
+            seq.send(EngineEvent::Finished {
+                reason,
+                usage: seq.usage.clone(),
+            });
         }
     }
 
@@ -257,7 +295,10 @@ impl<B: Backend> Worker<B> {
         EngineMetrics::add(&self.metrics.preemptions, events.preempted as u64);
         for seq in events.impossible {
             seq.send(EngineEvent::Error {
-                message: format!("the request needs more KV blocks than the whole pool holds ({} blocks)", self.scheduler.kv.total()),
+                message: format!(
+                    "the request needs more KV blocks than the whole pool holds ({} blocks)",
+                    self.scheduler.kv.total()
+                ),
             });
         }
         if work.is_empty() {
@@ -291,7 +332,10 @@ impl<B: Backend> Worker<B> {
                 tokens.extend_from_slice(&spec.drafts[..w.drafts]);
                 hidden_rows.extend(start as u32..(start + w.len) as u32);
                 if w.drafts > 0 {
-                    snapshot_slots = spec.snapshot_slots[..w.len].iter().map(|&s| s as usize).collect();
+                    snapshot_slots = spec.snapshot_slots[..w.len]
+                        .iter()
+                        .map(|&s| s as usize)
+                        .collect();
                 }
             }
             let first_logit = logit_rows.len();
@@ -300,7 +344,10 @@ impl<B: Backend> Worker<B> {
             } else if w.samples {
                 logit_rows.push((start + w.len - 1) as u32);
             }
-            rows.push(WorkRows { first_logit, first_hidden: hidden_rows.len() - if seq.spec.is_some() { w.len } else { 0 } });
+            rows.push(WorkRows {
+                first_logit,
+                first_hidden: hidden_rows.len() - if seq.spec.is_some() { w.len } else { 0 },
+            });
             seqs.push(SeqLayout {
                 start,
                 len: w.len,
@@ -310,11 +357,26 @@ impl<B: Backend> Worker<B> {
                 snapshot_slots,
             });
         }
-        let batch = BatchLayout { seqs, block_size: self.scheduler.limits.block_size };
+        let batch = BatchLayout {
+            seqs,
+            block_size: self.scheduler.limits.block_size,
+        };
         EngineMetrics::add(&self.metrics.forward_steps, 1);
         EngineMetrics::add(&self.metrics.batch_tokens, tokens.len() as u64);
-        let out = self.model.forward(&ForwardInput { tokens: &tokens, batch: &batch, logit_rows: &logit_rows, hidden_rows: &hidden_rows }, &mut self.cache);
-        StepOutput { logits: self.model.backend.to_host(&out.logits), hidden: self.model.backend.to_host(&out.hidden), rows }
+        let out = self.model.forward(
+            &ForwardInput {
+                tokens: &tokens,
+                batch: &batch,
+                logit_rows: &logit_rows,
+                hidden_rows: &hidden_rows,
+            },
+            &mut self.cache,
+        );
+        StepOutput {
+            logits: self.model.backend.to_host(&out.logits),
+            hidden: self.model.backend.to_host(&out.hidden),
+            rows,
+        }
     }
 
     /// Advances every scheduled sequence: samples where a step reached the end of its tokens,
@@ -331,30 +393,64 @@ impl<B: Backend> Worker<B> {
             let seq = &mut self.scheduler.running[w.index];
             let old_computed = seq.computed;
             if seq.computed < seq.prompt_len {
-                EngineMetrics::add(&self.metrics.prompt_tokens_computed, w.len.min(seq.prompt_len - seq.computed) as u64);
+                EngineMetrics::add(
+                    &self.metrics.prompt_tokens_computed,
+                    w.len.min(seq.prompt_len - seq.computed) as u64,
+                );
             }
             let emitted: Vec<(u32, Option<TokenLogprob>)> = if w.drafts > 0 {
-                let spec = seq.spec.as_mut().expect("verify work belongs to a speculating sequence");
-                let target: Vec<&[f32]> = (0..w.len).map(|i| &out.logits[(rows.first_logit + i) * vocab..][..vocab]).collect();
+                let spec = seq
+                    .spec
+                    .as_mut()
+                    .expect("verify work belongs to a speculating sequence");
+                let target: Vec<&[f32]> = (0..w.len)
+                    .map(|i| &out.logits[(rows.first_logit + i) * vocab..][..vocab])
+                    .collect();
                 let drafts = std::mem::take(&mut spec.drafts);
                 let dists = std::mem::take(&mut spec.draft_dists);
-                let v = speculative::verify(&target, &drafts, &dists, &seq.request.sampling, &mut seq.history, &mut seq.rng);
+                let v = speculative::verify(
+                    &target,
+                    &drafts,
+                    &dists,
+                    &seq.request.sampling,
+                    &mut seq.history,
+                    &mut seq.rng,
+                );
                 // Roll the GDN state back to just after the last accepted token.
                 let snapshot = spec.snapshot_slots[v.accepted] as usize;
-                self.cache.copy_slot(&self.model.backend, snapshot, seq.slot.expect("running sequences hold a slot") as usize);
+                self.cache.copy_slot(
+                    &self.model.backend,
+                    snapshot,
+                    seq.slot.expect("running sequences hold a slot") as usize,
+                );
                 seq.computed += 1 + v.accepted;
                 seq.usage.draft_tokens += drafts.len();
                 seq.usage.accepted_draft_tokens += v.accepted;
                 record_verify(&self.metrics, &mut self.window, drafts.len(), v.accepted);
                 let k = seq.request.sampling.logprobs;
-                v.emitted.iter().enumerate().map(|(i, &t)| (t, k.map(|k| crate::sampler::logprobs(target[i], t, k)))).collect()
+                v.emitted
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &t)| (t, k.map(|k| crate::sampler::logprobs(target[i], t, k))))
+                    .collect()
             } else {
                 seq.computed += w.len;
                 if w.samples {
                     let row_logits = &out.logits[rows.first_logit * vocab..][..vocab];
-                    let token = sampler::sample(row_logits, &seq.request.sampling, &seq.history, &mut seq.rng);
+                    let token = sampler::sample(
+                        row_logits,
+                        &seq.request.sampling,
+                        &seq.history,
+                        &mut seq.rng,
+                    );
                     seq.history.record(token);
-                    vec![(token, seq.request.sampling.logprobs.map(|k| sampler::logprobs(row_logits, token, k)))]
+                    vec![(
+                        token,
+                        seq.request
+                            .sampling
+                            .logprobs
+                            .map(|k| sampler::logprobs(row_logits, token, k)),
+                    )]
                 } else {
                     Vec::new()
                 }
@@ -369,7 +465,9 @@ impl<B: Backend> Worker<B> {
                     Some(FinishReason::Abort)
                 } else if seq.request.stop_token_ids.contains(&token) {
                     Some(FinishReason::Stop)
-                } else if seq.generated() >= seq.request.max_new_tokens || seq.tokens.len() >= context {
+                } else if seq.generated() >= seq.request.max_new_tokens
+                    || seq.tokens.len() >= context
+                {
                     Some(FinishReason::Length)
                 } else {
                     None
@@ -383,9 +481,16 @@ impl<B: Backend> Worker<B> {
                 None if seq.spec.is_some() => {
                     // Pairs (hidden of t, token t+1) for every newly computed position t.
                     let positions = seq.computed - old_computed;
-                    let hidden = out.hidden[rows.first_hidden * hidden_size..(rows.first_hidden + positions) * hidden_size].to_vec();
+                    let hidden = out.hidden[rows.first_hidden * hidden_size
+                        ..(rows.first_hidden + positions) * hidden_size]
+                        .to_vec();
                     let next_tokens = seq.tokens[old_computed + 1..=seq.computed].to_vec();
-                    extends.push(Extend { id: seq.id, pos: old_computed, hidden, next_tokens });
+                    extends.push(Extend {
+                        id: seq.id,
+                        pos: old_computed,
+                        hidden,
+                        next_tokens,
+                    });
                 }
                 None => {}
             }
@@ -412,7 +517,10 @@ impl<B: Backend> Worker<B> {
         let w = &self.window;
         let (accept_len, draft_accept) = if w.verify_steps > 0 {
             (
-                format!("{:.2}", (w.accepted + w.verify_steps) as f64 / w.verify_steps as f64),
+                format!(
+                    "{:.2}",
+                    (w.accepted + w.verify_steps) as f64 / w.verify_steps as f64
+                ),
                 format!("{:.2}", w.accepted as f64 / w.drafted.max(1) as f64),
             )
         } else {

@@ -56,24 +56,37 @@ impl PoolPlan {
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum PlanError {
     #[error("{flag} {value}: {why}")]
-    Flag { flag: &'static str, value: String, why: String },
+    Flag {
+        flag: &'static str,
+        value: String,
+        why: String,
+    },
 }
 
 fn flag_error(flag: &'static str, value: impl ToString, why: impl Into<String>) -> PlanError {
-    PlanError::Flag { flag, value: value.to_string(), why: why.into() }
+    PlanError::Flag {
+        flag,
+        value: value.to_string(),
+        why: why.into(),
+    }
 }
 
 /// Bytes of KV per token over the full-attention layers (and the MTP layer when speculating), f32
 /// as the CPU backends store it.
 pub fn kv_bytes_per_token(config: &ModelConfig, with_mtp: bool) -> usize {
-    let layers = (0..config.num_hidden_layers).filter(|&i| config.is_full_attention(i)).count() + usize::from(with_mtp);
+    let layers = (0..config.num_hidden_layers)
+        .filter(|&i| config.is_full_attention(i))
+        .count()
+        + usize::from(with_mtp);
     layers * 2 * config.num_key_value_heads * config.head_dim * 4
 }
 
 /// Bytes of one state slot over all GDN layers: the conv window and the f32 recurrent state.
 pub fn state_bytes_per_slot(config: &ModelConfig) -> usize {
     let g = config.gdn_shape();
-    let layers = (0..config.num_hidden_layers).filter(|&i| !config.is_full_attention(i)).count();
+    let layers = (0..config.num_hidden_layers)
+        .filter(|&i| !config.is_full_attention(i))
+        .count();
     let conv = (config.linear_conv_kernel_dim - 1) * g.conv_dim();
     let ssm = g.value_heads * g.key_dim * g.value_dim;
     layers * (conv + ssm) * 4
@@ -83,30 +96,54 @@ const DEFAULT_MAX_RUNNING: usize = 16;
 const DEFAULT_MEM_FRACTION: f64 = 0.3;
 
 /// Plans the pools given `free_bytes` of memory left after the weights.
-pub fn plan_pools(config: &ModelConfig, request: &PoolRequest, free_bytes: usize) -> Result<PoolPlan, PlanError> {
+pub fn plan_pools(
+    config: &ModelConfig,
+    request: &PoolRequest,
+    free_bytes: usize,
+) -> Result<PoolPlan, PlanError> {
     let block_size = request.page_size;
     if block_size == 0 {
         return Err(flag_error("--page-size", 0, "must be at least 1"));
     }
-    let snapshots = if request.speculative_steps > 0 { request.speculative_steps + 1 } else { 0 };
+    let snapshots = if request.speculative_steps > 0 {
+        request.speculative_steps + 1
+    } else {
+        0
+    };
     let kv_per_token = kv_bytes_per_token(config, request.speculative_steps > 0);
     let state_per_slot = state_bytes_per_slot(config);
     let mut notes = Vec::new();
 
     let fraction = request.mem_fraction_static.unwrap_or(DEFAULT_MEM_FRACTION);
     if !(fraction > 0.0 && fraction <= 1.0) {
-        return Err(flag_error("--mem-fraction-static", fraction, "must be in (0, 1]"));
+        return Err(flag_error(
+            "--mem-fraction-static",
+            fraction,
+            "must be in (0, 1]",
+        ));
     }
     let budget = (free_bytes as f64 * fraction) as usize;
 
     let max_running = match (request.max_running_requests, request.max_mamba_cache_size) {
-        (Some(0), _) => return Err(flag_error("--max-running-requests", 0, "must be at least 1")),
+        (Some(0), _) => {
+            return Err(flag_error(
+                "--max-running-requests",
+                0,
+                "must be at least 1",
+            ))
+        }
         (Some(n), _) => n,
         (None, Some(slots)) => slots,
         (None, None) => DEFAULT_MAX_RUNNING,
     };
     let running_slots = match request.max_mamba_cache_size {
-        Some(0) => return Err(flag_error("--max-mamba-cache-size", 0, "must be at least 1")),
+        Some(0) => {
+            return Err(flag_error(
+                "--max-mamba-cache-size",
+                0,
+                "must be at least 1",
+            ))
+        }
         Some(slots) if slots < max_running => {
             notes.push(format!("concurrency is bounded by --max-mamba-cache-size {slots} (state slots), below --max-running-requests {max_running}"));
             slots
@@ -122,7 +159,13 @@ pub fn plan_pools(config: &ModelConfig, request: &PoolRequest, free_bytes: usize
         None => {
             let kv_budget = match request.mamba_full_memory_ratio {
                 Some(ratio) if ratio > 0.0 => (budget as f64 / (1.0 + ratio)) as usize,
-                Some(ratio) => return Err(flag_error("--mamba-full-memory-ratio", ratio, "must be positive")),
+                Some(ratio) => {
+                    return Err(flag_error(
+                        "--mamba-full-memory-ratio",
+                        ratio,
+                        "must be positive",
+                    ))
+                }
                 None => budget.saturating_sub(state_bytes),
             };
             if request.mamba_full_memory_ratio.is_none() && state_bytes > budget {
@@ -152,7 +195,11 @@ pub fn plan_pools(config: &ModelConfig, request: &PoolRequest, free_bytes: usize
         None => config.max_position_embeddings,
     };
     if context_length == 0 {
-        return Err(flag_error("--mem-fraction-static", fraction, "leaves no memory for the KV pool"));
+        return Err(flag_error(
+            "--mem-fraction-static",
+            fraction,
+            "leaves no memory for the KV pool",
+        ));
     }
     Ok(PoolPlan {
         context_length,
@@ -189,22 +236,74 @@ mod tests {
         let ssm = 48 * 48 * 128 * 128 * 4;
         assert_eq!(ssm, 144 << 20);
         assert_eq!(state_bytes_per_slot(&c), ssm + 48 * 3 * 10240 * 4);
-        assert_eq!(kv_bytes_per_token(&c, false), 2 * (64 << 10), "f32 KV is twice the bf16 64 KiB");
+        assert_eq!(
+            kv_bytes_per_token(&c, false),
+            2 * (64 << 10),
+            "f32 KV is twice the bf16 64 KiB"
+        );
     }
 
     #[test]
     fn flags_and_memory_decide_the_pools() {
         let c = qwen35_27b();
-        let req = PoolRequest { page_size: 16, max_running_requests: Some(4), speculative_steps: 3, ..Default::default() };
+        let req = PoolRequest {
+            page_size: 16,
+            max_running_requests: Some(4),
+            speculative_steps: 3,
+            ..Default::default()
+        };
         let plan = plan_pools(&c, &req, 100 << 30).unwrap();
-        assert_eq!(plan.state_slots, 4 * (1 + 4), "each speculating sequence holds k + 1 snapshots");
+        assert_eq!(
+            plan.state_slots,
+            4 * (1 + 4),
+            "each speculating sequence holds k + 1 snapshots"
+        );
         assert!(plan.kv_bytes() + plan.state_bytes() <= (30 << 30) + plan.kv_bytes_per_token * 16);
         assert_eq!(plan.context_length, plan.kv_tokens().min(262144));
-        let too_small = plan_pools(&c, &PoolRequest { page_size: 16, max_running_requests: Some(400), ..Default::default() }, 10 << 30);
-        assert!(matches!(too_small, Err(PlanError::Flag { flag: "--max-running-requests", .. })));
-        let ctx = plan_pools(&c, &PoolRequest { page_size: 16, max_total_tokens: Some(1000), context_length: Some(4096), ..Default::default() }, 100 << 30);
-        assert!(matches!(ctx, Err(PlanError::Flag { flag: "--context-length", .. })));
-        let bounded = plan_pools(&c, &PoolRequest { page_size: 16, max_running_requests: Some(8), max_mamba_cache_size: Some(2), ..Default::default() }, 100 << 30).unwrap();
+        let too_small = plan_pools(
+            &c,
+            &PoolRequest {
+                page_size: 16,
+                max_running_requests: Some(400),
+                ..Default::default()
+            },
+            10 << 30,
+        );
+        assert!(matches!(
+            too_small,
+            Err(PlanError::Flag {
+                flag: "--max-running-requests",
+                ..
+            })
+        ));
+        let ctx = plan_pools(
+            &c,
+            &PoolRequest {
+                page_size: 16,
+                max_total_tokens: Some(1000),
+                context_length: Some(4096),
+                ..Default::default()
+            },
+            100 << 30,
+        );
+        assert!(matches!(
+            ctx,
+            Err(PlanError::Flag {
+                flag: "--context-length",
+                ..
+            })
+        ));
+        let bounded = plan_pools(
+            &c,
+            &PoolRequest {
+                page_size: 16,
+                max_running_requests: Some(8),
+                max_mamba_cache_size: Some(2),
+                ..Default::default()
+            },
+            100 << 30,
+        )
+        .unwrap();
         assert_eq!(bounded.max_running_requests, 2);
         assert!(bounded.notes[0].contains("--max-mamba-cache-size"));
     }

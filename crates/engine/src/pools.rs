@@ -12,7 +12,10 @@ pub struct IdPool {
 impl IdPool {
     pub fn new(total: usize) -> Self {
         // Reversed so that low ids are handed out first (easier to read in logs and tests).
-        Self { free: (0..total as u32).rev().collect(), total }
+        Self {
+            free: (0..total as u32).rev().collect(),
+            total,
+        }
     }
 
     pub fn total(&self) -> usize {
@@ -32,7 +35,13 @@ impl IdPool {
         if n > self.free.len() {
             return None;
         }
-        Some(self.free.split_off(self.free.len() - n).into_iter().rev().collect())
+        Some(
+            self.free
+                .split_off(self.free.len() - n)
+                .into_iter()
+                .rev()
+                .collect(),
+        )
     }
 
     pub fn take_one(&mut self) -> Option<u32> {

@@ -17,7 +17,14 @@ fn splitmix64(x: &mut u64) -> u64 {
 impl Rng {
     pub fn new(seed: u64) -> Self {
         let mut x = seed;
-        Self { s: [splitmix64(&mut x), splitmix64(&mut x), splitmix64(&mut x), splitmix64(&mut x)] }
+        Self {
+            s: [
+                splitmix64(&mut x),
+                splitmix64(&mut x),
+                splitmix64(&mut x),
+                splitmix64(&mut x),
+            ],
+        }
     }
 
     pub fn next_u64(&mut self) -> u64 {
@@ -46,7 +53,10 @@ mod tests {
     fn same_seed_same_stream_and_roughly_uniform() {
         let (mut a, mut b) = (Rng::new(7), Rng::new(7));
         let xs: Vec<f64> = (0..10_000).map(|_| a.next_f64()).collect();
-        assert!(xs.iter().zip((0..10_000).map(|_| b.next_f64())).all(|(x, y)| *x == y));
+        assert!(xs
+            .iter()
+            .zip((0..10_000).map(|_| b.next_f64()))
+            .all(|(x, y)| *x == y));
         let mean = xs.iter().sum::<f64>() / xs.len() as f64;
         assert!((mean - 0.5).abs() < 0.02, "mean {mean}");
         assert_ne!(Rng::new(8).next_u64(), Rng::new(7).next_u64());

@@ -17,7 +17,10 @@ pub struct PenaltyHistory {
 
 impl PenaltyHistory {
     pub fn new(prompt: &[u32]) -> Self {
-        Self { output_counts: HashMap::new(), prompt_tokens: prompt.iter().copied().collect() }
+        Self {
+            output_counts: HashMap::new(),
+            prompt_tokens: prompt.iter().copied().collect(),
+        }
     }
 
     pub fn record(&mut self, token: u32) {
@@ -33,10 +36,17 @@ fn has_penalties(p: &SamplingParams) -> bool {
 /// (OpenAI: subtract per generated occurrence) penalties in place.
 pub fn apply_penalties(logits: &mut [f32], p: &SamplingParams, history: &PenaltyHistory) {
     if p.repetition_penalty != 1.0 {
-        let seen = history.prompt_tokens.iter().chain(history.output_counts.keys());
+        let seen = history
+            .prompt_tokens
+            .iter()
+            .chain(history.output_counts.keys());
         for &t in seen {
             let l = &mut logits[t as usize];
-            *l = if *l > 0.0 { *l / p.repetition_penalty } else { *l * p.repetition_penalty };
+            *l = if *l > 0.0 {
+                *l / p.repetition_penalty
+            } else {
+                *l * p.repetition_penalty
+            };
         }
     }
     if p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
@@ -60,7 +70,11 @@ pub fn argmax(row: &[f32]) -> u32 {
 /// The distribution a request samples from, as `(token, probability)` sorted by probability
 /// (descending, ties by lower id), normalised over the surviving tokens. Filters apply in the order
 /// temperature, top-k, top-p, min-p. Greedy requests get the single argmax token with probability 1.
-pub fn processed_distribution(logits: &[f32], p: &SamplingParams, history: &PenaltyHistory) -> Vec<(u32, f32)> {
+pub fn processed_distribution(
+    logits: &[f32],
+    p: &SamplingParams,
+    history: &PenaltyHistory,
+) -> Vec<(u32, f32)> {
     let penalised;
     let logits = if has_penalties(p) {
         let mut l = logits.to_vec();
@@ -74,7 +88,11 @@ pub fn processed_distribution(logits: &[f32], p: &SamplingParams, history: &Pena
         return vec![(argmax(logits), 1.0)];
     }
     let mut order: Vec<u32> = (0..logits.len() as u32).collect();
-    let by_logit = |a: &u32, b: &u32| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b));
+    let by_logit = |a: &u32, b: &u32| {
+        logits[*b as usize]
+            .total_cmp(&logits[*a as usize])
+            .then(a.cmp(b))
+    };
     if p.top_k > 0 && p.top_k < order.len() {
         order.select_nth_unstable_by(p.top_k - 1, by_logit);
         order.truncate(p.top_k);
@@ -82,7 +100,10 @@ pub fn processed_distribution(logits: &[f32], p: &SamplingParams, history: &Pena
     order.sort_unstable_by(by_logit);
     let max = logits[order[0] as usize] as f64;
     let t = p.temperature as f64;
-    let weights: Vec<f64> = order.iter().map(|&i| ((logits[i as usize] as f64 - max) / t).exp()).collect();
+    let weights: Vec<f64> = order
+        .iter()
+        .map(|&i| ((logits[i as usize] as f64 - max) / t).exp())
+        .collect();
     let total: f64 = weights.iter().sum();
     let mut keep = order.len();
     if p.top_p < 1.0 {
@@ -98,10 +119,20 @@ pub fn processed_distribution(logits: &[f32], p: &SamplingParams, history: &Pena
     if p.min_p > 0.0 {
         // weights[0] is the most likely token: min-p keeps tokens at least min_p times as likely.
         let threshold = p.min_p as f64 * weights[0];
-        keep = keep.min(weights.iter().take_while(|&&w| w >= threshold).count().max(1));
+        keep = keep.min(
+            weights
+                .iter()
+                .take_while(|&&w| w >= threshold)
+                .count()
+                .max(1),
+        );
     }
     let kept_total: f64 = weights[..keep].iter().sum();
-    order[..keep].iter().zip(&weights[..keep]).map(|(&i, &w)| (i, (w / kept_total) as f32)).collect()
+    order[..keep]
+        .iter()
+        .zip(&weights[..keep])
+        .map(|(&i, &w)| (i, (w / kept_total) as f32))
+        .collect()
 }
 
 /// Draws from a processed distribution with one uniform number.
@@ -130,17 +161,29 @@ pub fn sample(logits: &[f32], p: &SamplingParams, history: &PenaltyHistory, rng:
 /// report the model's distribution, before penalties and temperature, as vLLM does by default).
 pub fn logprobs(logits: &[f32], chosen: u32, top: usize) -> TokenLogprob {
     let max = logits.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
-    let log_total = logits.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln() + max;
+    let log_total = logits
+        .iter()
+        .map(|&v| (v as f64 - max).exp())
+        .sum::<f64>()
+        .ln()
+        + max;
     let lp = |i: u32| (logits[i as usize] as f64 - log_total) as f32;
     let mut best: Vec<u32> = (0..logits.len() as u32).collect();
-    let by_logit = |a: &u32, b: &u32| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b));
+    let by_logit = |a: &u32, b: &u32| {
+        logits[*b as usize]
+            .total_cmp(&logits[*a as usize])
+            .then(a.cmp(b))
+    };
     let top = top.min(best.len());
     if top > 0 && top < best.len() {
         best.select_nth_unstable_by(top - 1, by_logit);
     }
     best.truncate(top);
     best.sort_unstable_by(by_logit);
-    TokenLogprob { logprob: lp(chosen), top: best.into_iter().map(|i| (i, lp(i))).collect() }
+    TokenLogprob {
+        logprob: lp(chosen),
+        top: best.into_iter().map(|i| (i, lp(i))).collect(),
+    }
 }
 
 #[cfg(test)]
@@ -148,7 +191,10 @@ mod tests {
     use super::*;
 
     fn params(temperature: f32) -> SamplingParams {
-        SamplingParams { temperature, ..Default::default() }
+        SamplingParams {
+            temperature,
+            ..Default::default()
+        }
     }
 
     #[test]
@@ -157,23 +203,46 @@ mod tests {
         let mut h = PenaltyHistory::new(&[]);
         assert_eq!(sample(&logits, &params(0.0), &h, &mut Rng::new(0)), 1);
         h.record(1);
-        let p = SamplingParams { frequency_penalty: 1.5, ..params(0.0) };
+        let p = SamplingParams {
+            frequency_penalty: 1.5,
+            ..params(0.0)
+        };
         assert_eq!(sample(&logits, &p, &h, &mut Rng::new(0)), 2);
-        let p = SamplingParams { repetition_penalty: 2.0, ..params(0.0) };
-        assert_eq!(sample(&logits, &p, &h, &mut Rng::new(0)), 2, "3.0 / 2 = 1.5 < 2.0");
+        let p = SamplingParams {
+            repetition_penalty: 2.0,
+            ..params(0.0)
+        };
+        assert_eq!(
+            sample(&logits, &p, &h, &mut Rng::new(0)),
+            2,
+            "3.0 / 2 = 1.5 < 2.0"
+        );
     }
 
     #[test]
     fn filters_shrink_the_distribution() {
         let logits = [0.0, 1.0, 2.0, 3.0];
         let h = PenaltyHistory::default();
-        let top_k = SamplingParams { top_k: 2, ..params(1.0) };
+        let top_k = SamplingParams {
+            top_k: 2,
+            ..params(1.0)
+        };
         let d = processed_distribution(&logits, &top_k, &h);
         assert_eq!(d.iter().map(|x| x.0).collect::<Vec<_>>(), vec![3, 2]);
         assert!((d.iter().map(|x| x.1).sum::<f32>() - 1.0).abs() < 1e-6);
-        let top_p = SamplingParams { top_p: 0.5, ..params(1.0) };
-        assert_eq!(processed_distribution(&logits, &top_p, &h).len(), 1, "p(3) = 0.64 >= 0.5");
-        let min_p = SamplingParams { min_p: 0.3, ..params(1.0) };
+        let top_p = SamplingParams {
+            top_p: 0.5,
+            ..params(1.0)
+        };
+        assert_eq!(
+            processed_distribution(&logits, &top_p, &h).len(),
+            1,
+            "p(3) = 0.64 >= 0.5"
+        );
+        let min_p = SamplingParams {
+            min_p: 0.3,
+            ..params(1.0)
+        };
         // p(2)/p(3) = e^-1 = 0.37 >= 0.3, p(1)/p(3) = 0.14 < 0.3.
         assert_eq!(processed_distribution(&logits, &min_p, &h).len(), 2);
     }
@@ -184,7 +253,9 @@ mod tests {
         let h = PenaltyHistory::default();
         let mut rng = Rng::new(42);
         let n = 20_000;
-        let ones = (0..n).filter(|_| sample(&logits, &params(1.0), &h, &mut rng) == 1).count();
+        let ones = (0..n)
+            .filter(|_| sample(&logits, &params(1.0), &h, &mut rng) == 1)
+            .count();
         let frac = ones as f64 / n as f64;
         assert!((frac - 0.75).abs() < 0.015, "{frac}");
     }

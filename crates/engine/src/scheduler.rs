@@ -53,7 +53,13 @@ pub struct PlanEvents {
 
 impl Scheduler {
     pub fn new(limits: SchedulerLimits, kv_blocks: usize, state_slots: usize) -> Self {
-        Self { limits, waiting: VecDeque::new(), running: Vec::new(), kv: IdPool::new(kv_blocks), slots: IdPool::new(state_slots) }
+        Self {
+            limits,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            kv: IdPool::new(kv_blocks),
+            slots: IdPool::new(state_slots),
+        }
     }
 
     pub fn is_idle(&self) -> bool {
@@ -83,7 +89,8 @@ impl Scheduler {
     /// Grows `running[index]`'s block table to cover `upto` positions if the pool allows it now,
     /// without preempting anyone.
     pub fn try_reserve(&mut self, index: usize, upto: usize) -> bool {
-        let need = blocks_for(upto, self.limits.block_size).saturating_sub(self.running[index].blocks.len());
+        let need = blocks_for(upto, self.limits.block_size)
+            .saturating_sub(self.running[index].blocks.len());
         match self.kv.take(need) {
             Some(ids) => {
                 self.running[index].blocks.extend(ids);
@@ -107,7 +114,8 @@ impl Scheduler {
     /// when the pool is short. False when `running[index]` itself had to be preempted.
     fn reserve_blocks(&mut self, index: usize, upto: usize, events: &mut PlanEvents) -> bool {
         loop {
-            let need = blocks_for(upto, self.limits.block_size).saturating_sub(self.running[index].blocks.len());
+            let need = blocks_for(upto, self.limits.block_size)
+                .saturating_sub(self.running[index].blocks.len());
             if let Some(ids) = self.kv.take(need) {
                 self.running[index].blocks.extend(ids);
                 return true;
@@ -143,14 +151,21 @@ impl Scheduler {
             if is_prefill {
                 prefill_budget -= len;
             }
-            work.push(Scheduled { index, len, drafts, samples: upto - drafts == self.running[index].tokens.len() });
+            work.push(Scheduled {
+                index,
+                len,
+                drafts,
+                samples: upto - drafts == self.running[index].tokens.len(),
+            });
             index += 1;
         }
         // Preemption may have removed sequences that were already scheduled.
         work.retain(|w| w.index < self.running.len());
 
         while self.running.len() < self.limits.max_running {
-            let Some(head) = self.waiting.front() else { break };
+            let Some(head) = self.waiting.front() else {
+                break;
+            };
             let whole = blocks_for(head.tokens.len() + 1, self.limits.block_size);
             if whole > self.kv.total() {
                 if let Some(seq) = self.waiting.pop_front() {
@@ -160,15 +175,24 @@ impl Scheduler {
             }
             let len = self.chunk_len(head);
             let slots = head.slots_needed(self.limits.snapshot_slots);
-            if len > prefill_budget || whole > self.kv.available() || self.slots.available() < slots {
+            if len > prefill_budget || whole > self.kv.available() || self.slots.available() < slots
+            {
                 break;
             }
-            let Some(mut seq) = self.waiting.pop_front() else { break };
+            let Some(mut seq) = self.waiting.pop_front() else {
+                break;
+            };
             // Invariant: availability of both pools was checked just above.
             let slot = self.slots.take_one().expect("a free state slot");
-            let blocks = self.kv.take(blocks_for(len, self.limits.block_size)).expect("free KV blocks");
+            let blocks = self
+                .kv
+                .take(blocks_for(len, self.limits.block_size))
+                .expect("free KV blocks");
             if let Some(spec) = &mut seq.spec {
-                spec.snapshot_slots = self.slots.take(self.limits.snapshot_slots).expect("free snapshot slots");
+                spec.snapshot_slots = self
+                    .slots
+                    .take(self.limits.snapshot_slots)
+                    .expect("free snapshot slots");
             }
             seq.slot = Some(slot);
             seq.blocks = blocks;
@@ -176,7 +200,12 @@ impl Scheduler {
             prefill_budget -= len;
             self.running.push(seq);
             let index = self.running.len() - 1;
-            work.push(Scheduled { index, len, drafts: 0, samples: len == self.running[index].tokens.len() });
+            work.push(Scheduled {
+                index,
+                len,
+                drafts: 0,
+                samples: len == self.running[index].tokens.len(),
+            });
         }
         (work, events)
     }

@@ -40,7 +40,12 @@ pub struct SpecState {
 }
 
 impl Sequence {
-    pub fn new(id: RequestId, request: GenerationRequest, seed: u64, sender: UnboundedSender<EngineEvent>) -> Self {
+    pub fn new(
+        id: RequestId,
+        request: GenerationRequest,
+        seed: u64,
+        sender: UnboundedSender<EngineEvent>,
+    ) -> Self {
         let history = PenaltyHistory::new(&request.prompt_ids);
         let tokens = request.prompt_ids.clone();
         let prompt_len = tokens.len();
@@ -57,7 +62,10 @@ impl Sequence {
             sender,
             arrival: Instant::now(),
             first_token_at: None,
-            usage: Usage { prompt_tokens: prompt_len, ..Usage::default() },
+            usage: Usage {
+                prompt_tokens: prompt_len,
+                ..Usage::default()
+            },
             preemptions: 0,
             spec: None,
         }

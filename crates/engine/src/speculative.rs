@@ -65,12 +65,18 @@ pub struct Verification {
 }
 
 fn probability(dist: &[(u32, f32)], token: u32) -> f64 {
-    dist.iter().find(|&&(t, _)| t == token).map_or(0.0, |&(_, p)| p as f64)
+    dist.iter()
+        .find(|&&(t, _)| t == token)
+        .map_or(0.0, |&(_, p)| p as f64)
 }
 
 /// `max(0, p - q)` normalised; falls back to `p` when the residual vanishes (p == q up to rounding).
 fn residual(p: &[(u32, f32)], q: &[(u32, f32)]) -> Vec<(u32, f32)> {
-    let mut r: Vec<(u32, f32)> = p.iter().map(|&(t, pt)| (t, (pt as f64 - probability(q, t)).max(0.0) as f32)).filter(|&(_, w)| w > 0.0).collect();
+    let mut r: Vec<(u32, f32)> = p
+        .iter()
+        .map(|&(t, pt)| (t, (pt as f64 - probability(q, t)).max(0.0) as f32))
+        .filter(|&(_, w)| w > 0.0)
+        .collect();
     let total: f64 = r.iter().map(|&(_, w)| w as f64).sum();
     if total <= 0.0 {
         return p.to_vec();
@@ -97,7 +103,8 @@ pub fn verify(
     let mut emitted = Vec::with_capacity(drafts.len() + 1);
     for (j, &draft) in drafts.iter().enumerate() {
         let p = processed_distribution(target[j], params, history);
-        let ratio = probability(&p, draft) / probability(&draft_dists[j], draft).max(f64::MIN_POSITIVE);
+        let ratio =
+            probability(&p, draft) / probability(&draft_dists[j], draft).max(f64::MIN_POSITIVE);
         // Ratios of 0 and of at least 1 decide without a random number (so greedy spends none).
         if ratio >= 1.0 || (ratio > 0.0 && rng.next_f64() < ratio) {
             emitted.push(draft);
@@ -107,12 +114,21 @@ pub fn verify(
         let token = draw(&residual(&p, &draft_dists[j]), rng);
         emitted.push(token);
         history.record(token);
-        return Verification { accepted: j, emitted };
+        return Verification {
+            accepted: j,
+            emitted,
+        };
     }
-    let bonus = draw(&processed_distribution(target[drafts.len()], params, history), rng);
+    let bonus = draw(
+        &processed_distribution(target[drafts.len()], params, history),
+        rng,
+    );
     emitted.push(bonus);
     history.record(bonus);
-    Verification { accepted: drafts.len(), emitted }
+    Verification {
+        accepted: drafts.len(),
+        emitted,
+    }
 }
 
 #[cfg(test)]
@@ -126,17 +142,65 @@ mod tests {
     #[test]
     fn greedy_accepts_the_matching_prefix_plus_one() {
         // Target argmaxes: 2, 0, 1, 3.
-        let rows: [&[f32]; 4] = [&[0., 1., 5., 0.], &[9., 1., 5., 0.], &[0., 7., 5., 0.], &[0., 1., 5., 8.]];
+        let rows: [&[f32]; 4] = [
+            &[0., 1., 5., 0.],
+            &[9., 1., 5., 0.],
+            &[0., 7., 5., 0.],
+            &[0., 1., 5., 8.],
+        ];
         let one_hot = |t| vec![(t, 1.0)];
         let mut rng = Rng::new(0);
         let mut h = PenaltyHistory::default();
-        let v = verify(&rows, &[2, 0, 3], &[one_hot(2), one_hot(0), one_hot(3)], &greedy(), &mut h, &mut rng);
-        assert_eq!(v, Verification { accepted: 2, emitted: vec![2, 0, 1] });
-        let v = verify(&rows, &[2, 0, 1], &[one_hot(2), one_hot(0), one_hot(1)], &greedy(), &mut PenaltyHistory::default(), &mut rng);
-        assert_eq!(v, Verification { accepted: 3, emitted: vec![2, 0, 1, 3] });
-        let v = verify(&rows, &[1, 0, 1], &[one_hot(1), one_hot(0), one_hot(1)], &greedy(), &mut PenaltyHistory::default(), &mut rng);
-        assert_eq!(v, Verification { accepted: 0, emitted: vec![2] });
-        assert_eq!(rng.next_u64(), Rng::new(0).next_u64(), "greedy verification draws no random numbers");
+        let v = verify(
+            &rows,
+            &[2, 0, 3],
+            &[one_hot(2), one_hot(0), one_hot(3)],
+            &greedy(),
+            &mut h,
+            &mut rng,
+        );
+        assert_eq!(
+            v,
+            Verification {
+                accepted: 2,
+                emitted: vec![2, 0, 1]
+            }
+        );
+        let v = verify(
+            &rows,
+            &[2, 0, 1],
+            &[one_hot(2), one_hot(0), one_hot(1)],
+            &greedy(),
+            &mut PenaltyHistory::default(),
+            &mut rng,
+        );
+        assert_eq!(
+            v,
+            Verification {
+                accepted: 3,
+                emitted: vec![2, 0, 1, 3]
+            }
+        );
+        let v = verify(
+            &rows,
+            &[1, 0, 1],
+            &[one_hot(1), one_hot(0), one_hot(1)],
+            &greedy(),
+            &mut PenaltyHistory::default(),
+            &mut rng,
+        );
+        assert_eq!(
+            v,
+            Verification {
+                accepted: 0,
+                emitted: vec![2]
+            }
+        );
+        assert_eq!(
+            rng.next_u64(),
+            Rng::new(0).next_u64(),
+            "greedy verification draws no random numbers"
+        );
     }
 
     /// Chi-square goodness of fit: the first emitted token of speculative sampling (draft from q,
@@ -145,7 +209,11 @@ mod tests {
     fn speculative_sampling_preserves_the_target_distribution() {
         let target_logits: Vec<f32> = vec![1.0, 0.2, -0.5, 2.0, 0.0, -3.0, 0.7];
         let draft_logits: Vec<f32> = vec![-1.0, 2.0, 1.5, 0.0, 0.3, 1.0, -2.0];
-        let params = SamplingParams { temperature: 0.8, top_k: 5, ..Default::default() };
+        let params = SamplingParams {
+            temperature: 0.8,
+            top_k: 5,
+            ..Default::default()
+        };
         let history = PenaltyHistory::default();
         let p = processed_distribution(&target_logits, &params, &history);
         let q = processed_distribution(&draft_logits, &params, &history);
@@ -154,7 +222,14 @@ mod tests {
         let mut counts = vec![0usize; target_logits.len()];
         for _ in 0..trials {
             let draft = draw(&q, &mut rng);
-            let v = verify(&[&target_logits, &target_logits], &[draft], std::slice::from_ref(&q), &params, &mut history.clone(), &mut rng);
+            let v = verify(
+                &[&target_logits, &target_logits],
+                &[draft],
+                std::slice::from_ref(&q),
+                &params,
+                &mut history.clone(),
+                &mut rng,
+            );
             counts[v.emitted[0] as usize] += 1;
         }
         let mut chi2 = 0.0;
@@ -163,10 +238,16 @@ mod tests {
             let seen = counts[token as usize] as f64;
             chi2 += (seen - expected).powi(2) / expected;
         }
-        let outside: usize = (0..target_logits.len() as u32).filter(|t| probability(&p, *t) == 0.0).map(|t| counts[t as usize]).sum();
+        let outside: usize = (0..target_logits.len() as u32)
+            .filter(|t| probability(&p, *t) == 0.0)
+            .map(|t| counts[t as usize])
+            .sum();
         assert_eq!(outside, 0, "tokens outside the target's top-k were emitted");
         // 4 degrees of freedom (5 tokens survive top-k); 18.47 is the 0.001 critical value.
         println!("chi-square {chi2:.2} over {} outcomes", p.len());
-        assert!(chi2 < 18.47, "chi-square {chi2} says the distribution differs from p; counts {counts:?}");
+        assert!(
+            chi2 < 18.47,
+            "chi-square {chi2} says the distribution differs from p; counts {counts:?}"
+        );
     }
 }

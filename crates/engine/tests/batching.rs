@@ -17,7 +17,8 @@ fn model() -> Model<ReferenceBackend> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen35_f32");
     let config = ModelConfig::from_dir(&dir).unwrap();
     let source = SafetensorsSource::open(&dir).unwrap();
-    let weights = Weights::load(&ReferenceBackend, &config, &source, false, &mut |_, _| {}).unwrap();
+    let weights =
+        Weights::load(&ReferenceBackend, &config, &source, false, &mut |_, _| {}).unwrap();
     Model::new(config, ReferenceBackend, weights)
 }
 
@@ -36,18 +37,29 @@ fn config(max_running: usize, blocks: usize, slots: usize) -> EngineConfig {
 }
 
 fn prompt(i: usize) -> Vec<u32> {
-    (0..(5 + 7 * i) as u32).map(|t| (t * 37 + i as u32 * 11) % 256).collect()
+    (0..(5 + 7 * i) as u32)
+        .map(|t| (t * 37 + i as u32 * 11) % 256)
+        .collect()
 }
 
 fn greedy(prompt: Vec<u32>, max_new: usize) -> GenerationRequest {
-    GenerationRequest { prompt_ids: prompt, sampling: SamplingParams::default(), max_new_tokens: max_new, stop_token_ids: vec![], disable_speculation: false }
+    GenerationRequest {
+        prompt_ids: prompt,
+        sampling: SamplingParams::default(),
+        max_new_tokens: max_new,
+        stop_token_ids: vec![],
+        disable_speculation: false,
+    }
 }
 
 /// Collects a request's tokens until it finishes.
 fn collect(mut rx: EventReceiver) -> (Vec<u32>, FinishReason) {
     let mut tokens = Vec::new();
     loop {
-        match rx.blocking_recv().expect("the engine finishes every request") {
+        match rx
+            .blocking_recv()
+            .expect("the engine finishes every request")
+        {
             EngineEvent::Token { id, .. } => tokens.push(id),
             EngineEvent::Finished { reason, usage } => {
                 assert_eq!(usage.completion_tokens, tokens.len());
@@ -62,10 +74,17 @@ fn wait_until_empty(engine: &LocalEngine) -> EngineStats {
     let start = Instant::now();
     loop {
         let stats = engine.stats();
-        if stats.running == 0 && stats.queued == 0 && stats.kv_blocks_used == 0 && stats.state_slots_used == 0 {
+        if stats.running == 0
+            && stats.queued == 0
+            && stats.kv_blocks_used == 0
+            && stats.state_slots_used == 0
+        {
             return stats;
         }
-        assert!(start.elapsed() < Duration::from_secs(30), "pools never emptied: {stats:?}");
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "pools never emptied: {stats:?}"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
 }
@@ -73,9 +92,13 @@ fn wait_until_empty(engine: &LocalEngine) -> EngineStats {
 #[test]
 fn concurrent_requests_equal_their_solo_greedy_output() {
     let reference = model();
-    let solo: Vec<Vec<u32>> = (0..6).map(|i| reference.generate_greedy(&prompt(i), 12, &[], &mut |_| {})).collect();
+    let solo: Vec<Vec<u32>> = (0..6)
+        .map(|i| reference.generate_greedy(&prompt(i), 12, &[], &mut |_| {}))
+        .collect();
     let engine = LocalEngine::spawn(model(), config(8, 200, 8));
-    let receivers: Vec<_> = (0..6).map(|i| engine.submit(greedy(prompt(i), 12)).unwrap().1).collect();
+    let receivers: Vec<_> = (0..6)
+        .map(|i| engine.submit(greedy(prompt(i), 12)).unwrap().1)
+        .collect();
     for (i, rx) in receivers.into_iter().enumerate() {
         let (tokens, reason) = collect(rx);
         assert_eq!(tokens, solo[i], "request {i} differs from its solo run");
@@ -87,13 +110,21 @@ fn concurrent_requests_equal_their_solo_greedy_output() {
 #[test]
 fn full_pools_queue_and_preemption_recomputes() {
     let reference = model();
-    let solo: Vec<Vec<u32>> = (0..4).map(|i| reference.generate_greedy(&prompt(i), 20, &[], &mut |_| {})).collect();
+    let solo: Vec<Vec<u32>> = (0..4)
+        .map(|i| reference.generate_greedy(&prompt(i), 20, &[], &mut |_| {}))
+        .collect();
     // Two state slots: requests must queue. 14 blocks of 4 hold the last two requests' prompts but
     // not both of them grown by 20 tokens (10 + 12 blocks), so one of them is preempted.
     let engine = LocalEngine::spawn(model(), config(4, 14, 2));
-    let receivers: Vec<_> = (0..4).map(|i| engine.submit(greedy(prompt(i), 20)).unwrap().1).collect();
+    let receivers: Vec<_> = (0..4)
+        .map(|i| engine.submit(greedy(prompt(i), 20)).unwrap().1)
+        .collect();
     for (i, rx) in receivers.into_iter().enumerate() {
-        assert_eq!(collect(rx).0, solo[i], "request {i} differs from its solo run");
+        assert_eq!(
+            collect(rx).0,
+            solo[i],
+            "request {i} differs from its solo run"
+        );
     }
     wait_until_empty(&engine);
     let metrics = engine.prometheus_metrics();
@@ -102,7 +133,10 @@ fn full_pools_queue_and_preemption_recomputes() {
         .find_map(|l| l.strip_prefix("deltaserve_preemptions_total "))
         .and_then(|v| v.parse().ok())
         .unwrap();
-    assert!(preemptions > 0, "the pool was sized to force preemption:\n{metrics}");
+    assert!(
+        preemptions > 0,
+        "the pool was sized to force preemption:\n{metrics}"
+    );
 }
 
 #[test]
@@ -124,7 +158,10 @@ fn abort_and_dropped_receivers_free_blocks_and_slots() {
     let engine: Arc<LocalEngine> = LocalEngine::spawn(model(), config(4, 100, 4));
     let (id, mut rx) = engine.submit(greedy(prompt(2), 200)).unwrap();
     // Wait for the first token, then abort.
-    assert!(matches!(rx.blocking_recv(), Some(EngineEvent::Token { .. })));
+    assert!(matches!(
+        rx.blocking_recv(),
+        Some(EngineEvent::Token { .. })
+    ));
     engine.abort(id);
     let mut reason = None;
     while let Some(event) = rx.blocking_recv() {
@@ -142,25 +179,47 @@ fn abort_and_dropped_receivers_free_blocks_and_slots() {
 #[test]
 fn seeded_sampling_is_reproducible_whatever_is_batched() {
     let sampled = |seed| GenerationRequest {
-        sampling: SamplingParams { temperature: 1.0, top_p: 0.9, seed: Some(seed), ..Default::default() },
+        sampling: SamplingParams {
+            temperature: 1.0,
+            top_p: 0.9,
+            seed: Some(seed),
+            ..Default::default()
+        },
         ..greedy(prompt(4), 16)
     };
     let engine = LocalEngine::spawn(model(), config(8, 200, 8));
     let alone = collect(engine.submit(sampled(7)).unwrap().1).0;
-    let others: Vec<_> = (0..3).map(|i| engine.submit(greedy(prompt(i), 16)).unwrap().1).collect();
+    let others: Vec<_> = (0..3)
+        .map(|i| engine.submit(greedy(prompt(i), 16)).unwrap().1)
+        .collect();
     let batched = collect(engine.submit(sampled(7)).unwrap().1).0;
     let other_seed = collect(engine.submit(sampled(8)).unwrap().1).0;
     for rx in others {
         collect(rx);
     }
     assert_eq!(alone, batched);
-    assert_ne!(alone, other_seed, "different seeds should give different samples here");
+    assert_ne!(
+        alone, other_seed,
+        "different seeds should give different samples here"
+    );
 }
 
 #[test]
 fn bad_requests_are_refused_at_submit() {
     let engine = LocalEngine::spawn(model(), config(2, 100, 2));
-    assert_eq!(engine.submit(greedy(vec![], 4)).unwrap_err(), SubmitError::EmptyPrompt);
-    assert_eq!(engine.submit(greedy(vec![300], 4)).unwrap_err(), SubmitError::BadToken { id: 300, vocab: 256 });
-    assert!(matches!(engine.submit(greedy(prompt(0), 300)).unwrap_err(), SubmitError::TooLong { context: 256, .. }));
+    assert_eq!(
+        engine.submit(greedy(vec![], 4)).unwrap_err(),
+        SubmitError::EmptyPrompt
+    );
+    assert_eq!(
+        engine.submit(greedy(vec![300], 4)).unwrap_err(),
+        SubmitError::BadToken {
+            id: 300,
+            vocab: 256
+        }
+    );
+    assert!(matches!(
+        engine.submit(greedy(prompt(0), 300)).unwrap_err(),
+        SubmitError::TooLong { context: 256, .. }
+    ));
 }

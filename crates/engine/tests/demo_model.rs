@@ -22,17 +22,33 @@ fn root() -> PathBuf {
 }
 
 fn jsonl(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path).unwrap().lines().filter(|l| !l.trim().is_empty()).map(|l| serde_json::from_str(l).unwrap()).collect()
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
 }
 
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 fn load() -> Model<CpuBackend> {
     let dir = root().join("models/demo");
     let config = ModelConfig::from_dir(&dir).unwrap();
-    let weights = Weights::load(&CpuBackend::new(0), &config, &SafetensorsSource::open(&dir).unwrap(), true, &mut |_, _| {}).unwrap();
+    let weights = Weights::load(
+        &CpuBackend::new(0),
+        &config,
+        &SafetensorsSource::open(&dir).unwrap(),
+        true,
+        &mut |_, _| {},
+    )
+    .unwrap();
     Model::new(config, CpuBackend::new(0), weights)
 }
 
@@ -54,7 +70,11 @@ fn last_integer(text: &str) -> Option<i64> {
     let mut i = 0;
     while i < bytes.len() {
         if bytes[i].is_ascii_digit() {
-            let start = if i > 0 && bytes[i - 1] == b'-' { i - 1 } else { i };
+            let start = if i > 0 && bytes[i - 1] == b'-' {
+                i - 1
+            } else {
+                i
+            };
             while i < bytes.len() && bytes[i].is_ascii_digit() {
                 i += 1;
             }
@@ -80,7 +100,10 @@ sys.exit(1 if failed else 0)
 
 /// Runs the reply's ```python block against is_prime test cases; `None` when python3 is missing.
 fn is_prime_function_passes(content: &str, function: &str) -> Option<bool> {
-    let code = content.split_once("```python\n").and_then(|(_, rest)| rest.split_once("```")).map(|(code, _)| code)?;
+    let code = content
+        .split_once("```python\n")
+        .and_then(|(_, rest)| rest.split_once("```"))
+        .map(|(code, _)| code)?;
     let mut child = std::process::Command::new("python3")
         .args(["-c", CODE_HARNESS])
         .stdin(std::process::Stdio::piped())
@@ -89,7 +112,11 @@ fn is_prime_function_passes(content: &str, function: &str) -> Option<bool> {
         .spawn()
         .ok()?;
     use std::io::Write;
-    child.stdin.take()?.write_all(serde_json::json!([code, function]).to_string().as_bytes()).ok()?;
+    child
+        .stdin
+        .take()?
+        .write_all(serde_json::json!([code, function]).to_string().as_bytes())
+        .ok()?;
     Some(child.wait().ok()?.success())
 }
 
@@ -97,13 +124,26 @@ fn is_prime_function_passes(content: &str, function: &str) -> Option<bool> {
 fn tool_calls_well_formed(content: &str, tools: &Value) -> bool {
     let tools = tools.as_array().cloned().unwrap_or_default();
     let split = parse_tool_calls(content, &ToolSchemas::from_tools(&tools), "call_");
-    let offered: HashMap<&str, &Value> = tools.iter().filter_map(|t| Some((t["function"]["name"].as_str()?, &t["function"]["parameters"]))).collect();
+    let offered: HashMap<&str, &Value> = tools
+        .iter()
+        .filter_map(|t| {
+            Some((
+                t["function"]["name"].as_str()?,
+                &t["function"]["parameters"],
+            ))
+        })
+        .collect();
     !split.calls.is_empty()
         && split.content.is_none()
         && split.calls.iter().all(|call| {
-            let Some(schema) = offered.get(call.name.as_str()) else { return false };
+            let Some(schema) = offered.get(call.name.as_str()) else {
+                return false;
+            };
             let args: Value = serde_json::from_str(&call.arguments).unwrap_or(Value::Null);
-            schema["required"].as_array().is_some_and(|req| req.iter().all(|r| r.as_str().is_some_and(|k| args.get(k).is_some())))
+            schema["required"].as_array().is_some_and(|req| {
+                req.iter()
+                    .all(|r| r.as_str().is_some_and(|k| args.get(k).is_some()))
+            })
         })
 }
 
@@ -162,7 +202,12 @@ fn compare_with_transformers(greedy: &[Value], replies: &[Vec<u32>]) -> (usize, 
         let theirs = ids(&g["reply_ids"]);
         match ours.iter().zip(&theirs).position(|(a, b)| a != b) {
             None if ours.len() == theirs.len() => exact += 1,
-            None => panic!("{}: lengths differ ({} vs {}) with equal prefixes", g["id"], ours.len(), theirs.len()),
+            None => panic!(
+                "{}: lengths differ ({} vs {}) with equal prefixes",
+                g["id"],
+                ours.len(),
+                theirs.len()
+            ),
             Some(at) => {
                 let margin = g["margins"][at].as_f64().unwrap() as f32;
                 assert!(margin < NEAR_TIE, "{}: diverges from transformers at token {at} where transformers' top-2 margin is {margin}", g["id"]);
@@ -175,7 +220,8 @@ fn compare_with_transformers(greedy: &[Value], replies: &[Vec<u32>]) -> (usize, 
 
 /// The plain greedy run, shared by both tests (it is the slow part).
 fn plain_run() -> &'static (Vec<Value>, Vec<Vec<u32>>, Usage) {
-    static PLAIN: std::sync::OnceLock<(Vec<Value>, Vec<Vec<u32>>, Usage)> = std::sync::OnceLock::new();
+    static PLAIN: std::sync::OnceLock<(Vec<Value>, Vec<Vec<u32>>, Usage)> =
+        std::sync::OnceLock::new();
     PLAIN.get_or_init(|| run(None))
 }
 
@@ -187,12 +233,17 @@ fn demo_model_matches_transformers_and_meets_its_targets() {
     let (exact, near_ties) = compare_with_transformers(greedy, replies);
     println!("token-for-token vs transformers: {exact} identical, {near_ties} diverge at a near-tie (< {NEAR_TIE}), of {}", greedy.len());
 
-    let heldout: HashMap<String, Value> = jsonl(&root().join("tests/data/demo/heldout.jsonl")).into_iter().map(|r| (r["id"].as_str().unwrap().to_string(), r)).collect();
+    let heldout: HashMap<String, Value> = jsonl(&root().join("tests/data/demo/heldout.jsonl"))
+        .into_iter()
+        .map(|r| (r["id"].as_str().unwrap().to_string(), r))
+        .collect();
     let mut tally: HashMap<&str, (usize, usize)> = HashMap::new();
     let (mut thinking, mut closed) = (0, 0);
     let mut python_missing = false;
     for (g, reply) in greedy.iter().zip(replies) {
-        let Some(record) = heldout.get(g["id"].as_str().unwrap()) else { continue };
+        let Some(record) = heldout.get(g["id"].as_str().unwrap()) else {
+            continue;
+        };
         let think = record["thinking"].as_bool().unwrap();
         let text = tokenizer.decode(reply, false).unwrap();
         let (content, is_closed) = split_reply(&text, think);
@@ -203,15 +254,30 @@ fn demo_model_matches_transformers_and_meets_its_targets() {
         let expected = &record["expected"];
         let (group, ok) = match record["group"].as_str().unwrap() {
             g @ ("add2" | "sub2") => (g, last_integer(&content) == expected["answer"].as_i64()),
-            "prime" => ("prime", expected["is_prime"].as_bool() == if content.starts_with("Yes") { Some(true) } else if content.starts_with("No") { Some(false) } else { None }),
-            "code_is_prime" => match is_prime_function_passes(&content, expected["function"].as_str().unwrap()) {
-                Some(ok) => ("code_is_prime", ok),
-                None => {
-                    python_missing = true;
-                    continue;
+            "prime" => (
+                "prime",
+                expected["is_prime"].as_bool()
+                    == if content.starts_with("Yes") {
+                        Some(true)
+                    } else if content.starts_with("No") {
+                        Some(false)
+                    } else {
+                        None
+                    },
+            ),
+            "code_is_prime" => {
+                match is_prime_function_passes(&content, expected["function"].as_str().unwrap()) {
+                    Some(ok) => ("code_is_prime", ok),
+                    None => {
+                        python_missing = true;
+                        continue;
+                    }
                 }
-            },
-            "tool_call" => ("tool_call_wellformed", tool_calls_well_formed(&content, &record["tools"])),
+            }
+            "tool_call" => (
+                "tool_call_wellformed",
+                tool_calls_well_formed(&content, &record["tools"]),
+            ),
             _ => continue,
         };
         let entry = tally.entry(group).or_default();
@@ -226,8 +292,15 @@ fn demo_model_matches_transformers_and_meets_its_targets() {
     for (group, (ok, n)) in groups {
         let rate = *ok as f64 / *n as f64;
         println!("{group}: {ok}/{n} = {rate:.3}");
-        let target = if *group == "tool_call_wellformed" { 0.95 } else { 0.90 };
-        assert!(rate >= target, "{group}: {rate:.3} is below the target {target}");
+        let target = if *group == "tool_call_wellformed" {
+            0.95
+        } else {
+            0.90
+        };
+        assert!(
+            rate >= target,
+            "{group}: {rate:.3} is below the target {target}"
+        );
     }
     if python_missing {
         println!("python3 not found: the generated is_prime functions were not executed");
@@ -235,17 +308,38 @@ fn demo_model_matches_transformers_and_meets_its_targets() {
         assert!(tally.contains_key("code_is_prime"));
     }
     for group in ["add2", "sub2", "prime", "tool_call_wellformed"] {
-        assert!(tally.contains_key(group), "no held-out prompts of {group} were scored");
+        assert!(
+            tally.contains_key(group),
+            "no held-out prompts of {group} were scored"
+        );
     }
 }
 
 #[test]
 fn demo_model_speculative_greedy_equals_plain_greedy() {
     let (greedy, plain, _) = plain_run();
-    let (_, spec, usage) = run(Some(SpecConfig { num_steps: 3, disable_batch_size: None, fault: DraftFault::None }));
-    let differing: Vec<_> = greedy.iter().zip(plain.iter().zip(&spec)).filter(|(_, (a, b))| a != b).map(|(g, _)| g["id"].clone()).collect();
+    let (_, spec, usage) = run(Some(SpecConfig {
+        num_steps: 3,
+        disable_batch_size: None,
+        fault: DraftFault::None,
+    }));
+    let differing: Vec<_> = greedy
+        .iter()
+        .zip(plain.iter().zip(&spec))
+        .filter(|(_, (a, b))| a != b)
+        .map(|(g, _)| g["id"].clone())
+        .collect();
     let accept_len = (usage.accepted_draft_tokens as f64 / usage.draft_tokens as f64) * 3.0 + 1.0;
-    println!("MTP k=3: {} drafted, {} accepted, accept length {accept_len:.2}", usage.draft_tokens, usage.accepted_draft_tokens);
-    assert!(differing.is_empty(), "speculative greedy differs from plain greedy on {differing:?}");
-    assert!(usage.accepted_draft_tokens * 2 > usage.draft_tokens, "the trained MTP head should be accepted most of the time");
+    println!(
+        "MTP k=3: {} drafted, {} accepted, accept length {accept_len:.2}",
+        usage.draft_tokens, usage.accepted_draft_tokens
+    );
+    assert!(
+        differing.is_empty(),
+        "speculative greedy differs from plain greedy on {differing:?}"
+    );
+    assert!(
+        usage.accepted_draft_tokens * 2 > usage.draft_tokens,
+        "the trained MTP head should be accepted most of the time"
+    );
 }

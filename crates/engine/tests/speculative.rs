@@ -14,7 +14,9 @@ use std::collections::HashMap;
 use std::path::Path;
 
 fn model(fixture: &str) -> Model<ReferenceBackend> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(fixture);
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures")
+        .join(fixture);
     let config = ModelConfig::from_dir(&dir).unwrap();
     let source = SafetensorsSource::open(&dir).unwrap();
     let weights = Weights::load(&ReferenceBackend, &config, &source, true, &mut |_, _| {}).unwrap();
@@ -36,21 +38,36 @@ fn config(speculative: Option<SpecConfig>) -> EngineConfig {
 }
 
 fn spec(k: usize, fault: DraftFault) -> Option<SpecConfig> {
-    Some(SpecConfig { num_steps: k, disable_batch_size: None, fault })
+    Some(SpecConfig {
+        num_steps: k,
+        disable_batch_size: None,
+        fault,
+    })
 }
 
 fn prompt(i: usize) -> Vec<u32> {
-    (0..(3 + 5 * i) as u32).map(|t| (t * 53 + i as u32 * 29 + 7) % 256).collect()
+    (0..(3 + 5 * i) as u32)
+        .map(|t| (t * 53 + i as u32 * 29 + 7) % 256)
+        .collect()
 }
 
 fn request(prompt: Vec<u32>, max_new: usize, sampling: SamplingParams) -> GenerationRequest {
-    GenerationRequest { prompt_ids: prompt, sampling, max_new_tokens: max_new, stop_token_ids: vec![], disable_speculation: false }
+    GenerationRequest {
+        prompt_ids: prompt,
+        sampling,
+        max_new_tokens: max_new,
+        stop_token_ids: vec![],
+        disable_speculation: false,
+    }
 }
 
 fn collect(mut rx: EventReceiver) -> (Vec<u32>, Usage) {
     let mut tokens = Vec::new();
     loop {
-        match rx.blocking_recv().expect("the engine finishes every request") {
+        match rx
+            .blocking_recv()
+            .expect("the engine finishes every request")
+        {
             EngineEvent::Token { id, .. } => tokens.push(id),
             EngineEvent::Finished { usage, .. } => return (tokens, usage),
             EngineEvent::Error { message } => panic!("engine error: {message}"),
@@ -83,25 +100,40 @@ fn greedy_speculation_equals_plain_greedy() {
     for fixture in ["qwen35_f32", "qwen35_moe"] {
         let m = model(fixture);
         for batch in [1usize, 3, 8] {
-            let requests: Vec<_> = (0..batch).map(|i| request(prompt(i), 24, SamplingParams::default())).collect();
-            let expected: Vec<Vec<u32>> = requests.iter().map(|r| m.generate_greedy(&r.prompt_ids, 24, &[], &mut |_| {})).collect();
+            let requests: Vec<_> = (0..batch)
+                .map(|i| request(prompt(i), 24, SamplingParams::default()))
+                .collect();
+            let expected: Vec<Vec<u32>> = requests
+                .iter()
+                .map(|r| m.generate_greedy(&r.prompt_ids, 24, &[], &mut |_| {}))
+                .collect();
             // An oracle that knows each request's greedy continuation but lies at every third
             // position, so verification sees full, partial and zero acceptance.
-            let continuations: Vec<Vec<u32>> = requests.iter().zip(&expected).map(|(r, e)| [r.prompt_ids.clone(), e.clone()].concat()).collect();
-            let oracle = DraftFault::Scripted(DraftScript(std::sync::Arc::new(move |so_far: &[u32]| {
-                let truth = continuations.iter().find(|c| c.len() > so_far.len() && c[..so_far.len()] == *so_far);
-                match truth {
-                    Some(c) if so_far.len() % 3 != 0 => c[so_far.len()],
-                    _ => (so_far.len() as u32 * 7) % 256,
-                }
-            })));
+            let continuations: Vec<Vec<u32>> = requests
+                .iter()
+                .zip(&expected)
+                .map(|(r, e)| [r.prompt_ids.clone(), e.clone()].concat())
+                .collect();
+            let oracle =
+                DraftFault::Scripted(DraftScript(std::sync::Arc::new(move |so_far: &[u32]| {
+                    let truth = continuations
+                        .iter()
+                        .find(|c| c.len() > so_far.len() && c[..so_far.len()] == *so_far);
+                    match truth {
+                        Some(c) if so_far.len() % 3 != 0 => c[so_far.len()],
+                        _ => (so_far.len() as u32 * 7) % 256,
+                    }
+                })));
             for k in 1..=3 {
                 for fault in [DraftFault::None, DraftFault::WrongTokens, oracle.clone()] {
                     let engine = LocalEngine::spawn(model(fixture), config(spec(k, fault.clone())));
                     let results = run_all(&engine, requests.clone());
                     let drafted: usize = results.iter().map(|r| r.1.draft_tokens).sum();
                     for (i, (tokens, _)) in results.iter().enumerate() {
-                        assert_eq!(tokens, &expected[i], "{fixture} k={k} {fault:?} batch={batch}: request {i} differs");
+                        assert_eq!(
+                            tokens, &expected[i],
+                            "{fixture} k={k} {fault:?} batch={batch}: request {i} differs"
+                        );
                     }
                     assert!(drafted > 0, "{fixture} k={k}: nothing was drafted");
                     let accepted: usize = results.iter().map(|r| r.1.accepted_draft_tokens).sum();
@@ -122,7 +154,10 @@ fn speculation_can_be_turned_off_per_request() {
     r.disable_speculation = true;
     let (tokens, usage) = collect(engine.submit(r).unwrap().1);
     assert_eq!(usage.draft_tokens, 0);
-    assert_eq!(tokens, model("qwen35_f32").generate_greedy(&prompt(2), 16, &[], &mut |_| {}));
+    assert_eq!(
+        tokens,
+        model("qwen35_f32").generate_greedy(&prompt(2), 16, &[], &mut |_| {})
+    );
 }
 
 /// Verify 4 tokens with snapshots, roll back to "1 accepted", and compare every GDN layer's state
@@ -130,18 +165,49 @@ fn speculation_can_be_turned_off_per_request() {
 #[test]
 fn rollback_restores_the_recurrent_state_bitwise() {
     let m = model("qwen35_f32");
-    let geometry = CacheGeometry { num_blocks: 16, block_size: 4, state_slots: 6, mtp: false };
+    let geometry = CacheGeometry {
+        num_blocks: 16,
+        block_size: 4,
+        state_slots: 6,
+        mtp: false,
+    };
     let prompt = prompt(3);
     let verify_tokens = [11u32, 200, 3, 97];
     let blocks: Vec<u32> = (0..16).collect();
-    let run = |cache: &mut HybridCache<ReferenceBackend>, tokens: &[u32], pos: usize, snapshots: Vec<usize>| {
-        let seq = SeqLayout { start: 0, len: tokens.len(), pos, blocks: blocks.clone(), slot: 0, snapshot_slots: snapshots };
-        let batch = BatchLayout { seqs: vec![seq], block_size: 4 };
-        m.forward(&ForwardInput { tokens, batch: &batch, logit_rows: &[0], hidden_rows: &[] }, cache);
+    let run = |cache: &mut HybridCache<ReferenceBackend>,
+               tokens: &[u32],
+               pos: usize,
+               snapshots: Vec<usize>| {
+        let seq = SeqLayout {
+            start: 0,
+            len: tokens.len(),
+            pos,
+            blocks: blocks.clone(),
+            slot: 0,
+            snapshot_slots: snapshots,
+        };
+        let batch = BatchLayout {
+            seqs: vec![seq],
+            block_size: 4,
+        };
+        m.forward(
+            &ForwardInput {
+                tokens,
+                batch: &batch,
+                logit_rows: &[0],
+                hidden_rows: &[],
+            },
+            cache,
+        );
     };
     let mut speculative = HybridCache::new(&m.backend, &m.config, geometry);
     run(&mut speculative, &prompt, 0, vec![]);
-    run(&mut speculative, &verify_tokens, prompt.len(), vec![1, 2, 3, 4]);
+    run(
+        &mut speculative,
+        &verify_tokens,
+        prompt.len(),
+        vec![1, 2, 3, 4],
+    );
     speculative.copy_slot(&m.backend, 2, 0);
 
     let mut plain = HybridCache::new(&m.backend, &m.config, geometry);
@@ -151,8 +217,14 @@ fn rollback_restores_the_recurrent_state_bitwise() {
     }
     for (layer, (a, b)) in speculative.state.iter().zip(&plain.state).enumerate() {
         let (ssm, conv) = (a.ssm_slot_len(), a.conv_slot_len());
-        assert!(a.ssm[..ssm] == b.ssm[..ssm], "GDN layer {layer}: recurrent state differs after rollback");
-        assert!(a.conv[..conv] == b.conv[..conv], "GDN layer {layer}: conv window differs after rollback");
+        assert!(
+            a.ssm[..ssm] == b.ssm[..ssm],
+            "GDN layer {layer}: recurrent state differs after rollback"
+        );
+        assert!(
+            a.conv[..conv] == b.conv[..conv],
+            "GDN layer {layer}: conv window differs after rollback"
+        );
     }
 }
 
@@ -160,13 +232,21 @@ fn rollback_restores_the_recurrent_state_bitwise() {
 /// requests, with and without speculation: the distributions must agree.
 #[test]
 fn speculative_sampling_keeps_the_distribution() {
-    let sampling = |seed| SamplingParams { temperature: 1.0, top_k: 3, seed: Some(seed), ..Default::default() };
+    let sampling = |seed| SamplingParams {
+        temperature: 1.0,
+        top_k: 3,
+        seed: Some(seed),
+        ..Default::default()
+    };
     let n = 1500;
     let histogram = |speculative: Option<SpecConfig>| -> HashMap<(u32, u32), usize> {
         let engine = LocalEngine::spawn(model("qwen35_f32"), config(speculative));
         let mut counts = HashMap::new();
         for chunk in (0..n as u64).collect::<Vec<_>>().chunks(64) {
-            let rxs: Vec<_> = chunk.iter().map(|&s| engine.submit(request(prompt(1), 2, sampling(s))).unwrap().1).collect();
+            let rxs: Vec<_> = chunk
+                .iter()
+                .map(|&s| engine.submit(request(prompt(1), 2, sampling(s))).unwrap().1)
+                .collect();
             for rx in rxs {
                 let (t, _) = collect(rx);
                 *counts.entry((t[0], t[1])).or_insert(0) += 1;
@@ -176,17 +256,28 @@ fn speculative_sampling_keeps_the_distribution() {
     };
     let plain = histogram(None);
     let spec_counts = histogram(spec(1, DraftFault::None));
-    let keys: std::collections::BTreeSet<_> = plain.keys().chain(spec_counts.keys()).copied().collect();
+    let keys: std::collections::BTreeSet<_> =
+        plain.keys().chain(spec_counts.keys()).copied().collect();
     let mut chi2 = 0.0;
     for key in &keys {
-        let (a, b) = (*plain.get(key).unwrap_or(&0) as f64, *spec_counts.get(key).unwrap_or(&0) as f64);
+        let (a, b) = (
+            *plain.get(key).unwrap_or(&0) as f64,
+            *spec_counts.get(key).unwrap_or(&0) as f64,
+        );
         if a + b > 0.0 {
             chi2 += (a - b).powi(2) / (a + b);
         }
     }
     let dof = keys.len() - 1;
-    println!("chi-square {chi2:.2} with {dof} degrees of freedom over {} outcomes", keys.len());
-    assert!(keys.len() <= 9, "top-k 3 allows at most 9 outcomes, saw {}", keys.len());
+    println!(
+        "chi-square {chi2:.2} with {dof} degrees of freedom over {} outcomes",
+        keys.len()
+    );
+    assert!(
+        keys.len() <= 9,
+        "top-k 3 allows at most 9 outcomes, saw {}",
+        keys.len()
+    );
     // 26.12 is the 0.001 critical value for 8 degrees of freedom (fewer outcomes only lower it).
     assert!(chi2 < 26.12, "speculative sampling changed the distribution: chi-square {chi2}\nplain {plain:?}\nspec {spec_counts:?}");
 }

@@ -29,8 +29,18 @@ impl<B: Backend> HybridCache<B> {
     pub fn new(backend: &B, config: &ModelConfig, geometry: CacheGeometry) -> Self {
         let attn = config.attn_shape();
         let gdn = config.gdn_shape();
-        let kv_pool = || KvLayerPool::new(backend, geometry.num_blocks, geometry.block_size, attn.kv_heads, attn.head_dim);
-        let full = (0..config.num_hidden_layers).filter(|&i| config.is_full_attention(i)).count();
+        let kv_pool = || {
+            KvLayerPool::new(
+                backend,
+                geometry.num_blocks,
+                geometry.block_size,
+                attn.kv_heads,
+                attn.head_dim,
+            )
+        };
+        let full = (0..config.num_hidden_layers)
+            .filter(|&i| config.is_full_attention(i))
+            .count();
         let linear = config.num_hidden_layers - full;
         Self {
             kv: (0..full).map(|_| kv_pool()).collect(),
@@ -55,7 +65,11 @@ impl<B: Backend> HybridCache<B> {
     /// Bytes of KV per token over all full-attention layers (MTP included).
     pub fn kv_bytes_per_token(&self) -> usize {
         let per_layer = |p: &KvLayerPool<B>| 2 * p.kv_heads * p.head_dim * 4;
-        self.kv.iter().chain(self.mtp_kv.iter()).map(per_layer).sum()
+        self.kv
+            .iter()
+            .chain(self.mtp_kv.iter())
+            .map(per_layer)
+            .sum()
     }
 
     /// Bytes of GDN state per slot over all layers.

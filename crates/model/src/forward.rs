@@ -54,10 +54,19 @@ impl<B: Backend> Model<B> {
                 counts[kind] - 1
             })
             .collect();
-        Self { config, backend, weights, pool_index }
+        Self {
+            config,
+            backend,
+            weights,
+            pool_index,
+        }
     }
 
-    pub fn forward(&self, input: &ForwardInput<'_>, cache: &mut HybridCache<B>) -> ForwardOutput<B> {
+    pub fn forward(
+        &self,
+        input: &ForwardInput<'_>,
+        cache: &mut HybridCache<B>,
+    ) -> ForwardOutput<B> {
         self.forward_observed(input, cache, &mut ())
     }
 
@@ -84,20 +93,36 @@ impl<B: Backend> Model<B> {
 
     /// Final norm `norm` of the chosen rows of the residual stream `h`, and lm_head (or the tied
     /// embedding) over the normed `logit_rows`.
-    pub(crate) fn head(&self, h: &B::Buf, norm: &B::Buf, logit_rows: &[u32], hidden_rows: &[u32]) -> ForwardOutput<B> {
+    pub(crate) fn head(
+        &self,
+        h: &B::Buf,
+        norm: &B::Buf,
+        logit_rows: &[u32],
+        hidden_rows: &[u32],
+    ) -> ForwardOutput<B> {
         let (be, c) = (&self.backend, &self.config);
         let normed = self.norm(&be.gather_rows(h, c.hidden_size, logit_rows), norm);
         let head = self.weights.lm_head.as_ref().unwrap_or(&self.weights.embed);
         let mut logits = be.zeros(logit_rows.len() * c.vocab_size);
         be.matmul(&normed, head, &mut logits, logit_rows.len());
-        let hidden = if hidden_rows == logit_rows { normed } else { self.norm(&be.gather_rows(h, c.hidden_size, hidden_rows), norm) };
+        let hidden = if hidden_rows == logit_rows {
+            normed
+        } else {
+            self.norm(&be.gather_rows(h, c.hidden_size, hidden_rows), norm)
+        };
         ForwardOutput { logits, hidden }
     }
 
     pub(crate) fn norm(&self, x: &B::Buf, w: &B::Buf) -> B::Buf {
         let be = &self.backend;
         let mut out = be.zeros(be.buf_len(x));
-        be.rms_norm(x, w, self.config.rms_norm_eps, self.config.hidden_size, &mut out);
+        be.rms_norm(
+            x,
+            w,
+            self.config.rms_norm_eps,
+            self.config.hidden_size,
+            &mut out,
+        );
         out
     }
 
@@ -199,7 +224,14 @@ impl<B: Backend> Model<B> {
         let mut core = be.zeros(t * shape.value_heads * shape.value_dim);
         be.gated_delta_rule(&conv_out, &g, &beta, state, batch, shape, &mut core);
         let mut normed = be.zeros(be.buf_len(&core));
-        be.gated_rms_norm(&core, &z, &w.norm, c.rms_norm_eps, shape.value_dim, &mut normed);
+        be.gated_rms_norm(
+            &core,
+            &z,
+            &w.norm,
+            c.rms_norm_eps,
+            shape.value_dim,
+            &mut normed,
+        );
         self.linear(&normed, &w.out, t)
     }
 
@@ -219,8 +251,11 @@ impl<B: Backend> Model<B> {
         let routes = be.route_top_k(&router_logits, w.experts.len(), w.top_k, w.renormalize);
         let mut out = be.zeros(t * hidden);
         for (e, expert) in w.experts.iter().enumerate() {
-            let (rows, weights): (Vec<u32>, Vec<f32>) =
-                routes.iter().filter(|r| r.expert as usize == e).map(|r| (r.token, r.weight)).unzip();
+            let (rows, weights): (Vec<u32>, Vec<f32>) = routes
+                .iter()
+                .filter(|r| r.expert as usize == e)
+                .map(|r| (r.token, r.weight))
+                .unzip();
             if rows.is_empty() {
                 continue;
             }

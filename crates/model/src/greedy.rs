@@ -40,7 +40,10 @@ impl<B: Backend> Model<B> {
         stop_ids: &[u32],
         on_token: &mut dyn FnMut(u32),
     ) -> Vec<u32> {
-        assert!(!prompt.is_empty(), "generate_greedy needs at least one prompt token");
+        assert!(
+            !prompt.is_empty(),
+            "generate_greedy needs at least one prompt token"
+        );
         let total = prompt.len() + max_new;
         let mut cache = self.single_sequence_cache(total);
         let blocks: Vec<u32> = (0..cache.geometry.num_blocks as u32).collect();
@@ -50,7 +53,15 @@ impl<B: Backend> Model<B> {
         while generated.len() < max_new {
             let batch = BatchLayout::packed(BLOCK_SIZE, [(step.len(), pos, blocks.clone(), 0)]);
             let last = [step.len() as u32 - 1];
-            let out = self.forward(&ForwardInput { tokens: &step, batch: &batch, logit_rows: &last, hidden_rows: &[] }, &mut cache);
+            let out = self.forward(
+                &ForwardInput {
+                    tokens: &step,
+                    batch: &batch,
+                    logit_rows: &last,
+                    hidden_rows: &[],
+                },
+                &mut cache,
+            );
             pos += step.len();
             let next = argmax(&self.backend.to_host(&out.logits));
             generated.push(next);

@@ -2,19 +2,19 @@
 //! sharded, dummy weights) and the forward pass written once against `deltaserve_tensor::Backend`.
 //! Nothing here knows about requests, HTTP or tokenizers.
 
+pub mod cache;
 pub mod config;
 pub mod dummy;
 pub mod error;
-pub mod npy;
-pub mod safetensors;
-pub mod source;
-pub mod cache;
 pub mod forward;
 pub mod greedy;
 pub mod mtp;
+pub mod npy;
+pub mod safetensors;
+pub mod source;
 pub mod weights;
 
 pub use cache::{CacheGeometry, HybridCache};
-pub use greedy::argmax;
 pub use forward::{ForwardInput, ForwardOutput, LayerObserver, Model};
+pub use greedy::argmax;
 pub use mtp::{MtpError, MtpInput};

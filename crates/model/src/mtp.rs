@@ -9,7 +9,9 @@ use deltaserve_tensor::{Backend, BatchLayout};
 /// Why the MTP head cannot run.
 #[derive(Debug, thiserror::Error)]
 pub enum MtpError {
-    #[error("this model has no MTP head (mtp_num_hidden_layers is 0 or its weights were not loaded)")]
+    #[error(
+        "this model has no MTP head (mtp_num_hidden_layers is 0 or its weights were not loaded)"
+    )]
     NoHead,
     #[error("the cache was built without an MTP KV pool")]
     NoCache,
@@ -35,7 +37,11 @@ impl<B: Backend> Model<B> {
 
     /// Runs the MTP head; returns logits for token t+2 for `logit_rows` and the MTP's post-`mtp.norm`
     /// hidden state (the hidden input of the next draft step) for `hidden_rows`.
-    pub fn mtp_forward(&self, input: &MtpInput<'_>, cache: &mut HybridCache<B>) -> Result<ForwardOutput<B>, MtpError> {
+    pub fn mtp_forward(
+        &self,
+        input: &MtpInput<'_>,
+        cache: &mut HybridCache<B>,
+    ) -> Result<ForwardOutput<B>, MtpError> {
         let mtp = self.weights.mtp.as_ref().ok_or(MtpError::NoHead)?;
         if cache.mtp_kv.is_none() {
             return Err(MtpError::NoCache);

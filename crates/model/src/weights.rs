@@ -164,7 +164,12 @@ impl<B: Backend> Builder<'_, B> {
         let c = self.config;
         let h = c.hidden_size;
         let shape = c.gdn_shape();
-        let (hk, hv, dk, dv) = (shape.key_heads, shape.value_heads, shape.key_dim, shape.value_dim);
+        let (hk, hv, dk, dv) = (
+            shape.key_heads,
+            shape.value_heads,
+            shape.key_dim,
+            shape.value_dim,
+        );
         let (key_len, value_len, conv_dim) = (hk * dk, hv * dv, shape.conv_dim());
         let kernel = c.linear_conv_kernel_dim;
         let fused = format!("{prefix}.in_proj_qkvz.weight");
@@ -175,12 +180,16 @@ impl<B: Backend> Builder<'_, B> {
             let group = 2 * dk + 2 * r * dv;
             let qkvz = self.host(&fused, &[2 * key_len + 2 * value_len, h])?;
             let part = |offset: usize, len: usize| -> Vec<(usize, usize)> {
-                (0..hk).map(|g| (g * group + offset, g * group + offset + len)).collect()
+                (0..hk)
+                    .map(|g| (g * group + offset, g * group + offset + len))
+                    .collect()
             };
             let qkv_rows: Vec<_> = [part(0, dk), part(dk, dk), part(2 * dk, r * dv)].concat();
             let ba = self.host(&format!("{prefix}.in_proj_ba.weight"), &[2 * hv, h])?;
             let ba_part = |offset: usize| -> Vec<(usize, usize)> {
-                (0..hk).map(|g| (g * 2 * r + offset, g * 2 * r + offset + r)).collect()
+                (0..hk)
+                    .map(|g| (g * 2 * r + offset, g * 2 * r + offset + r))
+                    .collect()
             };
             (
                 self.mat_from(&qkvz.gather_rows(&qkv_rows))?,
@@ -238,7 +247,10 @@ impl<B: Backend> Builder<'_, B> {
                 .collect::<Result<Vec<_>, LoadError>>()?
         };
         let shared = if moe.shared_expert_intermediate_size > 0 {
-            let mlp = self.dense(&format!("{prefix}.shared_expert"), moe.shared_expert_intermediate_size)?;
+            let mlp = self.dense(
+                &format!("{prefix}.shared_expert"),
+                moe.shared_expert_intermediate_size,
+            )?;
             let gate = self.mat(&format!("{prefix}.shared_expert_gate.weight"), [1, h])?;
             Some((mlp, gate))
         } else {
@@ -256,7 +268,9 @@ impl<B: Backend> Builder<'_, B> {
     fn layer(&mut self, prefix: &str, kind: LayerKind, moe: bool) -> Result<Layer<B>, LoadError> {
         let h = self.config.hidden_size;
         let mixer = match kind {
-            LayerKind::FullAttention => Mixer::Attention(self.attention(&format!("{prefix}.self_attn"))?),
+            LayerKind::FullAttention => {
+                Mixer::Attention(self.attention(&format!("{prefix}.self_attn"))?)
+            }
             LayerKind::LinearAttention => Mixer::Gdn(self.gdn(&format!("{prefix}.linear_attn"))?),
         };
         let mlp = if moe {
@@ -274,7 +288,10 @@ impl<B: Backend> Builder<'_, B> {
 }
 
 fn layer_is_moe(config: &ModelConfig, layer: usize) -> bool {
-    config.moe.as_ref().is_some_and(|m| m.layer_is_moe.get(layer).copied().unwrap_or(false))
+    config
+        .moe
+        .as_ref()
+        .is_some_and(|m| m.layer_is_moe.get(layer).copied().unwrap_or(false))
 }
 
 impl<B: Backend> Weights<B> {
@@ -291,13 +308,30 @@ impl<B: Backend> Weights<B> {
         let with_mtp = load_mtp && config.mtp_num_hidden_layers > 0;
         // A rough tensor count for the progress bar: ~14 per layer.
         let total = 3 + config.num_hidden_layers * 14 + if with_mtp { 16 } else { 0 };
-        let mut b = Builder { backend, source, config, progress, done: 0, total };
+        let mut b = Builder {
+            backend,
+            source,
+            config,
+            progress,
+            done: 0,
+            total,
+        };
         let embed = b.mat("embed_tokens.weight", [v, h])?;
         let layers = (0..config.num_hidden_layers)
-            .map(|i| b.layer(&format!("layers.{i}"), config.layer_types[i], layer_is_moe(config, i)))
+            .map(|i| {
+                b.layer(
+                    &format!("layers.{i}"),
+                    config.layer_types[i],
+                    layer_is_moe(config, i),
+                )
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let norm = b.vec("norm.weight", &[h])?;
-        let lm_head = if config.tie_word_embeddings { None } else { Some(b.mat("lm_head.weight", [v, h])?) };
+        let lm_head = if config.tie_word_embeddings {
+            None
+        } else {
+            Some(b.mat("lm_head.weight", [v, h])?)
+        };
         let mtp = if with_mtp {
             // The MTP layer's MLP has the same kind as the trunk's (MoE for MoE models).
             let moe = config.moe.is_some();
@@ -311,6 +345,12 @@ impl<B: Backend> Weights<B> {
         } else {
             None
         };
-        Ok(Weights { embed, layers, norm, lm_head, mtp })
+        Ok(Weights {
+            embed,
+            layers,
+            norm,
+            lm_head,
+            mtp,
+        })
     }
 }

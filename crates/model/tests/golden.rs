@@ -27,7 +27,10 @@ fn fixture_dirs() -> Vec<PathBuf> {
         .filter(|p| p.join("expected.json").is_file() && p.join("config.json").is_file())
         .collect();
     dirs.sort();
-    assert!(dirs.len() >= 6, "expected the six fixture models, found {dirs:?}");
+    assert!(
+        dirs.len() >= 6,
+        "expected the six fixture models, found {dirs:?}"
+    );
     dirs
 }
 
@@ -49,17 +52,32 @@ fn load<B: Backend>(backend: B, dir: &Path) -> Model<B> {
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "length mismatch");
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 fn assert_close(what: &str, dir: &Path, ours: &[f32], theirs: &[f32]) {
     let diff = max_abs_diff(ours, theirs);
-    println!("{}: {what}: max |diff| = {diff:.2e}", dir.file_name().unwrap().to_string_lossy());
-    assert!(diff <= LOGIT_TOLERANCE, "{}: {what} differs from transformers by {diff}", dir.display());
+    println!(
+        "{}: {what}: max |diff| = {diff:.2e}",
+        dir.file_name().unwrap().to_string_lossy()
+    );
+    assert!(
+        diff <= LOGIT_TOLERANCE,
+        "{}: {what} differs from transformers by {diff}",
+        dir.display()
+    );
 }
 
 fn full_cache<B: Backend>(m: &Model<B>, slots: usize, tokens: usize) -> HybridCache<B> {
-    let geometry = deltaserve_model::CacheGeometry { num_blocks: slots * tokens.div_ceil(16), block_size: 16, state_slots: slots, mtp: m.has_mtp() };
+    let geometry = deltaserve_model::CacheGeometry {
+        num_blocks: slots * tokens.div_ceil(16),
+        block_size: 16,
+        state_slots: slots,
+        mtp: m.has_mtp(),
+    };
     HybridCache::new(&m.backend, &m.config, geometry)
 }
 
@@ -71,14 +89,26 @@ fn blocks_of(s: usize, per_seq: usize, seqs: usize) -> Vec<u32> {
 
 fn prefill_logits<B: Backend>(m: &Model<B>, ids: &[u32]) -> Vec<f32> {
     let mut cache = full_cache(m, 1, ids.len());
-    let batch = BatchLayout::packed(16, [(ids.len(), 0, blocks_of(0, ids.len().div_ceil(16), 1), 0)]);
+    let batch = BatchLayout::packed(
+        16,
+        [(ids.len(), 0, blocks_of(0, ids.len().div_ceil(16), 1), 0)],
+    );
     let rows: Vec<u32> = (0..ids.len() as u32).collect();
-    let out = m.forward(&ForwardInput { tokens: ids, batch: &batch, logit_rows: &rows, hidden_rows: &[] }, &mut cache);
+    let out = m.forward(
+        &ForwardInput {
+            tokens: ids,
+            batch: &batch,
+            logit_rows: &rows,
+            hidden_rows: &[],
+        },
+        &mut cache,
+    );
     m.backend.to_host(&out.logits)
 }
 
 fn check_fixture<B: Backend>(m: &Model<B>, dir: &Path) {
-    let expected: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+    let expected: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
     let vocab = m.config.vocab_size;
 
     // 1. One prefill forward over 100 tokens (crosses a GDN chunk boundary).
@@ -93,10 +123,23 @@ fn check_fixture<B: Backend>(m: &Model<B>, dir: &Path) {
     let mut stepwise = Vec::with_capacity(ours.len());
     for (i, &tok) in prefill.iter().enumerate() {
         let batch = BatchLayout::packed(16, [(1, i, blocks.clone(), 0)]);
-        let out = m.forward(&ForwardInput { tokens: &[tok], batch: &batch, logit_rows: &[0], hidden_rows: &[] }, &mut cache);
+        let out = m.forward(
+            &ForwardInput {
+                tokens: &[tok],
+                batch: &batch,
+                logit_rows: &[0],
+                hidden_rows: &[],
+            },
+            &mut cache,
+        );
         stepwise.extend(m.backend.to_host(&out.logits));
     }
-    assert_close("token-by-token logits vs transformers prefill", dir, &stepwise, &theirs);
+    assert_close(
+        "token-by-token logits vs transformers prefill",
+        dir,
+        &stepwise,
+        &theirs,
+    );
 
     // 3. Prefill then decode through the cache, as transformers did with past_key_values.
     let prompt = ids(&expected, "decode_prompt_ids");
@@ -106,11 +149,27 @@ fn check_fixture<B: Backend>(m: &Model<B>, dir: &Path) {
     let mut cache = full_cache(m, 1, total);
     let blocks = blocks_of(0, total.div_ceil(16), 1);
     let batch = BatchLayout::packed(16, [(prompt.len(), 0, blocks.clone(), 0)]);
-    m.forward(&ForwardInput { tokens: &prompt, batch: &batch, logit_rows: &[0], hidden_rows: &[] }, &mut cache);
+    m.forward(
+        &ForwardInput {
+            tokens: &prompt,
+            batch: &batch,
+            logit_rows: &[0],
+            hidden_rows: &[],
+        },
+        &mut cache,
+    );
     let mut decoded = Vec::new();
     for (i, &tok) in steps.iter().enumerate() {
         let batch = BatchLayout::packed(16, [(1, prompt.len() + i, blocks.clone(), 0)]);
-        let out = m.forward(&ForwardInput { tokens: &[tok], batch: &batch, logit_rows: &[0], hidden_rows: &[] }, &mut cache);
+        let out = m.forward(
+            &ForwardInput {
+                tokens: &[tok],
+                batch: &batch,
+                logit_rows: &[0],
+                hidden_rows: &[],
+            },
+            &mut cache,
+        );
         decoded.extend(m.backend.to_host(&out.logits));
     }
     assert_close("decode logits", dir, &decoded, &theirs);
@@ -119,7 +178,12 @@ fn check_fixture<B: Backend>(m: &Model<B>, dir: &Path) {
     let greedy_prompt = ids(&expected, "greedy_prompt_ids");
     let want = ids(&expected, "greedy_tokens");
     let got = m.generate_greedy(&greedy_prompt, want.len(), &[], &mut |_| {});
-    assert_eq!(got, want, "{}: greedy continuation differs from transformers", dir.display());
+    assert_eq!(
+        got,
+        want,
+        "{}: greedy continuation differs from transformers",
+        dir.display()
+    );
 
     // 5. MTP head over (post-norm hidden of t, token t+1) pairs.
     if dir.join("mtp_logits.npy").is_file() {
@@ -129,19 +193,41 @@ fn check_fixture<B: Backend>(m: &Model<B>, dir: &Path) {
         let blocks = blocks_of(0, n.div_ceil(16), 1);
         let batch = BatchLayout::packed(16, [(n, 0, blocks.clone(), 0)]);
         let rows: Vec<u32> = (0..n as u32).collect();
-        let trunk = m.forward(&ForwardInput { tokens: &mtp_ids, batch: &batch, logit_rows: &rows, hidden_rows: &rows }, &mut cache);
+        let trunk = m.forward(
+            &ForwardInput {
+                tokens: &mtp_ids,
+                batch: &batch,
+                logit_rows: &rows,
+                hidden_rows: &rows,
+            },
+            &mut cache,
+        );
         let hidden = m.backend.to_host(&trunk.hidden);
         let h = m.config.hidden_size;
         let pairs = n - 1;
         let batch = BatchLayout::packed(16, [(pairs, 0, blocks, 0)]);
         let rows: Vec<u32> = (0..pairs as u32).collect();
         let out = m
-            .mtp_forward(&MtpInput { hidden: &hidden[..pairs * h], next_tokens: &mtp_ids[1..], batch: &batch, logit_rows: &rows, hidden_rows: &rows }, &mut cache)
+            .mtp_forward(
+                &MtpInput {
+                    hidden: &hidden[..pairs * h],
+                    next_tokens: &mtp_ids[1..],
+                    batch: &batch,
+                    logit_rows: &rows,
+                    hidden_rows: &rows,
+                },
+                &mut cache,
+            )
             .unwrap();
         let (_, theirs) = npy::read_f32(&dir.join("mtp_logits.npy")).unwrap();
         assert_close("MTP logits", dir, &m.backend.to_host(&out.logits), &theirs);
         let (_, theirs_hidden) = npy::read_f32(&dir.join("mtp_hidden.npy")).unwrap();
-        assert_close("MTP hidden", dir, &m.backend.to_host(&out.hidden), &theirs_hidden);
+        assert_close(
+            "MTP hidden",
+            dir,
+            &m.backend.to_host(&out.hidden),
+            &theirs_hidden,
+        );
     }
     let _ = vocab;
 }
@@ -149,7 +235,8 @@ fn check_fixture<B: Backend>(m: &Model<B>, dir: &Path) {
 /// Three sequences in one ragged batch: a prefill, a prefill continuing from cache, and a decode.
 /// Each must get exactly (bitwise) the logits it gets alone.
 fn check_batch_invariance<B: Backend>(m: &Model<B>, dir: &Path) {
-    let expected: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+    let expected: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
     let ids = ids(&expected, "prefill_ids");
     let per_seq = ids.len().div_ceil(16);
     let seqs: [(&[u32], usize); 3] = [(&ids[..70], 0), (&ids[10..90], 30), (&ids[50..51], 40)];
@@ -162,28 +249,77 @@ fn check_batch_invariance<B: Backend>(m: &Model<B>, dir: &Path) {
         let (new, pos) = seqs[s];
         if pos > 0 {
             let batch = BatchLayout::packed(16, [(pos, 0, blocks.clone(), s)]);
-            m.forward(&ForwardInput { tokens: contexts[s], batch: &batch, logit_rows: &[0], hidden_rows: &[] }, &mut cache);
+            m.forward(
+                &ForwardInput {
+                    tokens: contexts[s],
+                    batch: &batch,
+                    logit_rows: &[0],
+                    hidden_rows: &[],
+                },
+                &mut cache,
+            );
         }
         let batch = BatchLayout::packed(16, [(new.len(), pos, blocks, s)]);
         let rows: Vec<u32> = (0..new.len() as u32).collect();
-        m.backend.to_host(&m.forward(&ForwardInput { tokens: new, batch: &batch, logit_rows: &rows, hidden_rows: &[] }, &mut cache).logits)
+        m.backend.to_host(
+            &m.forward(
+                &ForwardInput {
+                    tokens: new,
+                    batch: &batch,
+                    logit_rows: &rows,
+                    hidden_rows: &[],
+                },
+                &mut cache,
+            )
+            .logits,
+        )
     };
     let alone: Vec<Vec<f32>> = (0..3).map(run_alone).collect();
 
     let mut cache = full_cache(m, 3, ids.len());
     for s in 1..3 {
         let batch = BatchLayout::packed(16, [(seqs[s].1, 0, blocks_of(s, per_seq, 3), s)]);
-        m.forward(&ForwardInput { tokens: contexts[s], batch: &batch, logit_rows: &[0], hidden_rows: &[] }, &mut cache);
+        m.forward(
+            &ForwardInput {
+                tokens: contexts[s],
+                batch: &batch,
+                logit_rows: &[0],
+                hidden_rows: &[],
+            },
+            &mut cache,
+        );
     }
-    let batch = BatchLayout::packed(16, (0..3).map(|s| (seqs[s].0.len(), seqs[s].1, blocks_of(s, per_seq, 3), s)));
-    let tokens: Vec<u32> = seqs.iter().flat_map(|(new, _)| new.iter().copied()).collect();
+    let batch = BatchLayout::packed(
+        16,
+        (0..3).map(|s| (seqs[s].0.len(), seqs[s].1, blocks_of(s, per_seq, 3), s)),
+    );
+    let tokens: Vec<u32> = seqs
+        .iter()
+        .flat_map(|(new, _)| new.iter().copied())
+        .collect();
     let rows: Vec<u32> = (0..tokens.len() as u32).collect();
-    let together = m.backend.to_host(&m.forward(&ForwardInput { tokens: &tokens, batch: &batch, logit_rows: &rows, hidden_rows: &[] }, &mut cache).logits);
+    let together = m.backend.to_host(
+        &m.forward(
+            &ForwardInput {
+                tokens: &tokens,
+                batch: &batch,
+                logit_rows: &rows,
+                hidden_rows: &[],
+            },
+            &mut cache,
+        )
+        .logits,
+    );
     let vocab = m.config.vocab_size;
     let mut offset = 0;
     for (s, solo) in alone.iter().enumerate() {
         let part = &together[offset * vocab..(offset + seqs[s].0.len()) * vocab];
-        assert!(part == solo.as_slice(), "{}: sequence {s} logits change when batched (max diff {})", dir.display(), max_abs_diff(part, solo));
+        assert!(
+            part == solo.as_slice(),
+            "{}: sequence {s} logits change when batched (max diff {})",
+            dir.display(),
+            max_abs_diff(part, solo)
+        );
         offset += seqs[s].0.len();
     }
 }

@@ -76,7 +76,15 @@ pub trait Backend: Send + Sync {
     /// Zero-centred RMSNorm over rows of `dim`: `x * rsqrt(mean(x^2) + eps) * (1 + w)`.
     fn rms_norm(&self, x: &Self::Buf, w: &Self::Buf, eps: f32, dim: usize, out: &mut Self::Buf);
     /// Plain gated RMSNorm over rows of `dim`: `w * x * rsqrt(mean(x^2) + eps) * silu(z)`.
-    fn gated_rms_norm(&self, x: &Self::Buf, z: &Self::Buf, w: &Self::Buf, eps: f32, dim: usize, out: &mut Self::Buf);
+    fn gated_rms_norm(
+        &self,
+        x: &Self::Buf,
+        z: &Self::Buf,
+        w: &Self::Buf,
+        eps: f32,
+        dim: usize,
+        out: &mut Self::Buf,
+    );
     /// `acc += x`.
     fn add_inplace(&self, acc: &mut Self::Buf, x: &Self::Buf);
     /// `out = silu(gate) * up`.
@@ -84,13 +92,35 @@ pub trait Backend: Send + Sync {
     /// `x *= sigmoid(gate)`, elementwise.
     fn sigmoid_mul_inplace(&self, x: &mut Self::Buf, gate: &Self::Buf);
     /// Rotate-half (NeoX) RoPE on the first `rotary_dim` dims of every head; x `[T, heads, head_dim]`.
-    fn rope(&self, x: &mut Self::Buf, positions: &[u32], heads: usize, head_dim: usize, rotary_dim: usize, theta: f32);
+    fn rope(
+        &self,
+        x: &mut Self::Buf,
+        positions: &[u32],
+        heads: usize,
+        head_dim: usize,
+        rotary_dim: usize,
+        theta: f32,
+    );
     /// `out [T, a_dim + b_dim] = concat(a [T, a_dim], b [T, b_dim])` along columns.
-    fn concat_cols(&self, a: &Self::Buf, b: &Self::Buf, a_dim: usize, b_dim: usize, out: &mut Self::Buf);
+    fn concat_cols(
+        &self,
+        a: &Self::Buf,
+        b: &Self::Buf,
+        a_dim: usize,
+        b_dim: usize,
+        out: &mut Self::Buf,
+    );
     /// `out [rows.len(), dim] = src[rows]`.
     fn gather_rows(&self, src: &Self::Buf, dim: usize, rows: &[u32]) -> Self::Buf;
     /// `acc[rows[i]] += weights[i] * src[i]`, rows of `dim`.
-    fn scatter_add_rows(&self, acc: &mut Self::Buf, src: &Self::Buf, dim: usize, rows: &[u32], weights: &[f32]);
+    fn scatter_add_rows(
+        &self,
+        acc: &mut Self::Buf,
+        src: &Self::Buf,
+        dim: usize,
+        rows: &[u32],
+        weights: &[f32],
+    );
     /// `x[t] *= sigmoid(gate[t])` for rows of `dim` (a scalar gate per row).
     fn sigmoid_scale_rows(&self, x: &mut Self::Buf, gate: &Self::Buf, dim: usize);
 
@@ -114,9 +144,24 @@ pub trait Backend: Send + Sync {
     /// Depthwise causal conv (kernel K = conv history + 1) then SiLU over `x [T, conv_dim]`, with
     /// `w [conv_dim, K]` (`w[c, K-1]` multiplies the current token) and each sequence's conv window
     /// in `pool` as history; the window is updated (and snapshotted where the layout asks).
-    fn causal_conv1d(&self, x: &Self::Buf, w: &Self::Buf, pool: &mut StateLayerPool<Self>, batch: &BatchLayout, out: &mut Self::Buf);
+    fn causal_conv1d(
+        &self,
+        x: &Self::Buf,
+        w: &Self::Buf,
+        pool: &mut StateLayerPool<Self>,
+        batch: &BatchLayout,
+        out: &mut Self::Buf,
+    );
     /// `g = -exp(a_log) * softplus(a + dt_bias)`, `beta = sigmoid(b)`; all `[T, value_heads]`.
-    fn gdn_gates(&self, a: &Self::Buf, b: &Self::Buf, a_log: &Self::Buf, dt_bias: &Self::Buf, g: &mut Self::Buf, beta: &mut Self::Buf);
+    fn gdn_gates(
+        &self,
+        a: &Self::Buf,
+        b: &Self::Buf,
+        a_log: &Self::Buf,
+        dt_bias: &Self::Buf,
+        g: &mut Self::Buf,
+        beta: &mut Self::Buf,
+    );
     /// The gated delta rule over `mixed [T, conv_dim]` (the conv output: q | k | v), including the
     /// l2-norm of q and k, the `key_dim^-0.5` query scale and GVA. Sequences with `len > 1` and no
     /// snapshot slots use the chunked form (chunk 64); others the recurrent form token by token.
@@ -140,5 +185,11 @@ pub trait Backend: Send + Sync {
     // ---- MoE ----------------------------------------------------------------------------------
     /// Softmax (f32) over `logits [T, experts]`, top-`k` per token (ties: lower expert index first),
     /// weights renormalised to sum 1 when `renormalize`. Returned grouped by token, in rank order.
-    fn route_top_k(&self, logits: &Self::Buf, experts: usize, top_k: usize, renormalize: bool) -> Vec<RouteChoice>;
+    fn route_top_k(
+        &self,
+        logits: &Self::Buf,
+        experts: usize,
+        top_k: usize,
+        renormalize: bool,
+    ) -> Vec<RouteChoice>;
 }

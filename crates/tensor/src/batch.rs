@@ -42,12 +42,22 @@ pub struct BatchLayout {
 
 impl BatchLayout {
     /// Packs sequences given as `(new tokens, cached tokens, blocks, slot)` back to back.
-    pub fn packed(block_size: usize, seqs: impl IntoIterator<Item = (usize, usize, Vec<u32>, usize)>) -> Self {
+    pub fn packed(
+        block_size: usize,
+        seqs: impl IntoIterator<Item = (usize, usize, Vec<u32>, usize)>,
+    ) -> Self {
         let mut start = 0;
         let seqs = seqs
             .into_iter()
             .map(|(len, pos, blocks, slot)| {
-                let seq = SeqLayout { start, len, pos, blocks, slot, snapshot_slots: Vec::new() };
+                let seq = SeqLayout {
+                    start,
+                    len,
+                    pos,
+                    blocks,
+                    slot,
+                    snapshot_slots: Vec::new(),
+                };
                 start += len;
                 seq
             })
@@ -75,7 +85,10 @@ impl BatchLayout {
         let mut next = 0;
         for (i, s) in self.seqs.iter().enumerate() {
             if s.start != next {
-                return Err(format!("sequence {i} starts at row {} but row {next} is next", s.start));
+                return Err(format!(
+                    "sequence {i} starts at row {} but row {next} is next",
+                    s.start
+                ));
             }
             next += s.len;
             let needed = (s.pos + s.len).div_ceil(self.block_size.max(1));
@@ -90,10 +103,16 @@ impl BatchLayout {
                 return Err(format!("sequence {i} names KV block {b} of {num_blocks}"));
             }
             if s.slot >= num_slots || s.snapshot_slots.iter().any(|&x| x >= num_slots) {
-                return Err(format!("sequence {i} names a state slot outside the {num_slots} slots"));
+                return Err(format!(
+                    "sequence {i} names a state slot outside the {num_slots} slots"
+                ));
             }
             if !s.snapshot_slots.is_empty() && s.snapshot_slots.len() != s.len {
-                return Err(format!("sequence {i} has {} snapshot slots for {} tokens", s.snapshot_slots.len(), s.len));
+                return Err(format!(
+                    "sequence {i} has {} snapshot slots for {} tokens",
+                    s.snapshot_slots.len(),
+                    s.len
+                ));
             }
         }
         Ok(())

@@ -17,9 +17,22 @@ pub struct KvLayerPool<B: Backend + ?Sized> {
 }
 
 impl<B: Backend + ?Sized> KvLayerPool<B> {
-    pub fn new(backend: &B, num_blocks: usize, block_size: usize, kv_heads: usize, head_dim: usize) -> Self {
+    pub fn new(
+        backend: &B,
+        num_blocks: usize,
+        block_size: usize,
+        kv_heads: usize,
+        head_dim: usize,
+    ) -> Self {
         let len = num_blocks * block_size * kv_heads * head_dim;
-        Self { k: backend.zeros(len), v: backend.zeros(len), num_blocks, block_size, kv_heads, head_dim }
+        Self {
+            k: backend.zeros(len),
+            v: backend.zeros(len),
+            num_blocks,
+            block_size,
+            kv_heads,
+            head_dim,
+        }
     }
 
     /// Offset (in elements) of token `position` of a sequence owning `blocks`.

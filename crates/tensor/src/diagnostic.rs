@@ -57,7 +57,15 @@ impl<B: Backend> Backend for BrokenAttention<B> {
     fn rms_norm(&self, x: &Self::Buf, w: &Self::Buf, eps: f32, dim: usize, out: &mut Self::Buf) {
         self.inner.rms_norm(x, w, eps, dim, out)
     }
-    fn gated_rms_norm(&self, x: &Self::Buf, z: &Self::Buf, w: &Self::Buf, eps: f32, dim: usize, out: &mut Self::Buf) {
+    fn gated_rms_norm(
+        &self,
+        x: &Self::Buf,
+        z: &Self::Buf,
+        w: &Self::Buf,
+        eps: f32,
+        dim: usize,
+        out: &mut Self::Buf,
+    ) {
         self.inner.gated_rms_norm(x, z, w, eps, dim, out)
     }
     fn add_inplace(&self, acc: &mut Self::Buf, x: &Self::Buf) {
@@ -69,16 +77,39 @@ impl<B: Backend> Backend for BrokenAttention<B> {
     fn sigmoid_mul_inplace(&self, x: &mut Self::Buf, gate: &Self::Buf) {
         self.inner.sigmoid_mul_inplace(x, gate)
     }
-    fn rope(&self, x: &mut Self::Buf, positions: &[u32], heads: usize, head_dim: usize, rotary_dim: usize, theta: f32) {
-        self.inner.rope(x, positions, heads, head_dim, rotary_dim, theta)
+    fn rope(
+        &self,
+        x: &mut Self::Buf,
+        positions: &[u32],
+        heads: usize,
+        head_dim: usize,
+        rotary_dim: usize,
+        theta: f32,
+    ) {
+        self.inner
+            .rope(x, positions, heads, head_dim, rotary_dim, theta)
     }
-    fn concat_cols(&self, a: &Self::Buf, b: &Self::Buf, a_dim: usize, b_dim: usize, out: &mut Self::Buf) {
+    fn concat_cols(
+        &self,
+        a: &Self::Buf,
+        b: &Self::Buf,
+        a_dim: usize,
+        b_dim: usize,
+        out: &mut Self::Buf,
+    ) {
         self.inner.concat_cols(a, b, a_dim, b_dim, out)
     }
     fn gather_rows(&self, src: &Self::Buf, dim: usize, rows: &[u32]) -> Self::Buf {
         self.inner.gather_rows(src, dim, rows)
     }
-    fn scatter_add_rows(&self, acc: &mut Self::Buf, src: &Self::Buf, dim: usize, rows: &[u32], weights: &[f32]) {
+    fn scatter_add_rows(
+        &self,
+        acc: &mut Self::Buf,
+        src: &Self::Buf,
+        dim: usize,
+        rows: &[u32],
+        weights: &[f32],
+    ) {
         self.inner.scatter_add_rows(acc, src, dim, rows, weights)
     }
     fn sigmoid_scale_rows(&self, x: &mut Self::Buf, gate: &Self::Buf, dim: usize) {
@@ -106,23 +137,58 @@ impl<B: Backend> Backend for BrokenAttention<B> {
             head_dim: pool.head_dim,
         };
         // First let the inner kernel write the new K/V at their true positions.
-        self.inner.attention(q, k, v, &mut inner_pool, batch, shape, out);
+        self.inner
+            .attention(q, k, v, &mut inner_pool, batch, shape, out);
         // Then recompute each new token's output over only its own K/V: one-token "sequences" at
         // position 0 of a scratch pool.
-        let mut scratch = KvLayerPool::<B>::new(&self.inner, batch.total_tokens().max(1), pool.block_size, pool.kv_heads, pool.head_dim);
+        let mut scratch = KvLayerPool::<B>::new(
+            &self.inner,
+            batch.total_tokens().max(1),
+            pool.block_size,
+            pool.kv_heads,
+            pool.head_dim,
+        );
         let seqs: Vec<SeqLayout> = (0..batch.total_tokens())
-            .map(|row| SeqLayout { start: row, len: 1, pos: VISIBLE_POSITIONS - 1, blocks: vec![row as u32], slot: 0, snapshot_slots: Vec::new() })
+            .map(|row| SeqLayout {
+                start: row,
+                len: 1,
+                pos: VISIBLE_POSITIONS - 1,
+                blocks: vec![row as u32],
+                slot: 0,
+                snapshot_slots: Vec::new(),
+            })
             .collect();
-        let one_token_batch = BatchLayout { seqs, block_size: pool.block_size };
-        self.inner.attention(q, k, v, &mut scratch, &one_token_batch, shape, out);
+        let one_token_batch = BatchLayout {
+            seqs,
+            block_size: pool.block_size,
+        };
+        self.inner
+            .attention(q, k, v, &mut scratch, &one_token_batch, shape, out);
         pool.k = inner_pool.k;
         pool.v = inner_pool.v;
     }
 
-    fn causal_conv1d(&self, x: &Self::Buf, w: &Self::Buf, pool: &mut StateLayerPool<Self>, batch: &BatchLayout, out: &mut Self::Buf) {
-        with_inner_state(&self.inner, pool, |p| self.inner.causal_conv1d(x, w, p, batch, out))
+    fn causal_conv1d(
+        &self,
+        x: &Self::Buf,
+        w: &Self::Buf,
+        pool: &mut StateLayerPool<Self>,
+        batch: &BatchLayout,
+        out: &mut Self::Buf,
+    ) {
+        with_inner_state(&self.inner, pool, |p| {
+            self.inner.causal_conv1d(x, w, p, batch, out)
+        })
     }
-    fn gdn_gates(&self, a: &Self::Buf, b: &Self::Buf, a_log: &Self::Buf, dt_bias: &Self::Buf, g: &mut Self::Buf, beta: &mut Self::Buf) {
+    fn gdn_gates(
+        &self,
+        a: &Self::Buf,
+        b: &Self::Buf,
+        a_log: &Self::Buf,
+        dt_bias: &Self::Buf,
+        g: &mut Self::Buf,
+        beta: &mut Self::Buf,
+    ) {
         self.inner.gdn_gates(a, b, a_log, dt_bias, g, beta)
     }
     fn gated_delta_rule(
@@ -135,22 +201,37 @@ impl<B: Backend> Backend for BrokenAttention<B> {
         shape: GdnShape,
         out: &mut Self::Buf,
     ) {
-        with_inner_state(&self.inner, pool, |p| self.inner.gated_delta_rule(mixed, g, beta, p, batch, shape, out))
+        with_inner_state(&self.inner, pool, |p| {
+            self.inner
+                .gated_delta_rule(mixed, g, beta, p, batch, shape, out)
+        })
     }
     fn reset_state_slot(&self, pool: &mut StateLayerPool<Self>, slot: usize) {
         with_inner_state(&self.inner, pool, |p| self.inner.reset_state_slot(p, slot))
     }
     fn copy_state_slot(&self, pool: &mut StateLayerPool<Self>, src: usize, dst: usize) {
-        with_inner_state(&self.inner, pool, |p| self.inner.copy_state_slot(p, src, dst))
+        with_inner_state(&self.inner, pool, |p| {
+            self.inner.copy_state_slot(p, src, dst)
+        })
     }
-    fn route_top_k(&self, logits: &Self::Buf, experts: usize, top_k: usize, renormalize: bool) -> Vec<RouteChoice> {
+    fn route_top_k(
+        &self,
+        logits: &Self::Buf,
+        experts: usize,
+        top_k: usize,
+        renormalize: bool,
+    ) -> Vec<RouteChoice> {
         self.inner.route_top_k(logits, experts, top_k, renormalize)
     }
 }
 
 /// Lends a state pool typed for the wrapper to the inner backend (the same buffers and geometry,
 /// moved out and back).
-fn with_inner_state<B: Backend, R>(inner: &B, pool: &mut StateLayerPool<BrokenAttention<B>>, f: impl FnOnce(&mut StateLayerPool<B>) -> R) -> R {
+fn with_inner_state<B: Backend, R>(
+    inner: &B,
+    pool: &mut StateLayerPool<BrokenAttention<B>>,
+    f: impl FnOnce(&mut StateLayerPool<B>) -> R,
+) -> R {
     let mut lent = StateLayerPool::<B> {
         conv: std::mem::replace(&mut pool.conv, inner.zeros(0)),
         ssm: std::mem::replace(&mut pool.ssm, inner.zeros(0)),

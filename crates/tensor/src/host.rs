@@ -40,7 +40,11 @@ pub struct HostTensor {
 
 impl std::fmt::Debug for HostTensor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "HostTensor({} {} {:?})", self.name, self.dtype, self.shape)
+        write!(
+            f,
+            "HostTensor({} {} {:?})",
+            self.name, self.dtype, self.shape
+        )
     }
 }
 
@@ -73,7 +77,14 @@ impl HostTensor {
                 ),
             });
         }
-        Ok(Self { name, dtype, shape, owner, start, end })
+        Ok(Self {
+            name,
+            dtype,
+            shape,
+            owner,
+            start,
+            end,
+        })
     }
 
     /// An owned f32 tensor.
@@ -94,7 +105,14 @@ impl HostTensor {
     fn owned(name: String, dtype: DType, shape: Vec<usize>, bytes: Vec<u8>) -> Self {
         let end = bytes.len();
         debug_assert_eq!(end, shape.iter().product::<usize>() * dtype.size_bytes());
-        Self { name, dtype, shape, owner: Arc::new(bytes), start: 0, end }
+        Self {
+            name,
+            dtype,
+            shape,
+            owner: Arc::new(bytes),
+            start: 0,
+            end,
+        }
     }
 
     pub fn numel(&self) -> usize {
@@ -163,8 +181,15 @@ impl HostTensor {
 
     /// Same bytes, another shape with the same element count.
     pub fn reshaped(&self, shape: Vec<usize>) -> Self {
-        assert_eq!(shape.iter().product::<usize>(), self.numel(), "reshape changes numel");
-        Self { shape, ..self.clone() }
+        assert_eq!(
+            shape.iter().product::<usize>(),
+            self.numel(),
+            "reshape changes numel"
+        );
+        Self {
+            shape,
+            ..self.clone()
+        }
     }
 }
 
@@ -176,7 +201,10 @@ mod tests {
     fn rows_and_gather() {
         let t = HostTensor::from_f32("t", vec![3, 2], &[0., 1., 2., 3., 4., 5.]);
         assert_eq!(t.rows(1, 3).to_f32_vec(), vec![2., 3., 4., 5.]);
-        assert_eq!(t.gather_rows(&[(2, 3), (0, 1)]).to_f32_vec(), vec![4., 5., 0., 1.]);
+        assert_eq!(
+            t.gather_rows(&[(2, 3), (0, 1)]).to_f32_vec(),
+            vec![4., 5., 0., 1.]
+        );
         assert!(t.expect_shape(&[2, 3]).is_err());
     }
 

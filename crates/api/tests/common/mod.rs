@@ -54,6 +54,10 @@ pub struct Script {
     /// Speculative counts reported in the final usage.
     pub draft_tokens: usize,
     pub accepted_draft_tokens: usize,
+    /// When set, every token counts one draft, accepted when this says so for the token's index; the
+    /// engine-wide counters of `prometheus_metrics` and the final usage follow (the fields above are
+    /// then ignored).
+    pub accept: Option<fn(usize) -> bool>,
 }
 
 impl Script {
@@ -76,6 +80,8 @@ pub struct FakeEngine {
     flags: Mutex<HashMap<RequestId, Arc<AtomicBool>>>,
     pub queue_full: AtomicBool,
     pub context: usize,
+    /// Engine-wide speculative counters (drafted, accepted), as the real engine exports them.
+    pub spec_counters: Arc<(AtomicU64, AtomicU64)>,
 }
 
 impl FakeEngine {
@@ -95,6 +101,7 @@ impl FakeEngine {
             flags: Mutex::new(HashMap::new()),
             queue_full: AtomicBool::new(false),
             context,
+            spec_counters: Arc::new((AtomicU64::new(0), AtomicU64::new(0))),
         })
     }
 
@@ -175,12 +182,21 @@ impl EngineHandle for FakeEngine {
         let flag = Arc::new(AtomicBool::new(false));
         self.flags.lock().unwrap().insert(id, Arc::clone(&flag));
         let (tx, rx) = mpsc::unbounded_channel();
+        let counters = Arc::clone(&self.spec_counters);
         std::thread::spawn(move || {
-            let usage = |completion: usize| Usage {
-                prompt_tokens: request.prompt_ids.len(),
-                completion_tokens: completion,
-                draft_tokens: script.draft_tokens,
-                accepted_draft_tokens: script.accepted_draft_tokens,
+            let usage = |completion: usize| match script.accept {
+                Some(accept) => Usage {
+                    prompt_tokens: request.prompt_ids.len(),
+                    completion_tokens: completion,
+                    draft_tokens: completion,
+                    accepted_draft_tokens: (0..completion).filter(|&i| accept(i)).count(),
+                },
+                None => Usage {
+                    prompt_tokens: request.prompt_ids.len(),
+                    completion_tokens: completion,
+                    draft_tokens: script.draft_tokens,
+                    accepted_draft_tokens: script.accepted_draft_tokens,
+                },
             };
             let mut sent = 0;
             let mut position = 0;
@@ -222,6 +238,10 @@ impl EngineHandle for FakeEngine {
                     .sampling
                     .logprobs
                     .map(|k| fake_logprob(sent, token, k));
+                if let Some(accept) = script.accept {
+                    counters.0.fetch_add(1, Ordering::SeqCst);
+                    counters.1.fetch_add(accept(sent) as u64, Ordering::SeqCst);
+                }
                 position += 1;
                 sent += 1;
                 if tx.send(EngineEvent::Token { id: token, logprob }).is_err() {
@@ -256,6 +276,14 @@ impl EngineHandle for FakeEngine {
 
     fn vocab_size(&self) -> usize {
         1500
+    }
+
+    fn prometheus_metrics(&self) -> String {
+        format!(
+            "deltaserve_spec_decode_num_draft_tokens_total {}\ndeltaserve_spec_decode_num_accepted_tokens_total {}\n",
+            self.spec_counters.0.load(Ordering::SeqCst),
+            self.spec_counters.1.load(Ordering::SeqCst)
+        )
     }
 }
 

@@ -17,7 +17,11 @@ pub fn paged_attention<B>(
 ) where
     B: crate::Backend<Buf = Vec<f32>> + ?Sized,
 {
-    let AttnShape { q_heads, kv_heads, head_dim } = shape;
+    let AttnShape {
+        q_heads,
+        kv_heads,
+        head_dim,
+    } = shape;
     let kv_row = kv_heads * head_dim;
     let group = q_heads / kv_heads;
     let scale = 1.0 / (head_dim as f64).sqrt();
@@ -36,8 +40,13 @@ pub fn paged_attention<B>(
                 let qv = &q[(row * q_heads + h) * head_dim..][..head_dim];
                 let scores: Vec<f64> = (0..visible)
                     .map(|p| {
-                        let kp = &pool.k[pool.offset(&seq.blocks, p) + kvh * head_dim..][..head_dim];
-                        qv.iter().zip(kp).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() * scale
+                        let kp =
+                            &pool.k[pool.offset(&seq.blocks, p) + kvh * head_dim..][..head_dim];
+                        qv.iter()
+                            .zip(kp)
+                            .map(|(&a, &b)| a as f64 * b as f64)
+                            .sum::<f64>()
+                            * scale
                     })
                     .collect();
                 let max = scores.iter().fold(f64::NEG_INFINITY, |m, &s| m.max(s));
@@ -46,7 +55,10 @@ pub fn paged_attention<B>(
                 let o = &mut out[(row * q_heads + h) * head_dim..][..head_dim];
                 for (d, od) in o.iter_mut().enumerate() {
                     let acc: f64 = (0..visible)
-                        .map(|p| exps[p] * pool.v[pool.offset(&seq.blocks, p) + kvh * head_dim + d] as f64)
+                        .map(|p| {
+                            exps[p]
+                                * pool.v[pool.offset(&seq.blocks, p) + kvh * head_dim + d] as f64
+                        })
                         .sum();
                     *od = (acc / total) as f32;
                 }

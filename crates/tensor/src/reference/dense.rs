@@ -38,7 +38,14 @@ pub fn rope_cos_sin(position: u32, rotary_dim: usize, theta: f32) -> Vec<(f64, f
 }
 
 /// Rotate-half RoPE on dims `[0, rotary_dim)` of every head of `x [T, heads, head_dim]`.
-pub fn rope_in_place(x: &mut [f32], positions: &[u32], heads: usize, head_dim: usize, rotary_dim: usize, theta: f32) {
+pub fn rope_in_place(
+    x: &mut [f32],
+    positions: &[u32],
+    heads: usize,
+    head_dim: usize,
+    rotary_dim: usize,
+    theta: f32,
+) {
     let half = rotary_dim / 2;
     for (t, &p) in positions.iter().enumerate() {
         let cs = rope_cos_sin(p, rotary_dim, theta);

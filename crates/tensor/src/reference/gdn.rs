@@ -22,13 +22,17 @@ pub fn causal_conv1d(
     let slot_len = history * conv_dim;
     for seq in &batch.seqs {
         // Timeline = the stored window (oldest first) followed by the new inputs.
-        let mut timeline: Vec<f32> = conv_state[seq.slot * slot_len..(seq.slot + 1) * slot_len].to_vec();
+        let mut timeline: Vec<f32> =
+            conv_state[seq.slot * slot_len..(seq.slot + 1) * slot_len].to_vec();
         timeline.extend_from_slice(&x[seq.start * conv_dim..(seq.start + seq.len) * conv_dim]);
         for i in 0..seq.len {
             let t = history + i;
             for c in 0..conv_dim {
                 let acc: f64 = (0..kernel)
-                    .map(|j| w[c * kernel + j] as f64 * timeline[(t + 1 + j - kernel) * conv_dim + c] as f64)
+                    .map(|j| {
+                        w[c * kernel + j] as f64
+                            * timeline[(t + 1 + j - kernel) * conv_dim + c] as f64
+                    })
                     .sum();
                 out[(seq.start + i) * conv_dim + c] = silu(acc) as f32;
             }
@@ -44,7 +48,14 @@ pub fn causal_conv1d(
 }
 
 /// `g = -exp(a_log) * softplus(a + dt_bias)` (torch softplus: threshold 20), `beta = sigmoid(b)`.
-pub fn gdn_gates(a: &[f32], b: &[f32], a_log: &[f32], dt_bias: &[f32], g: &mut [f32], beta: &mut [f32]) {
+pub fn gdn_gates(
+    a: &[f32],
+    b: &[f32],
+    a_log: &[f32],
+    dt_bias: &[f32],
+    g: &mut [f32],
+    beta: &mut [f32],
+) {
     let heads = a_log.len();
     for i in 0..a.len() {
         let h = i % heads;
@@ -70,7 +81,8 @@ pub fn split_and_normalize_qkv(row: &[f32], shape: GdnShape) -> TokenQkv {
     let l2 = |x: &[f32]| -> Vec<f64> {
         x.chunks(shape.key_dim)
             .flat_map(|head| {
-                let inv = 1.0 / (head.iter().map(|&v| v as f64 * v as f64).sum::<f64>() + 1e-6).sqrt();
+                let inv =
+                    1.0 / (head.iter().map(|&v| v as f64 * v as f64).sum::<f64>() + 1e-6).sqrt();
                 head.iter().map(move |&v| v as f64 * inv)
             })
             .collect()
@@ -84,7 +96,15 @@ pub fn split_and_normalize_qkv(row: &[f32], shape: GdnShape) -> TokenQkv {
 
 /// One recurrent step for one value head: `S <- e^g S; S += k (beta (v - S^T k))^T; o = S^T q`.
 /// `state`: `[key_dim, value_dim]`.
-pub fn delta_rule_recurrent_step(state: &mut [f64], q: &[f64], k: &[f64], v: &[f64], g: f64, beta: f64, out: &mut [f64]) {
+pub fn delta_rule_recurrent_step(
+    state: &mut [f64],
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    g: f64,
+    beta: f64,
+    out: &mut [f64],
+) {
     let (dk, dv) = (k.len(), v.len());
     let decay = g.exp();
     state.iter_mut().for_each(|s| *s *= decay);
@@ -103,7 +123,17 @@ pub fn delta_rule_recurrent_step(state: &mut [f64], q: &[f64], k: &[f64], v: &[f
 /// The chunked form for one value head over `n` tokens (spec §4). `q`, `k`: `[n, dk]` (already
 /// normalised and scaled), `v`: `[n, dv]`, `g`, `beta`: `[n]`. Updates `state [dk, dv]`, writes `out [n, dv]`.
 #[allow(clippy::too_many_arguments)]
-pub fn delta_rule_chunked(state: &mut [f64], q: &[f64], k: &[f64], v: &[f64], g: &[f64], beta: &[f64], dk: usize, dv: usize, out: &mut [f64]) {
+pub fn delta_rule_chunked(
+    state: &mut [f64],
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    g: &[f64],
+    beta: &[f64],
+    dk: usize,
+    dv: usize,
+    out: &mut [f64],
+) {
     let n = g.len();
     for c0 in (0..n).step_by(CHUNK) {
         let c = CHUNK.min(n - c0);
@@ -186,15 +216,33 @@ pub fn delta_rule_chunked(state: &mut [f64], q: &[f64], k: &[f64], v: &[f64], g:
 }
 
 /// The whole delta-rule op over a batch (see `Backend::gated_delta_rule`). `ssm`: `[slots, HV, dk, dv]`.
-pub fn gated_delta_rule(mixed: &[f32], g: &[f32], beta: &[f32], ssm: &mut [f32], batch: &BatchLayout, shape: GdnShape, out: &mut [f32]) {
-    let GdnShape { key_heads, value_heads, key_dim: dk, value_dim: dv } = shape;
+pub fn gated_delta_rule(
+    mixed: &[f32],
+    g: &[f32],
+    beta: &[f32],
+    ssm: &mut [f32],
+    batch: &BatchLayout,
+    shape: GdnShape,
+    out: &mut [f32],
+) {
+    let GdnShape {
+        key_heads,
+        value_heads,
+        key_dim: dk,
+        value_dim: dv,
+    } = shape;
     let conv_dim = shape.conv_dim();
     let ratio = value_heads / key_heads;
     let head_state = dk * dv;
     let slot_len = value_heads * head_state;
     for seq in &batch.seqs {
         let tokens: Vec<TokenQkv> = (0..seq.len)
-            .map(|i| split_and_normalize_qkv(&mixed[(seq.start + i) * conv_dim..(seq.start + i + 1) * conv_dim], shape))
+            .map(|i| {
+                split_and_normalize_qkv(
+                    &mixed[(seq.start + i) * conv_dim..(seq.start + i + 1) * conv_dim],
+                    shape,
+                )
+            })
             .collect();
         let recurrent = seq.len == 1 || !seq.snapshot_slots.is_empty();
         for h in 0..value_heads {
@@ -206,9 +254,20 @@ pub fn gated_delta_rule(mixed: &[f32], g: &[f32], beta: &[f32], ssm: &mut [f32],
             let mut o = vec![0.0; seq.len * dv];
             if recurrent {
                 for (i, tok) in tokens.iter().enumerate() {
-                    let (q, k) = (&tok.q[kh * dk..(kh + 1) * dk], &tok.k[kh * dk..(kh + 1) * dk]);
+                    let (q, k) = (
+                        &tok.q[kh * dk..(kh + 1) * dk],
+                        &tok.k[kh * dk..(kh + 1) * dk],
+                    );
                     let v = &tok.v[h * dv..(h + 1) * dv];
-                    delta_rule_recurrent_step(&mut state, q, k, v, gate(i), strength(i), &mut o[i * dv..(i + 1) * dv]);
+                    delta_rule_recurrent_step(
+                        &mut state,
+                        q,
+                        k,
+                        v,
+                        gate(i),
+                        strength(i),
+                        &mut o[i * dv..(i + 1) * dv],
+                    );
                     // The cached state is f32: round after every token so that running k tokens here
                     // equals k single-token steps bitwise (speculative rollback relies on it).
                     state.iter_mut().for_each(|s| *s = *s as f32 as f64);
@@ -220,7 +279,9 @@ pub fn gated_delta_rule(mixed: &[f32], g: &[f32], beta: &[f32], ssm: &mut [f32],
                     }
                 }
             } else {
-                let gather = |f: &dyn Fn(&TokenQkv) -> &[f64]| -> Vec<f64> { tokens.iter().flat_map(|t| f(t).iter().copied()).collect() };
+                let gather = |f: &dyn Fn(&TokenQkv) -> &[f64]| -> Vec<f64> {
+                    tokens.iter().flat_map(|t| f(t).iter().copied()).collect()
+                };
                 let q = gather(&|t| &t.q[kh * dk..(kh + 1) * dk]);
                 let k = gather(&|t| &t.k[kh * dk..(kh + 1) * dk]);
                 let v = gather(&|t| &t.v[h * dv..(h + 1) * dv]);
@@ -249,7 +310,9 @@ mod tests {
         let mut s = seed;
         (0..n)
             .map(|_| {
-                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 ((s >> 11) as f64 / (1u64 << 53) as f64) * 2.0 - 1.0
             })
             .collect()
@@ -269,7 +332,10 @@ mod tests {
         let q = normalise(pseudo_random(n * dk, 1));
         let k = normalise(pseudo_random(n * dk, 2));
         let v = pseudo_random(n * dv, 3);
-        let g: Vec<f64> = pseudo_random(n, 4).iter().map(|x| -0.3 * (x + 1.0)).collect();
+        let g: Vec<f64> = pseudo_random(n, 4)
+            .iter()
+            .map(|x| -0.3 * (x + 1.0))
+            .collect();
         let beta: Vec<f64> = pseudo_random(n, 5).iter().map(|x| 0.5 + 0.5 * x).collect();
         let init = pseudo_random(dk * dv, 6);
 
@@ -289,8 +355,21 @@ mod tests {
         let mut s_chk = init;
         let mut o_chk = vec![0.0; n * dv];
         delta_rule_chunked(&mut s_chk, &q, &k, &v, &g, &beta, dk, dv, &mut o_chk);
-        let max_diff = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
-        assert!(max_diff(&o_rec, &o_chk) < 1e-9, "outputs differ by {}", max_diff(&o_rec, &o_chk));
-        assert!(max_diff(&s_rec, &s_chk) < 1e-9, "states differ by {}", max_diff(&s_rec, &s_chk));
+        let max_diff = |a: &[f64], b: &[f64]| {
+            a.iter()
+                .zip(b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0, f64::max)
+        };
+        assert!(
+            max_diff(&o_rec, &o_chk) < 1e-9,
+            "outputs differ by {}",
+            max_diff(&o_rec, &o_chk)
+        );
+        assert!(
+            max_diff(&s_rec, &s_chk) < 1e-9,
+            "states differ by {}",
+            max_diff(&s_rec, &s_chk)
+        );
     }
 }

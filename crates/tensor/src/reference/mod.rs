@@ -9,7 +9,10 @@ mod moe;
 
 pub use attention::paged_attention;
 pub use dense::{gated_rms_norm, rms_norm, rope_cos_sin, rope_in_place};
-pub use gdn::{causal_conv1d, delta_rule_chunked, delta_rule_recurrent_step, gdn_gates, split_and_normalize_qkv};
+pub use gdn::{
+    causal_conv1d, delta_rule_chunked, delta_rule_recurrent_step, gdn_gates,
+    split_and_normalize_qkv,
+};
 pub use moe::route_top_k;
 
 use crate::backend::{AttnShape, Backend, GdnShape, RouteChoice};
@@ -64,7 +67,11 @@ impl Backend for ReferenceBackend {
 
     fn load_mat(&self, t: &HostTensor) -> Result<RefMat, TensorError> {
         let (rows, cols) = matrix_dims(t)?;
-        Ok(RefMat { rows, cols, data: t.to_f32_vec() })
+        Ok(RefMat {
+            rows,
+            cols,
+            data: t.to_f32_vec(),
+        })
     }
 
     fn mat_shape(&self, m: &RefMat) -> (usize, usize) {
@@ -95,7 +102,15 @@ impl Backend for ReferenceBackend {
         rms_norm(x, w, eps, dim, out);
     }
 
-    fn gated_rms_norm(&self, x: &Vec<f32>, z: &Vec<f32>, w: &Vec<f32>, eps: f32, dim: usize, out: &mut Vec<f32>) {
+    fn gated_rms_norm(
+        &self,
+        x: &Vec<f32>,
+        z: &Vec<f32>,
+        w: &Vec<f32>,
+        eps: f32,
+        dim: usize,
+        out: &mut Vec<f32>,
+    ) {
         gated_rms_norm(x, z, w, eps, dim, out);
     }
 
@@ -117,11 +132,26 @@ impl Backend for ReferenceBackend {
         }
     }
 
-    fn rope(&self, x: &mut Vec<f32>, positions: &[u32], heads: usize, head_dim: usize, rotary_dim: usize, theta: f32) {
+    fn rope(
+        &self,
+        x: &mut Vec<f32>,
+        positions: &[u32],
+        heads: usize,
+        head_dim: usize,
+        rotary_dim: usize,
+        theta: f32,
+    ) {
         rope_in_place(x, positions, heads, head_dim, rotary_dim, theta);
     }
 
-    fn concat_cols(&self, a: &Vec<f32>, b: &Vec<f32>, a_dim: usize, b_dim: usize, out: &mut Vec<f32>) {
+    fn concat_cols(
+        &self,
+        a: &Vec<f32>,
+        b: &Vec<f32>,
+        a_dim: usize,
+        b_dim: usize,
+        out: &mut Vec<f32>,
+    ) {
         let rows = a.len() / a_dim;
         for r in 0..rows {
             let o = &mut out[r * (a_dim + b_dim)..(r + 1) * (a_dim + b_dim)];
@@ -132,11 +162,22 @@ impl Backend for ReferenceBackend {
 
     fn gather_rows(&self, src: &Vec<f32>, dim: usize, rows: &[u32]) -> Vec<f32> {
         rows.iter()
-            .flat_map(|&r| src[r as usize * dim..(r as usize + 1) * dim].iter().copied())
+            .flat_map(|&r| {
+                src[r as usize * dim..(r as usize + 1) * dim]
+                    .iter()
+                    .copied()
+            })
             .collect()
     }
 
-    fn scatter_add_rows(&self, acc: &mut Vec<f32>, src: &Vec<f32>, dim: usize, rows: &[u32], weights: &[f32]) {
+    fn scatter_add_rows(
+        &self,
+        acc: &mut Vec<f32>,
+        src: &Vec<f32>,
+        dim: usize,
+        rows: &[u32],
+        weights: &[f32],
+    ) {
         for (i, (&r, &w)) in rows.iter().zip(weights).enumerate() {
             let dst = &mut acc[r as usize * dim..(r as usize + 1) * dim];
             for (d, &s) in dst.iter_mut().zip(&src[i * dim..(i + 1) * dim]) {
@@ -167,11 +208,34 @@ impl Backend for ReferenceBackend {
         paged_attention(q, k, v, pool, batch, shape, out);
     }
 
-    fn causal_conv1d(&self, x: &Vec<f32>, w: &Vec<f32>, pool: &mut StateLayerPool<Self>, batch: &BatchLayout, out: &mut Vec<f32>) {
-        causal_conv1d(x, w, &mut pool.conv, pool.conv_dim, pool.conv_history, batch, out);
+    fn causal_conv1d(
+        &self,
+        x: &Vec<f32>,
+        w: &Vec<f32>,
+        pool: &mut StateLayerPool<Self>,
+        batch: &BatchLayout,
+        out: &mut Vec<f32>,
+    ) {
+        causal_conv1d(
+            x,
+            w,
+            &mut pool.conv,
+            pool.conv_dim,
+            pool.conv_history,
+            batch,
+            out,
+        );
     }
 
-    fn gdn_gates(&self, a: &Vec<f32>, b: &Vec<f32>, a_log: &Vec<f32>, dt_bias: &Vec<f32>, g: &mut Vec<f32>, beta: &mut Vec<f32>) {
+    fn gdn_gates(
+        &self,
+        a: &Vec<f32>,
+        b: &Vec<f32>,
+        a_log: &Vec<f32>,
+        dt_bias: &Vec<f32>,
+        g: &mut Vec<f32>,
+        beta: &mut Vec<f32>,
+    ) {
         gdn_gates(a, b, a_log, dt_bias, g, beta);
     }
 
@@ -200,7 +264,13 @@ impl Backend for ReferenceBackend {
         pool.ssm.copy_within(src * s..(src + 1) * s, dst * s);
     }
 
-    fn route_top_k(&self, logits: &Vec<f32>, experts: usize, top_k: usize, renormalize: bool) -> Vec<RouteChoice> {
+    fn route_top_k(
+        &self,
+        logits: &Vec<f32>,
+        experts: usize,
+        top_k: usize,
+        renormalize: bool,
+    ) -> Vec<RouteChoice> {
         route_top_k(logits, experts, top_k, renormalize)
     }
 }

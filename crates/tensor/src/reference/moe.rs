@@ -4,7 +4,12 @@ use crate::backend::RouteChoice;
 
 /// Softmax over each row of `logits [T, experts]`, top-`k` (ties: lower expert index first),
 /// optionally renormalised so the chosen weights sum to 1.
-pub fn route_top_k(logits: &[f32], experts: usize, top_k: usize, renormalize: bool) -> Vec<RouteChoice> {
+pub fn route_top_k(
+    logits: &[f32],
+    experts: usize,
+    top_k: usize,
+    renormalize: bool,
+) -> Vec<RouteChoice> {
     let mut out = Vec::with_capacity(logits.len() / experts * top_k);
     for (t, row) in logits.chunks(experts).enumerate() {
         let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
@@ -18,7 +23,11 @@ pub fn route_top_k(logits: &[f32], experts: usize, top_k: usize, renormalize: bo
         for &e in chosen {
             let p = exps[e] / total;
             let weight = if renormalize { p / chosen_sum } else { p };
-            out.push(RouteChoice { token: t as u32, expert: e as u32, weight: weight as f32 });
+            out.push(RouteChoice {
+                token: t as u32,
+                expert: e as u32,
+                weight: weight as f32,
+            });
         }
     }
     out

@@ -1,0 +1,17 @@
+//! `deltaserve smoke --url URL [--model NAME] [--json]`: runs the fixed correctness suite of
+//! deltaserve-api's `smoke` module against any OpenAI-compatible server and prints its report. Only
+//! flags and printing live here; the client and the checks are in crates/api.
+
+use anyhow::Result;
+use deltaserve_api::{run_smoke_blocking, SmokeArgs};
+
+/// Runs the suite and prints the table (or JSON with `--json`); returns whether every check passed.
+pub fn run(args: SmokeArgs) -> Result<bool> {
+    let report = run_smoke_blocking(&args)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report.to_json())?);
+    } else {
+        print!("{}", report.table());
+    }
+    Ok(report.passed())
+}
