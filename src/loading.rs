@@ -53,7 +53,9 @@ pub struct ModelArgs {
     pub attention_backend: String,
 }
 
-/// A model on whichever backend the flags chose.
+/// A model on whichever backend the flags chose. Made once per process, so the size difference
+/// between variants costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 pub enum AnyModel {
     Reference(Model<ReferenceBackend>),
     Cpu(Model<CpuBackend>),

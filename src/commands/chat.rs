@@ -160,7 +160,7 @@ pub fn run(mut args: ChatArgs) -> Result<()> {
         seed: args.seed,
         ..Default::default()
     };
-    if !(sampling.temperature >= 0.0) {
+    if sampling.temperature.is_nan() || sampling.temperature < 0.0 {
         bail!("--temperature {}: must be 0 or more", sampling.temperature);
     }
     let model = load_model(&args.model)?;

@@ -122,9 +122,11 @@ fn examine<B: Backend>(
             println!("  question: {q}");
         }
         println!("  reply: {:?}", canary.text);
-        match canary.failure() {
-            None => println!("  verdict: ok"),
-            Some(why) => println!("  verdict: FAIL: {why}"),
+        match (canary.failure(), &canary.verdict) {
+            (None, Some(v)) if !canary.judged => println!("  verdict: not judged (no tokenizer: the output has no meaning); the detector saw {v}"),
+            (None, _) if !canary.judged => println!("  verdict: not judged (no tokenizer: the output has no meaning)"),
+            (None, _) => println!("  verdict: ok"),
+            (Some(why), _) => println!("  verdict: FAIL: {why}"),
         }
     }
     let first_op = ops.iter().find(|r| !r.passed());

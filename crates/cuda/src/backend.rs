@@ -257,9 +257,9 @@ impl Backend for CudaBackend {
         }
     }
 
-    fn from_host(&self, data: &[f32]) -> CudaBuf {
+    fn upload(&self, data: &[f32]) -> CudaBuf {
         CudaBuf {
-            data: self.upload("from_host", data),
+            data: self.upload("upload", data),
             len: data.len(),
         }
     }

@@ -61,7 +61,7 @@ fn matmul_f32_matches_reference() {
                 let mut want = vec![0.0; tokens * n];
                 ReferenceBackend.matmul(&x, &w_ref, &mut want, tokens);
                 let mut out = be.zeros(tokens * n);
-                be.matmul(&be.from_host(&x), &w, &mut out, tokens);
+                be.matmul(&be.upload(&x), &w, &mut out, tokens);
                 check(
                     &format!("matmul f32 bf16-weights={bf16} [{tokens}x{k}] @ [{n}x{k}]^T"),
                     &be.to_host(&out),
@@ -108,7 +108,7 @@ fn matmul_bf16_is_the_exact_product_of_bf16_rounded_inputs() {
                 let mut want = vec![0.0; tokens * n];
                 ReferenceBackend.matmul(&round_bf16(&x), &w_ref, &mut want, tokens);
                 let mut out = be.zeros(tokens * n);
-                be.matmul(&be.from_host(&x), &w, &mut out, tokens);
+                be.matmul(&be.upload(&x), &w, &mut out, tokens);
                 let got = be.to_host(&out);
                 let label =
                     format!("matmul bf16 checkpoint-bf16={bf16} [{tokens}x{k}] @ [{n}x{k}]^T");
@@ -201,7 +201,7 @@ fn norms_and_elementwise_ops_match_reference() {
         let mut want = vec![0.0; rows * dim];
         r.rms_norm(&x, &w, 1e-6, dim, &mut want);
         let mut out = be.zeros(rows * dim);
-        be.rms_norm(&be.from_host(&x), &be.from_host(&w), 1e-6, dim, &mut out);
+        be.rms_norm(&be.upload(&x), &be.upload(&w), 1e-6, dim, &mut out);
         check(
             &format!("rms_norm [{rows}x{dim}]"),
             &be.to_host(&out),
@@ -210,9 +210,9 @@ fn norms_and_elementwise_ops_match_reference() {
         );
         r.gated_rms_norm(&x, &z, &w, 1e-6, dim, &mut want);
         be.gated_rms_norm(
-            &be.from_host(&x),
-            &be.from_host(&z),
-            &be.from_host(&w),
+            &be.upload(&x),
+            &be.upload(&z),
+            &be.upload(&w),
             1e-6,
             dim,
             &mut out,
@@ -229,20 +229,20 @@ fn norms_and_elementwise_ops_match_reference() {
     let (a, b) = (rng.vec(n, 4.0), rng.vec(n, 4.0));
     let mut acc = a.clone();
     r.add_inplace(&mut acc, &b);
-    let mut acc_dev = be.from_host(&a);
-    be.add_inplace(&mut acc_dev, &be.from_host(&b));
+    let mut acc_dev = be.upload(&a);
+    be.add_inplace(&mut acc_dev, &be.upload(&b));
     check("add_inplace", &be.to_host(&acc_dev), &acc, TOL_DENSE);
 
     let mut want = vec![0.0; n];
     r.silu_mul(&a, &b, &mut want);
     let mut out = be.zeros(n);
-    be.silu_mul(&be.from_host(&a), &be.from_host(&b), &mut out);
+    be.silu_mul(&be.upload(&a), &be.upload(&b), &mut out);
     check("silu_mul", &be.to_host(&out), &want, TOL_DENSE);
 
     let mut want = a.clone();
     r.sigmoid_mul_inplace(&mut want, &b);
-    let mut x_dev = be.from_host(&a);
-    be.sigmoid_mul_inplace(&mut x_dev, &be.from_host(&b));
+    let mut x_dev = be.upload(&a);
+    be.sigmoid_mul_inplace(&mut x_dev, &be.upload(&b));
     check("sigmoid_mul_inplace", &be.to_host(&x_dev), &want, TOL_DENSE);
 
     for (rows, dim) in [(1, 64), (77, 96)] {
@@ -250,8 +250,8 @@ fn norms_and_elementwise_ops_match_reference() {
         let gate = rng.vec(rows, 3.0);
         let mut want = x.clone();
         r.sigmoid_scale_rows(&mut want, &gate, dim);
-        let mut x_dev = be.from_host(&x);
-        be.sigmoid_scale_rows(&mut x_dev, &be.from_host(&gate), dim);
+        let mut x_dev = be.upload(&x);
+        be.sigmoid_scale_rows(&mut x_dev, &be.upload(&gate), dim);
         check(
             &format!("sigmoid_scale_rows [{rows}x{dim}]"),
             &be.to_host(&x_dev),
@@ -263,7 +263,7 @@ fn norms_and_elementwise_ops_match_reference() {
         let mut want = vec![0.0; rows * (dim + 40)];
         r.concat_cols(&x, &y, dim, 40, &mut want);
         let mut out = be.zeros(rows * (dim + 40));
-        be.concat_cols(&be.from_host(&x), &be.from_host(&y), dim, 40, &mut out);
+        be.concat_cols(&be.upload(&x), &be.upload(&y), dim, 40, &mut out);
         check(
             &format!("concat_cols [{rows}x{dim}+40]"),
             &be.to_host(&out),
@@ -278,13 +278,13 @@ fn norms_and_elementwise_ops_match_reference() {
     let want = r.gather_rows(&src, dim, &pick);
     check(
         "gather_rows",
-        &be.to_host(&be.gather_rows(&be.from_host(&src), dim, &pick)),
+        &be.to_host(&be.gather_rows(&be.upload(&src), dim, &pick)),
         &want,
         0.0,
     );
     check(
         "gather_rows (none)",
-        &be.to_host(&be.gather_rows(&be.from_host(&src), dim, &[])),
+        &be.to_host(&be.gather_rows(&be.upload(&src), dim, &[])),
         &[],
         0.0,
     );
@@ -294,8 +294,8 @@ fn norms_and_elementwise_ops_match_reference() {
     let weights = [0.25f32, -1.5, 0.75, 0.5, 2.0];
     let mut want = src.clone();
     r.scatter_add_rows(&mut want, &updates, dim, &pick, &weights);
-    let mut acc_dev = be.from_host(&src);
-    be.scatter_add_rows(&mut acc_dev, &be.from_host(&updates), dim, &pick, &weights);
+    let mut acc_dev = be.upload(&src);
+    be.scatter_add_rows(&mut acc_dev, &be.upload(&updates), dim, &pick, &weights);
     check("scatter_add_rows", &be.to_host(&acc_dev), &want, TOL_DENSE);
 
     let logits = rng.vec(9 * 8, 3.0);
@@ -304,7 +304,7 @@ fn norms_and_elementwise_ops_match_reference() {
     for (input, label) in [(&logits, "random"), (&tied, "tied")] {
         for (k, renorm) in [(2, true), (3, false)] {
             let want = r.route_top_k(input, 8, k, renorm);
-            let got = be.route_top_k(&be.from_host(input), 8, k, renorm);
+            let got = be.route_top_k(&be.upload(input), 8, k, renorm);
             assert_eq!(got, want, "route_top_k {label} k={k}");
         }
     }
@@ -326,7 +326,7 @@ fn rope_matches_reference() {
         let x = rng.vec(positions.len() * heads * head_dim, 2.0);
         let mut want = x.clone();
         ReferenceBackend.rope(&mut want, &positions, heads, head_dim, rotary_dim, theta);
-        let mut x_dev = be.from_host(&x);
+        let mut x_dev = be.upload(&x);
         be.rope(&mut x_dev, &positions, heads, head_dim, rotary_dim, theta);
         check(
             &format!("rope heads={heads} head_dim={head_dim} rotary={rotary_dim} theta={theta}"),
@@ -383,8 +383,8 @@ fn paged_attention_matches_reference() {
         ref_pool.k = rng.vec(kv_len, 1.0);
         ref_pool.v = rng.vec(kv_len, 1.0);
         let mut pool = KvLayerPool::<CudaBackend> {
-            k: be.from_host(&ref_pool.k),
-            v: be.from_host(&ref_pool.v),
+            k: be.upload(&ref_pool.k),
+            v: be.upload(&ref_pool.v),
             num_blocks,
             block_size,
             kv_heads,
@@ -404,9 +404,9 @@ fn paged_attention_matches_reference() {
         ReferenceBackend.attention(&q, &k, &v, &mut ref_pool, &batch, shape, &mut want);
         let mut out = be.zeros(t * q_heads * head_dim);
         be.attention(
-            &be.from_host(&q),
-            &be.from_host(&k),
-            &be.from_host(&v),
+            &be.upload(&q),
+            &be.upload(&k),
+            &be.upload(&v),
             &mut pool,
             &batch,
             shape,
@@ -453,8 +453,8 @@ fn state_pools(
     r.conv = rng.vec(c, 1.0);
     r.ssm = rng.vec(s, 0.5);
     let d = StateLayerPool::<CudaBackend> {
-        conv: be.from_host(&r.conv),
-        ssm: be.from_host(&r.ssm),
+        conv: be.upload(&r.conv),
+        ssm: be.upload(&r.ssm),
         slots,
         conv_dim,
         conv_history: r.conv_history,
@@ -549,13 +549,7 @@ fn causal_conv1d_matches_reference_with_snapshots() {
         let mut want = vec![0.0; t * conv_dim];
         ReferenceBackend.causal_conv1d(&x, &w, &mut ref_pool, &batch, &mut want);
         let mut out = be.zeros(t * conv_dim);
-        be.causal_conv1d(
-            &be.from_host(&x),
-            &be.from_host(&w),
-            &mut pool,
-            &batch,
-            &mut out,
-        );
+        be.causal_conv1d(&be.upload(&x), &be.upload(&w), &mut pool, &batch, &mut out);
         let label = format!("causal_conv1d conv_dim {conv_dim} lens {lens:?}");
         check(&label, &be.to_host(&out), &want, TOL_DENSE);
         check(
@@ -582,10 +576,10 @@ fn gdn_gates_match_reference() {
     ReferenceBackend.gdn_gates(&a, &b, &a_log, &dt_bias, &mut g, &mut beta);
     let (mut g_dev, mut beta_dev) = (be.zeros(t * heads), be.zeros(t * heads));
     be.gdn_gates(
-        &be.from_host(&a),
-        &be.from_host(&b),
-        &be.from_host(&a_log),
-        &be.from_host(&dt_bias),
+        &be.upload(&a),
+        &be.upload(&b),
+        &be.upload(&a_log),
+        &be.upload(&dt_bias),
         &mut g_dev,
         &mut beta_dev,
     );
@@ -627,9 +621,9 @@ fn gated_delta_rule_matches_reference_with_snapshots() {
         );
         let mut out = be.zeros(t * hv * shape.value_dim);
         be.gated_delta_rule(
-            &be.from_host(&mixed),
-            &be.from_host(&g),
-            &be.from_host(&beta),
+            &be.upload(&mixed),
+            &be.upload(&g),
+            &be.upload(&beta),
             &mut pool,
             &batch,
             shape,

@@ -31,6 +31,9 @@ pub struct CanarySpec {
     pub max_tokens: usize,
     /// The rendered prompt leaves a `<think>` block open: output starts in reasoning.
     pub opens_reasoning: bool,
+    /// False for models without a tokenizer and chat template (e.g. random-weight test models):
+    /// their output has no meaning, so loops in it are reported but do not fail the canary.
+    pub judged: bool,
 }
 
 impl CanarySpec {
@@ -60,6 +63,7 @@ impl CanarySpec {
                 expect: None,
                 max_tokens,
                 opens_reasoning: false,
+                judged: false,
             });
         };
         let question = file
@@ -83,6 +87,7 @@ impl CanarySpec {
             expect: file.expect,
             max_tokens,
             opens_reasoning: prompt_opens_reasoning(&prompt),
+            judged: true,
         })
     }
 }
@@ -96,15 +101,20 @@ pub struct CanaryOutcome {
     pub answer_ok: Option<bool>,
     /// The reply ended with a stop token rather than the token limit.
     pub stopped: bool,
+    /// Whether the verdict counts (see `CanarySpec::judged`).
+    pub judged: bool,
 }
 
 impl CanaryOutcome {
     pub fn healthy(&self) -> bool {
-        self.verdict.is_none() && self.answer_ok != Some(false)
+        self.failure().is_none()
     }
 
     /// Why the canary failed, in one line, or `None` when it passed.
     pub fn failure(&self) -> Option<String> {
+        if !self.judged {
+            return None;
+        }
         if let Some(v) = &self.verdict {
             return Some(format!("degenerate output: {v}"));
         }
@@ -163,5 +173,6 @@ pub fn judge(
         verdict,
         answer_ok,
         stopped,
+        judged: spec.judged,
     }
 }

@@ -40,13 +40,15 @@ impl<B: Backend> Checker<'_, B> {
     }
 
     fn both(&self, data: &[f32]) -> (Vec<f32>, B::Buf) {
-        (data.to_vec(), self.t.backend.from_host(data))
+        (data.to_vec(), self.t.backend.upload(data))
     }
 
     fn compare(&self, ours: &B::Buf, reference: &[f32]) -> Comparison {
         Comparison::of(&self.t.backend.to_host(ours), reference)
     }
 
+    // Each argument is one coordinate of the check (what, where, which weights, how many rows).
+    #[allow(clippy::too_many_arguments)]
     fn matmul(
         &mut self,
         what: &str,
@@ -72,6 +74,7 @@ impl<B: Backend> Checker<'_, B> {
         );
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn rms_norm(
         &mut self,
         what: &str,
@@ -266,11 +269,8 @@ impl<B: Backend> Checker<'_, B> {
             self.push(format!("gdn gates ({phase})"), l, kind, c);
 
             // The delta rule reads the reference's conv output on both sides, so only its own error shows.
-            let mixed_t = self.t.backend.from_host(&conv_r);
-            let (gt, betat) = (
-                self.t.backend.from_host(&gr),
-                self.t.backend.from_host(&betar),
-            );
+            let mixed_t = self.t.backend.upload(&conv_r);
+            let (gt, betat) = (self.t.backend.upload(&gr), self.t.backend.upload(&betar));
             let out_len = n * hv * shape.value_dim;
             let mut or = vec![0.0; out_len];
             let mut ot = self.t.backend.zeros(out_len);
@@ -296,8 +296,8 @@ impl<B: Backend> Checker<'_, B> {
                 .compare(&ot, &or)
                 .worst(self.compare(&pool_t.ssm, &pool_r.ssm));
             self.push(format!("gated delta rule + state ({phase})"), l, kind, c);
-            pool_t.ssm = self.t.backend.from_host(&pool_r.ssm);
-            pool_t.conv = self.t.backend.from_host(&pool_r.conv);
+            pool_t.ssm = self.t.backend.upload(&pool_r.ssm);
+            pool_t.conv = self.t.backend.upload(&pool_r.conv);
         }
         let dv = shape.value_dim;
         let (xr, xt) = self.both(&uniform(PREFILL * hv * dv, 50, 1.0));
@@ -367,7 +367,7 @@ impl<B: Backend> Checker<'_, B> {
                     .backend
                     .route_top_k(&logits, experts, r.top_k, r.renormalize);
                 let rt = self.t.backend.route_top_k(
-                    &self.t.backend.from_host(&logits),
+                    &self.t.backend.upload(&logits),
                     experts,
                     t.top_k,
                     t.renormalize,

@@ -23,7 +23,10 @@ pub enum DraftFault {
 
 /// A draft oracle for tests: maps the tokens so far to the next draft token.
 #[derive(Clone)]
-pub struct DraftScript(pub std::sync::Arc<dyn Fn(&[u32]) -> u32 + Send + Sync>);
+pub struct DraftScript(pub std::sync::Arc<DraftOracle>);
+
+/// Maps the tokens so far to the next draft token.
+pub type DraftOracle = dyn Fn(&[u32]) -> u32 + Send + Sync;
 
 impl std::fmt::Debug for DraftScript {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -120,7 +120,7 @@ fn greedy_speculation_equals_plain_greedy() {
                         .iter()
                         .find(|c| c.len() > so_far.len() && c[..so_far.len()] == *so_far);
                     match truth {
-                        Some(c) if so_far.len() % 3 != 0 => c[so_far.len()],
+                        Some(c) if !so_far.len().is_multiple_of(3) => c[so_far.len()],
                         _ => (so_far.len() as u32 * 7) % 256,
                     }
                 })));

@@ -52,7 +52,7 @@ impl<B: Backend> Model<B> {
         let mut embedded = be.zeros(t * hsz);
         be.embedding(&self.weights.embed, input.next_tokens, &mut embedded);
         let e = self.norm(&embedded, &mtp.pre_fc_norm_embedding);
-        let h = self.norm(&be.from_host(input.hidden), &mtp.pre_fc_norm_hidden);
+        let h = self.norm(&be.upload(input.hidden), &mtp.pre_fc_norm_hidden);
         let mut both = be.zeros(t * 2 * hsz);
         be.concat_cols(&e, &h, hsz, hsz, &mut both);
         let mut u = be.zeros(t * hsz);

@@ -56,14 +56,14 @@ pub trait Backend: Send + Sync {
 
     // ---- memory -------------------------------------------------------------------------------
     fn zeros(&self, len: usize) -> Self::Buf;
-    fn from_host(&self, data: &[f32]) -> Self::Buf;
+    fn upload(&self, data: &[f32]) -> Self::Buf;
     fn to_host(&self, buf: &Self::Buf) -> Vec<f32>;
     fn buf_len(&self, buf: &Self::Buf) -> usize;
     /// A 2-D `[out, in]` tensor (an embedding table is one too: `[vocab, hidden]`).
     fn load_mat(&self, t: &HostTensor) -> Result<Self::Mat, TensorError>;
     /// Any tensor, as f32 (norm weights, conv weights, A_log, dt_bias).
     fn load_vec(&self, t: &HostTensor) -> Result<Self::Buf, TensorError> {
-        Ok(self.from_host(&t.to_f32_vec()))
+        Ok(self.upload(&t.to_f32_vec()))
     }
     /// `(rows, cols)` of a matrix.
     fn mat_shape(&self, m: &Self::Mat) -> (usize, usize);

@@ -30,8 +30,8 @@ impl<B: Backend> Backend for BrokenAttention<B> {
     fn zeros(&self, len: usize) -> Self::Buf {
         self.inner.zeros(len)
     }
-    fn from_host(&self, data: &[f32]) -> Self::Buf {
-        self.inner.from_host(data)
+    fn upload(&self, data: &[f32]) -> Self::Buf {
+        self.inner.upload(data)
     }
     fn to_host(&self, buf: &Self::Buf) -> Vec<f32> {
         self.inner.to_host(buf)

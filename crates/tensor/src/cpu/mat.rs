@@ -89,7 +89,7 @@ fn panels<T: Copy + Default + Send + Sync>(
 impl CpuMat {
     /// Copies a 2-D host tensor into panel storage: bf16 as bf16 (as bf16 pairs when
     /// `bf16_pairs`), f16 and f32 as f32.
-    pub(crate) fn from_host(t: &HostTensor, bf16_pairs: bool) -> Result<Self, TensorError> {
+    pub(crate) fn upload(t: &HostTensor, bf16_pairs: bool) -> Result<Self, TensorError> {
         let (rows, cols) = matrix_dims(t)?;
         let bytes = t.bytes();
         let data = match t.dtype {
@@ -236,10 +236,10 @@ mod tests {
             HostTensor::from_owner("w", DType::F16, vec![rows, cols], owner, 0, rows * cols * 2)
                 .unwrap();
         let mats = [
-            CpuMat::from_host(&bf, false).unwrap(),
-            CpuMat::from_host(&bf, true).unwrap(),
-            CpuMat::from_host(&f, false).unwrap(),
-            CpuMat::from_host(&h, true).unwrap(),
+            CpuMat::upload(&bf, false).unwrap(),
+            CpuMat::upload(&bf, true).unwrap(),
+            CpuMat::upload(&f, false).unwrap(),
+            CpuMat::upload(&h, true).unwrap(),
         ];
         for m in &mats {
             assert_eq!((m.rows(), m.cols()), (rows, cols));
@@ -263,7 +263,7 @@ mod tests {
         }
         assert_eq!(mats[3].dtype(), DType::F32);
         assert_eq!(mats[0].bytes(), 2 * PANEL * cols * 2);
-        let err = CpuMat::from_host(&HostTensor::from_f32("v", vec![6], &values[..6]), false)
+        let err = CpuMat::upload(&HostTensor::from_f32("v", vec![6], &values[..6]), false)
             .err()
             .unwrap();
         assert!(err.to_string().contains("2-D"), "{err}");

@@ -166,7 +166,7 @@ impl Backend for CpuBackend {
         vec![0.0; len]
     }
 
-    fn from_host(&self, data: &[f32]) -> Vec<f32> {
+    fn upload(&self, data: &[f32]) -> Vec<f32> {
         data.to_vec()
     }
 
@@ -179,8 +179,7 @@ impl Backend for CpuBackend {
     }
 
     fn load_mat(&self, t: &HostTensor) -> Result<CpuMat, TensorError> {
-        self.pool
-            .install(|| CpuMat::from_host(t, self.bf16_pairs()))
+        self.pool.install(|| CpuMat::upload(t, self.bf16_pairs()))
     }
 
     fn mat_shape(&self, m: &CpuMat) -> (usize, usize) {

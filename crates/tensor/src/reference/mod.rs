@@ -53,7 +53,7 @@ impl Backend for ReferenceBackend {
         vec![0.0; len]
     }
 
-    fn from_host(&self, data: &[f32]) -> Vec<f32> {
+    fn upload(&self, data: &[f32]) -> Vec<f32> {
         data.to_vec()
     }
 
