@@ -28,8 +28,9 @@ enum Command {
     Generate(commands::generate::GenerateArgs),
     /// Teacher-forced scoring of a token sequence: per-token log-probabilities and perplexity.
     Score(commands::score::ScoreArgs),
-    /// Prefill and decode throughput of a model (real or `--load-format dummy`).
-    Bench(commands::bench::BenchArgs),
+    /// Prefill and decode throughput of a model (real or `--load-format dummy`); `bench serve` load-tests
+    /// any OpenAI-compatible server.
+    Bench(commands::bench::BenchCli),
     /// Check a backend against the reference on the model's weights (every op, every layer), then
     /// run the canary through the degeneration detector.
     Doctor(commands::doctor::DoctorArgs),
@@ -47,7 +48,7 @@ fn main() -> std::process::ExitCode {
         Command::Chat(args) => commands::chat::run(args),
         Command::Generate(args) => commands::generate::run(args),
         Command::Score(args) => commands::score::run(args),
-        Command::Bench(args) => commands::bench::run(args),
+        Command::Bench(cli) => commands::bench::dispatch(cli),
         Command::Doctor(args) => commands::doctor::run(args),
         Command::LintOutput(args) => match commands::lint_output::run(args) {
             Ok(true) => return std::process::ExitCode::from(1),

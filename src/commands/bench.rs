@@ -10,6 +10,34 @@ use deltaserve_model::{argmax, ForwardInput, Model};
 use deltaserve_tensor::{Backend, BatchLayout, DType};
 use std::time::Instant;
 
+/// `bench` measures a model in-process; `bench serve` drives a running server.
+#[derive(Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct BenchCli {
+    #[command(subcommand)]
+    pub serve: Option<BenchSubcommand>,
+    #[command(flatten)]
+    pub model: BenchArgs,
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum BenchSubcommand {
+    /// Load-test any OpenAI-compatible server (deltaserve, SGLang, vLLM, llama.cpp): request and token
+    /// throughput, TTFT / TPOT / end-to-end latency percentiles.
+    Serve(deltaserve_api::BenchServeArgs),
+}
+
+pub fn dispatch(cli: BenchCli) -> Result<()> {
+    match cli.serve {
+        Some(BenchSubcommand::Serve(args)) => {
+            let report = deltaserve_api::run_bench_serve_blocking(&args)?;
+            println!("{}", report.render());
+            Ok(())
+        }
+        None => run(cli.model),
+    }
+}
+
 #[derive(Args, Debug)]
 pub struct BenchArgs {
     #[command(flatten)]
