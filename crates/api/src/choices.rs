@@ -85,7 +85,7 @@ pub fn start_choices(
                     sampling: params.sampling(defaults, first_index + i),
                     max_new_tokens: budget,
                     stop_token_ids: stop_token_ids.clone(),
-                    disable_speculation: false,
+                    disable_speculation: params.disable_speculation,
                 },
                 stop_strings: params.stop.clone(),
                 skip_special_tokens: params.skip_special_tokens,

@@ -36,6 +36,8 @@ pub struct GenerationParams {
     /// vLLM/SGLang extension: do not stop at the model's eos tokens.
     pub ignore_eos: bool,
     pub skip_special_tokens: bool,
+    /// deltaserve extension: decode this request without MTP speculation even when the server has it on.
+    pub disable_speculation: bool,
     pub stream: bool,
     pub include_usage: bool,
     /// Alternatives per token; `None` = no logprobs.
@@ -145,6 +147,7 @@ impl GenerationParams {
             stop_token_ids: f.token_ids("stop_token_ids")?,
             ignore_eos: f.bool("ignore_eos")?.unwrap_or(false),
             skip_special_tokens: f.bool("skip_special_tokens")?.unwrap_or(true),
+            disable_speculation: f.bool("disable_speculation")?.unwrap_or(false),
             stream,
             include_usage,
             logprobs: None,

@@ -103,7 +103,7 @@ async fn request_fields_override_generation_config() {
             "/v1/chat/completions",
             &json!({"messages": user("hi"), "temperature": 0, "top_p": 0.5, "top_k": -1, "max_completion_tokens": 9,
                     "presence_penalty": 0.5, "repetition_penalty": 1.1, "seed": 42, "stop_token_ids": [7],
-                    "ignore_eos": true, "some_unknown_field": [1, 2]}),
+                    "ignore_eos": true, "disable_speculation": true, "some_unknown_field": [1, 2]}),
         )
         .await;
     assert_eq!(reply.status, 200, "{}", reply.body);
@@ -115,6 +115,7 @@ async fn request_fields_override_generation_config() {
     assert_eq!(request.sampling.repetition_penalty, 1.1);
     assert_eq!(request.sampling.seed, Some(42));
     assert_eq!(request.max_new_tokens, 9);
+    assert!(request.disable_speculation);
     assert_eq!(
         request.stop_token_ids,
         vec![7],
