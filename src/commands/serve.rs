@@ -45,6 +45,7 @@ fn model_args(args: &ServeArgs) -> ModelArgs {
             deltaserve_api::LoadFormat::Dummy => LoadFormat::Dummy,
         },
         threads: args.threads.unwrap_or(0),
+        cpu_matmul_precision: crate::loading::CpuPrecision::F32,
         attention_backend: match args.attention_backend.as_deref() {
             None | Some("auto") => "native".to_string(),
             Some(name) => name.to_string(),
