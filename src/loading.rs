@@ -3,6 +3,8 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
+/// The same backend and load-format choices as `serve` (one definition, in the api crate).
+pub use deltaserve_api::{BackendKind, LoadFormat};
 use deltaserve_cuda::CudaBackend;
 use deltaserve_model::config::ModelConfig;
 use deltaserve_model::dummy::DummySource;
@@ -17,27 +19,9 @@ use deltaserve_tensor::{Backend, DType};
 use std::path::{Path, PathBuf};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum BackendKind {
-    /// Plain scalar code that mirrors the spec; slow, the yardstick.
-    Reference,
-    /// The fast CPU backend (threads, SIMD).
-    Cpu,
-    /// NVIDIA GPUs: NVRTC kernels and cuBLAS, CUDA libraries loaded at run time.
-    Cuda,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum CpuPrecision {
     F32,
     Bf16,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum LoadFormat {
-    /// Safetensors weights from the model directory.
-    Auto,
-    /// Deterministic random weights of the right shapes, from config.json alone.
-    Dummy,
 }
 
 #[derive(Args, Clone, Debug)]

@@ -1,7 +1,7 @@
 //! `deltaserve serve`: loads the model, plans both cache pools, starts the engine and the HTTP server,
 //! prints a start-up summary, and proves generation with the canary before /health says ready.
 
-use crate::loading::{load_model, with_model, AnyModel, BackendKind, LoadFormat, ModelArgs};
+use crate::loading::{load_model, with_model, AnyModel, ModelArgs};
 use anyhow::{Context, Result};
 use deltaserve_api::{AppState, HealthStatus, ServeArgs, ServerConfig};
 use deltaserve_doctor::canary::{judge, CanaryOutcome, CanarySpec};
@@ -35,15 +35,8 @@ fn available_memory_bytes() -> usize {
 fn model_args(args: &ServeArgs) -> ModelArgs {
     ModelArgs {
         model_path: args.model_path.clone(),
-        backend: match args.backend {
-            deltaserve_api::BackendKind::Reference => BackendKind::Reference,
-            deltaserve_api::BackendKind::Cpu => BackendKind::Cpu,
-            deltaserve_api::BackendKind::Cuda => BackendKind::Cuda,
-        },
-        load_format: match args.load_format {
-            deltaserve_api::LoadFormat::Auto => LoadFormat::Auto,
-            deltaserve_api::LoadFormat::Dummy => LoadFormat::Dummy,
-        },
+        backend: args.backend,
+        load_format: args.load_format,
         threads: args.threads.unwrap_or(0),
         cpu_matmul_precision: crate::loading::CpuPrecision::F32,
         attention_backend: match args.attention_backend.as_deref() {
