@@ -3,23 +3,17 @@
 //! preemption recomputes correctly, aborts and dropped clients free their blocks and slots, and a
 //! seed fixes a sampled output whatever else is batched.
 
+mod common;
+
+use common::fixture_model;
 use deltaserve_engine::*;
-use deltaserve_model::config::ModelConfig;
-use deltaserve_model::safetensors::SafetensorsSource;
-use deltaserve_model::weights::Weights;
 use deltaserve_model::Model;
 use deltaserve_tensor::reference::ReferenceBackend;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 fn model() -> Model<ReferenceBackend> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen35_f32");
-    let config = ModelConfig::from_dir(&dir).unwrap();
-    let source = SafetensorsSource::open(&dir).unwrap();
-    let weights =
-        Weights::load(&ReferenceBackend, &config, &source, false, &mut |_, _| {}).unwrap();
-    Model::new(config, ReferenceBackend, weights)
+    fixture_model("qwen35_f32")
 }
 
 fn config(max_running: usize, blocks: usize, slots: usize) -> EngineConfig {
@@ -52,22 +46,10 @@ fn greedy(prompt: Vec<u32>, max_new: usize) -> GenerationRequest {
     }
 }
 
-/// Collects a request's tokens until it finishes.
-fn collect(mut rx: EventReceiver) -> (Vec<u32>, FinishReason) {
-    let mut tokens = Vec::new();
-    loop {
-        match rx
-            .blocking_recv()
-            .expect("the engine finishes every request")
-        {
-            EngineEvent::Token { id, .. } => tokens.push(id),
-            EngineEvent::Finished { reason, usage } => {
-                assert_eq!(usage.completion_tokens, tokens.len());
-                return (tokens, reason);
-            }
-            EngineEvent::Error { message } => panic!("engine error: {message}"),
-        }
-    }
+/// A request's tokens and finish reason.
+fn collect(rx: EventReceiver) -> (Vec<u32>, FinishReason) {
+    let done = common::collect(rx);
+    (done.tokens, done.reason)
 }
 
 fn wait_until_empty(engine: &LocalEngine) -> EngineStats {

@@ -3,24 +3,17 @@
 //! leaving), a drafter that proposes wrong tokens changes nothing, rollback restores the GDN state
 //! bitwise, and speculative sampling keeps the token distribution (chi-square).
 
+mod common;
+
+use common::fixture_model;
 use deltaserve_engine::*;
-use deltaserve_model::config::ModelConfig;
-use deltaserve_model::safetensors::SafetensorsSource;
-use deltaserve_model::weights::Weights;
 use deltaserve_model::{CacheGeometry, ForwardInput, HybridCache, Model};
 use deltaserve_tensor::reference::ReferenceBackend;
 use deltaserve_tensor::{BatchLayout, SeqLayout};
 use std::collections::HashMap;
-use std::path::Path;
 
 fn model(fixture: &str) -> Model<ReferenceBackend> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures")
-        .join(fixture);
-    let config = ModelConfig::from_dir(&dir).unwrap();
-    let source = SafetensorsSource::open(&dir).unwrap();
-    let weights = Weights::load(&ReferenceBackend, &config, &source, true, &mut |_, _| {}).unwrap();
-    Model::new(config, ReferenceBackend, weights)
+    fixture_model(fixture)
 }
 
 fn config(speculative: Option<SpecConfig>) -> EngineConfig {
@@ -61,18 +54,9 @@ fn request(prompt: Vec<u32>, max_new: usize, sampling: SamplingParams) -> Genera
     }
 }
 
-fn collect(mut rx: EventReceiver) -> (Vec<u32>, Usage) {
-    let mut tokens = Vec::new();
-    loop {
-        match rx
-            .blocking_recv()
-            .expect("the engine finishes every request")
-        {
-            EngineEvent::Token { id, .. } => tokens.push(id),
-            EngineEvent::Finished { usage, .. } => return (tokens, usage),
-            EngineEvent::Error { message } => panic!("engine error: {message}"),
-        }
-    }
+fn collect(rx: EventReceiver) -> (Vec<u32>, Usage) {
+    let done = common::collect(rx);
+    (done.tokens, done.usage)
 }
 
 /// Runs requests with staggered arrivals: half are submitted first, the rest after the first
