@@ -8,6 +8,13 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 
+use crate::auth::ApiKey;
+use crate::limits::{
+    RequestLimits, DEFAULT_MAX_MESSAGES, DEFAULT_MAX_N, DEFAULT_MAX_STOP_STRINGS,
+    DEFAULT_MAX_TOKENS_CAP, DEFAULT_MAX_TOP_LOGPROBS,
+};
+use crate::state::DEFAULT_MAX_BODY_BYTES;
+
 /// Flags of `deltaserve serve`.
 #[derive(Args, Debug, Clone, PartialEq)]
 pub struct ServeArgs {
@@ -108,6 +115,35 @@ pub struct ServeArgs {
     /// `stop` also ends the request there (`finish_reason: "stop"`).
     #[arg(long, value_enum, default_value_t = DegenerationAction::Log)]
     pub degeneration_action: DegenerationAction,
+    /// Clients must send `Authorization: Bearer KEY` on every route but /health (401 otherwise).
+    /// Also read from DELTASERVE_API_KEY, which keeps the key out of the process list.
+    #[arg(long, env = "DELTASERVE_API_KEY", hide_env_values = true)]
+    pub api_key: Option<ApiKey>,
+    /// With --api-key, let /metrics answer without the key (for a scraper on a trusted network).
+    #[arg(long)]
+    pub metrics_no_auth: bool,
+    /// Most chat messages in one request (400 above).
+    #[arg(long, default_value_t = DEFAULT_MAX_MESSAGES)]
+    pub max_messages: usize,
+    /// Most prompt tokens in one request (400 above; default: the context length).
+    #[arg(long)]
+    pub max_prompt_tokens: Option<usize>,
+    /// Largest `max_tokens` / `max_completion_tokens` (400 above); also the budget of a request
+    /// that sends neither.
+    #[arg(long, default_value_t = DEFAULT_MAX_TOKENS_CAP)]
+    pub max_tokens_cap: usize,
+    /// Largest `n` (choices per request).
+    #[arg(long, default_value_t = DEFAULT_MAX_N)]
+    pub max_n: usize,
+    /// Largest `top_logprobs` (chat) / `logprobs` (completions).
+    #[arg(long, default_value_t = DEFAULT_MAX_TOP_LOGPROBS)]
+    pub max_top_logprobs: usize,
+    /// Most stop strings per request (each at most 256 bytes).
+    #[arg(long, default_value_t = DEFAULT_MAX_STOP_STRINGS)]
+    pub max_stop_strings: usize,
+    /// Largest request body in bytes (413 above).
+    #[arg(long, default_value_t = DEFAULT_MAX_BODY_BYTES)]
+    pub max_body_bytes: usize,
 }
 
 /// `--degeneration-action`.
@@ -178,6 +214,7 @@ impl ServeArgs {
     /// Refuses contradictory or unsupported flag combinations; returns the speculative settings.
     pub fn validate(&self) -> Result<Option<SpeculativeConfig>, ArgsError> {
         self.validate_sizes()?;
+        self.validate_security()?;
         self.validate_memory()?;
         self.validate_parsers()?;
         self.validate_backend()?;
@@ -199,6 +236,18 @@ impl ServeArgs {
 
     pub fn health_interval(&self) -> Duration {
         Duration::from_secs(self.health_generate_interval)
+    }
+
+    /// The request limits of `--max-*`.
+    pub fn request_limits(&self) -> RequestLimits {
+        RequestLimits {
+            max_messages: self.max_messages,
+            max_prompt_tokens: self.max_prompt_tokens,
+            max_tokens_cap: self.max_tokens_cap,
+            max_n: self.max_n,
+            max_top_logprobs: self.max_top_logprobs,
+            max_stop_strings: self.max_stop_strings,
+        }
     }
 
     pub fn grace_period(&self) -> Duration {
@@ -260,6 +309,29 @@ impl ServeArgs {
                 return refuse(format!(
                     "--max-total-tokens {total} is smaller than one KV block (--page-size {page})"
                 ));
+            }
+        }
+        Ok(())
+    }
+
+    /// An empty key would lock every client out (no header can carry it), and a zero limit would refuse
+    /// every request.
+    fn validate_security(&self) -> Result<(), ArgsError> {
+        if self.api_key.as_ref().is_some_and(ApiKey::is_empty) {
+            return refuse(
+                "--api-key (or DELTASERVE_API_KEY) is empty; give a key or leave it unset to serve without one",
+            );
+        }
+        let positive = [
+            ("--max-messages", Some(self.max_messages)),
+            ("--max-prompt-tokens", self.max_prompt_tokens),
+            ("--max-tokens-cap", Some(self.max_tokens_cap)),
+            ("--max-n", Some(self.max_n)),
+            ("--max-body-bytes", Some(self.max_body_bytes)),
+        ];
+        for (flag, value) in positive {
+            if value == Some(0) {
+                return refuse(format!("{flag} must be at least 1, found 0"));
             }
         }
         Ok(())
@@ -530,6 +602,51 @@ mod tests {
             parse("--model-path m --chunked-prefill-size 512").chunked_prefill_tokens(),
             Some(512)
         );
+    }
+
+    #[test]
+    fn security_flags_and_limits() {
+        let args = parse("--model-path m");
+        assert_eq!(args.api_key, None);
+        assert!(!args.metrics_no_auth);
+        assert_eq!(args.request_limits(), RequestLimits::default());
+        let args = parse(
+            "--model-path m --api-key sk-123 --metrics-no-auth --max-messages 8 --max-prompt-tokens 100 \
+             --max-tokens-cap 50 --max-n 2 --max-top-logprobs 5 --max-stop-strings 3",
+        );
+        assert!(args.validate().is_ok());
+        assert_eq!(args.api_key, Some(ApiKey::new("sk-123")));
+        assert!(
+            !format!("{args:?}").contains("sk-123"),
+            "Debug must redact the key"
+        );
+        let config = crate::state::ServerConfig::from_args(&args);
+        assert!(
+            !format!("{config:?}").contains("sk-123"),
+            "Debug must redact the key"
+        );
+        assert!(config.metrics_no_auth);
+        assert_eq!(
+            config.limits,
+            RequestLimits {
+                max_messages: 8,
+                max_prompt_tokens: Some(100),
+                max_tokens_cap: 50,
+                max_n: 2,
+                max_top_logprobs: 5,
+                max_stop_strings: 3,
+            }
+        );
+        let e = refused("--model-path m --max-n 0");
+        assert!(e.contains("--max-n"), "{e}");
+        let argv = ["serve", "--model-path", "m", "--api-key", ""];
+        let e = Cli::try_parse_from(argv)
+            .unwrap()
+            .serve
+            .validate()
+            .unwrap_err()
+            .0;
+        assert!(e.contains("--api-key"), "{e}");
     }
 
     #[test]

@@ -67,7 +67,7 @@ async fn chat(
     arrival: Instant,
 ) -> Result<Response, ApiError> {
     let body = read_json(body, state.config.max_body_bytes)?;
-    let request = ChatRequest::parse(&body)?;
+    let request = ChatRequest::parse(&body, &state.config.limits)?;
     check_model(&state, request.params.model.as_deref())?;
     let engine = state.engine()?;
     let with_tools = !request.tools.is_empty();

@@ -62,6 +62,7 @@ pub fn start_choices(
     let budget = params.token_budget(
         prompt.ids.len(),
         engine.context_length(),
+        &state.config.limits,
         defaults,
         prompt_field,
     )?;

@@ -44,7 +44,7 @@ async fn complete(
     arrival: Instant,
 ) -> Result<Response, ApiError> {
     let body = read_json(body, state.config.max_body_bytes)?;
-    let request = CompletionRequest::parse(&body)?;
+    let request = CompletionRequest::parse(&body, &state.config.limits)?;
     check_model(&state, request.params.model.as_deref())?;
     let engine = state.engine()?;
     let tags = ThinkTokenIds::from_tokenizer(&state.tokenizer);

@@ -12,7 +12,7 @@ use serde_json::json;
 pub struct ApiError {
     pub status: StatusCode,
     pub message: String,
-    /// OpenAI's `type`: `invalid_request_error`, `rate_limit_error`, `service_unavailable`, `server_error`.
+    /// OpenAI's `type`: `invalid_request_error` (also 401), `rate_limit_error`, `service_unavailable`, `server_error`.
     pub kind: &'static str,
     /// The request field at fault, when there is one.
     pub param: Option<String>,
@@ -62,6 +62,19 @@ impl ApiError {
         .with_code("model_not_found")
     }
 
+    /// 401 for a missing or wrong API key (OpenAI's `invalid_api_key`).
+    pub fn unauthorized(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, "invalid_request_error", message)
+            .with_code("invalid_api_key")
+    }
+
+    /// 400 for a request over one of the server's request limits (`--max-*` flags).
+    pub fn over_limit(param: &str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+            .with_param(param)
+            .with_code("limit_exceeded")
+    }
+
     pub fn context_length(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
             .with_param("messages")
@@ -72,7 +85,10 @@ impl ApiError {
         Self::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "invalid_request_error",
-            format!("The request body is larger than the limit of {limit} bytes"),
+            format!(
+                "The request body is larger than this server's limit of {limit} bytes (set by \
+                 --max-body-bytes)"
+            ),
         )
         .with_code("request_too_large")
     }

@@ -4,6 +4,7 @@
 //! only through deltaserve-text; it never touches tensors.
 
 pub mod args;
+pub mod auth;
 mod bench_report;
 pub mod bench_serve;
 mod chat;
@@ -17,6 +18,7 @@ mod fields;
 pub mod generation;
 pub mod health;
 pub mod http_client;
+pub mod limits;
 pub mod metrics;
 pub mod output_watch;
 pub mod request;
@@ -36,12 +38,14 @@ pub use args::{
     ArgsError, BackendKind, DegenerationAction, LoadFormat, MambaSsmDtype, ServeArgs,
     SpeculativeConfig,
 };
+pub use auth::ApiKey;
 pub use bench_serve::{
     run_bench_serve, run_bench_serve_blocking, BenchEndpoint, BenchServeArgs, BenchServeError,
     BenchServeReport,
 };
 pub use error::ApiError;
 pub use health::{HealthMonitor, HealthReport, HealthStatus};
+pub use limits::RequestLimits;
 pub use output_watch::DegenerationReport;
 pub use routes::router;
 pub use server::{bind, serve, serve_until, termination_signal, ServeError, Shutdown};

@@ -8,11 +8,7 @@ use serde_json::{Map, Value};
 
 use crate::error::ApiError;
 use crate::fields::{describe, Fields};
-
-/// Most choices one request may ask for.
-pub const MAX_N: usize = 128;
-/// Most alternatives per token in logprobs (OpenAI's limit).
-pub const MAX_TOP_LOGPROBS: i64 = 20;
+use crate::limits::RequestLimits;
 
 /// Fields shared by chat and completions.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -45,18 +41,16 @@ pub struct GenerationParams {
 }
 
 impl GenerationParams {
-    fn parse(f: &Fields) -> Result<Self, ApiError> {
+    fn parse(f: &Fields, limits: &RequestLimits) -> Result<Self, ApiError> {
         let (max_tokens, max_tokens_field) = match f.count("max_completion_tokens", 1)? {
             Some(n) => (Some(n), "max_completion_tokens"),
             None => (f.count("max_tokens", 1)?, "max_tokens"),
         };
-        let n = f.count("n", 1)?.unwrap_or(1);
-        if n > MAX_N {
-            return Err(ApiError::invalid(
-                "n",
-                format!("`n` must be at most {MAX_N}, found {n}"),
-            ));
+        if let Some(requested) = max_tokens {
+            limits.check_max_tokens(max_tokens_field, requested)?;
         }
+        let n = f.count("n", 1)?.unwrap_or(1);
+        limits.check_n(n)?;
         let top_p = f.float("top_p")?;
         if let Some(p) = top_p {
             if !(p > 0.0 && p <= 1.0) {
@@ -93,6 +87,7 @@ impl GenerationParams {
                 "`stop` strings must not be empty",
             ));
         }
+        limits.check_stop(&stop)?;
         let stream = f.bool("stream")?.unwrap_or(false);
         let include_usage = match f.object("stream_options")? {
             None => false,
@@ -194,14 +189,25 @@ impl GenerationParams {
     }
 
     /// The completion budget: the request's, else generation_config's `max_new_tokens`, else the rest
-    /// of the context. Errors (400) name both numbers when the prompt and budget exceed the context.
+    /// of the context (at most `--max-tokens-cap`). Errors (400) name both numbers when the prompt is
+    /// over `--max-prompt-tokens` or the prompt and budget exceed the context.
     pub fn token_budget(
         &self,
         prompt_tokens: usize,
         context_length: usize,
+        limits: &RequestLimits,
         defaults: &GenerationDefaults,
         prompt_field: &str,
     ) -> Result<usize, ApiError> {
+        if let Some(limit) = limits.prompt_limit(context_length) {
+            if prompt_tokens > limit {
+                return Err(ApiError::context_length(format!(
+                    "The prompt has {prompt_tokens} tokens, more than this server's limit of {limit} prompt \
+                     tokens (set by --max-prompt-tokens; the context length is {context_length})"
+                ))
+                .with_param(prompt_field));
+            }
+        }
         if prompt_tokens >= context_length {
             return Err(ApiError::context_length(format!(
                 "This model's maximum context length is {context_length} tokens, but the prompt has \
@@ -224,7 +230,8 @@ impl GenerationParams {
             None => Ok(defaults
                 .max_new_tokens
                 .map(|n| (n as usize).clamp(1, room))
-                .unwrap_or(room)),
+                .unwrap_or(room)
+                .min(limits.max_tokens_cap)),
         }
     }
 }
@@ -253,20 +260,14 @@ pub struct ChatRequest {
 }
 
 impl ChatRequest {
-    pub fn parse(body: &Value) -> Result<Self, ApiError> {
+    pub fn parse(body: &Value, limits: &RequestLimits) -> Result<Self, ApiError> {
         let f = Fields::of(body)?;
-        let mut params = GenerationParams::parse(&f)?;
+        let mut params = GenerationParams::parse(&f, limits)?;
         let logprobs = f.bool("logprobs")?.unwrap_or(false);
-        let top_logprobs = match f.int("top_logprobs")? {
-            None => None,
-            Some(k) if (0..=MAX_TOP_LOGPROBS).contains(&k) => Some(k as usize),
-            Some(k) => {
-                return Err(ApiError::invalid(
-                    "top_logprobs",
-                    format!("`top_logprobs` must be between 0 and {MAX_TOP_LOGPROBS}, found {k}"),
-                ))
-            }
-        };
+        let top_logprobs = f.count("top_logprobs", 0)?;
+        if let Some(k) = top_logprobs {
+            limits.check_top_logprobs("top_logprobs", k)?;
+        }
         params.logprobs = match (logprobs, top_logprobs) {
             (true, k) => Some(k.unwrap_or(0)),
             (false, Some(k)) if k > 0 => {
@@ -277,7 +278,7 @@ impl ChatRequest {
             }
             (false, _) => None,
         };
-        let messages = parse_messages(&f)?;
+        let messages = parse_messages(&f, limits)?;
         let tool_choice = parse_tool_choice(&f)?;
         let tools = match (f.array("tools")?, tool_choice) {
             (None, _) | (Some(_), ToolChoice::None) => Vec::new(),
@@ -304,7 +305,7 @@ impl ChatRequest {
     }
 }
 
-fn parse_messages(f: &Fields) -> Result<Vec<ChatMessage>, ApiError> {
+fn parse_messages(f: &Fields, limits: &RequestLimits) -> Result<Vec<ChatMessage>, ApiError> {
     let Some(items) = f.array("messages")? else {
         return Err(ApiError::invalid("messages", "`messages` is required"));
     };
@@ -314,6 +315,7 @@ fn parse_messages(f: &Fields) -> Result<Vec<ChatMessage>, ApiError> {
             "`messages` must contain at least one message",
         ));
     }
+    limits.check_messages(items.len())?;
     items
         .iter()
         .enumerate()
@@ -451,19 +453,13 @@ pub struct CompletionRequest {
 }
 
 impl CompletionRequest {
-    pub fn parse(body: &Value) -> Result<Self, ApiError> {
+    pub fn parse(body: &Value, limits: &RequestLimits) -> Result<Self, ApiError> {
         let f = Fields::of(body)?;
-        let mut params = GenerationParams::parse(&f)?;
-        params.logprobs = match f.int("logprobs")? {
-            None => None,
-            Some(k) if (0..=MAX_TOP_LOGPROBS).contains(&k) => Some(k as usize),
-            Some(k) => {
-                return Err(ApiError::invalid(
-                    "logprobs",
-                    format!("`logprobs` must be between 0 and {MAX_TOP_LOGPROBS}, found {k}"),
-                ))
-            }
-        };
+        let mut params = GenerationParams::parse(&f, limits)?;
+        params.logprobs = f.count("logprobs", 0)?;
+        if let Some(k) = params.logprobs {
+            limits.check_top_logprobs("logprobs", k)?;
+        }
         if f.get("suffix").is_some_and(|s| s.as_str() != Some("")) {
             return Err(ApiError::unsupported(
                 "suffix",
@@ -554,7 +550,7 @@ mod tests {
     use serde_json::json;
 
     fn chat(body: Value) -> Result<ChatRequest, ApiError> {
-        ChatRequest::parse(&body)
+        ChatRequest::parse(&body, &RequestLimits::default())
     }
 
     fn user() -> Value {
@@ -687,7 +683,7 @@ mod tests {
         let defaults = GenerationDefaults::default();
         let err = request
             .params
-            .token_budget(30, 120, &defaults, "messages")
+            .token_budget(30, 120, &RequestLimits::default(), &defaults, "messages")
             .unwrap_err();
         assert!(
             err.message.contains("30")
@@ -697,26 +693,51 @@ mod tests {
         assert_eq!(
             request
                 .params
-                .token_budget(20, 120, &defaults, "messages")
+                .token_budget(20, 120, &RequestLimits::default(), &defaults, "messages")
                 .unwrap(),
             100
         );
         let open = chat(json!({"messages": user()})).unwrap();
         assert_eq!(
             open.params
-                .token_budget(20, 120, &defaults, "messages")
+                .token_budget(20, 120, &RequestLimits::default(), &defaults, "messages")
                 .unwrap(),
             100
         );
         assert!(open
             .params
-            .token_budget(120, 120, &defaults, "messages")
+            .token_budget(120, 120, &RequestLimits::default(), &defaults, "messages")
             .is_err());
+        let limits = RequestLimits {
+            max_prompt_tokens: Some(25),
+            max_tokens_cap: 60,
+            ..RequestLimits::default()
+        };
+        let err = open
+            .params
+            .token_budget(30, 120, &limits, &defaults, "prompt")
+            .unwrap_err();
+        assert!(
+            err.message.contains("30")
+                && err.message.contains("25")
+                && err.message.contains("--max-prompt-tokens"),
+            "{}",
+            err.message
+        );
+        assert_eq!(err.param.as_deref(), Some("prompt"));
+        assert_eq!(
+            open.params
+                .token_budget(20, 120, &limits, &defaults, "messages")
+                .unwrap(),
+            60,
+            "the default budget is capped by --max-tokens-cap"
+        );
     }
 
     #[test]
     fn completion_prompts() {
-        let parse = |prompt: Value| CompletionRequest::parse(&json!({"prompt": prompt}));
+        let limits = RequestLimits::default();
+        let parse = |prompt: Value| CompletionRequest::parse(&json!({"prompt": prompt}), &limits);
         assert_eq!(
             parse(json!("a")).unwrap().prompts,
             vec![PromptInput::Text("a".into())]
@@ -730,6 +751,8 @@ mod tests {
         assert!(parse(json!([])).is_err());
         assert!(parse(json!(["a", 1])).is_err());
         assert!(parse(json!(5)).is_err());
-        assert!(CompletionRequest::parse(&json!({"prompt": "a", "logprobs": 21})).is_err());
+        assert!(
+            CompletionRequest::parse(&json!({"prompt": "a", "logprobs": 21}), &limits).is_err()
+        );
     }
 }

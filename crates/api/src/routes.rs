@@ -1,5 +1,5 @@
-//! The router: every route, the request-counting middleware, the body-size limit, and the small routes
-//! (/v1/models, /health, /metrics). Generation routes live in chat.rs and completions.rs.
+//! The router: every route, the request-counting and API-key middlewares, the body-size limit, and the
+//! small routes (/v1/models, /health, /metrics). Generation routes live in chat.rs and completions.rs.
 
 use std::sync::Arc;
 
@@ -13,6 +13,7 @@ use axum::Router;
 use futures_util::StreamExt;
 use serde_json::json;
 
+use crate::auth::require_api_key;
 use crate::chat::chat_completions;
 use crate::completions::completions;
 use crate::error::ApiError;
@@ -44,6 +45,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&state),
+            require_api_key,
+        ))
         .layer(middleware::from_fn_with_state(
             Arc::clone(&state),
             count_requests,

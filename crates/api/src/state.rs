@@ -10,15 +10,17 @@ use deltaserve_health::DegenerationDetector;
 use deltaserve_text::{ChatTemplate, TemplateError, Tokenizer};
 
 use crate::args::{DegenerationAction, ServeArgs};
+use crate::auth::ApiKey;
 use crate::error::ApiError;
 use crate::health::HealthMonitor;
+use crate::limits::RequestLimits;
 use crate::metrics::HttpMetrics;
 use crate::output_watch::WatchSpec;
 
 /// Produces the engine's Prometheus text for /metrics.
 pub type MetricsSource = Arc<dyn Fn() -> String + Send + Sync>;
 
-/// Server settings that come from the flags (or from tests).
+/// Server settings that come from the flags (or from tests). `Debug` redacts the API key.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServerConfig {
     /// The name in /v1/models; requests naming another model get 404.
@@ -33,7 +35,7 @@ pub struct ServerConfig {
     pub health_interval: Duration,
     /// How long /health waits for its probe generation.
     pub health_probe_timeout: Duration,
-    /// Largest request body accepted (413 above).
+    /// `--max-body-bytes`: largest request body accepted (413 above).
     pub max_body_bytes: usize,
     /// On shutdown, how long in-flight requests may take to finish.
     pub grace_period: Duration,
@@ -41,6 +43,14 @@ pub struct ServerConfig {
     pub degeneration_action: DegenerationAction,
     /// Thresholds of the degeneration detector watching every output.
     pub degeneration: deltaserve_health::Config,
+    /// `--api-key` / `DELTASERVE_API_KEY`: when set, every route but /health needs
+    /// `Authorization: Bearer KEY`.
+    pub api_key: Option<ApiKey>,
+    /// `--metrics-no-auth`: /metrics answers without the API key.
+    pub metrics_no_auth: bool,
+    /// `--max-messages`, `--max-prompt-tokens`, `--max-tokens-cap`, `--max-n`, `--max-top-logprobs`,
+    /// `--max-stop-strings`.
+    pub limits: RequestLimits,
 }
 
 /// Default request body limit: generous for long prompts, small enough to refuse abuse.
@@ -56,10 +66,13 @@ impl ServerConfig {
             enable_metrics: args.enable_metrics,
             health_interval: args.health_interval(),
             health_probe_timeout: Duration::from_secs(60),
-            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            max_body_bytes: args.max_body_bytes,
             grace_period: args.grace_period(),
             degeneration_action: args.degeneration_action,
             degeneration: deltaserve_health::Config::default(),
+            api_key: args.api_key.clone(),
+            metrics_no_auth: args.metrics_no_auth,
+            limits: args.request_limits(),
         }
     }
 
@@ -76,6 +89,9 @@ impl ServerConfig {
             grace_period: Duration::from_secs(30),
             degeneration_action: DegenerationAction::Log,
             degeneration: deltaserve_health::Config::default(),
+            api_key: None,
+            metrics_no_auth: false,
+            limits: RequestLimits::default(),
         }
     }
 }

@@ -349,6 +349,17 @@ impl TestServer {
     pub async fn get(&self, path: &str) -> Reply {
         request(self.addr, "GET", path, None).await
     }
+
+    /// GET with extra request headers (e.g. `authorization`).
+    pub async fn get_with(&self, path: &str, headers: &[(&str, &str)]) -> Reply {
+        request_with_headers(self.addr, "GET", path, None, headers).await
+    }
+
+    /// POST with extra request headers (e.g. `authorization`).
+    pub async fn post_with(&self, path: &str, body: &Value, headers: &[(&str, &str)]) -> Reply {
+        let body = Some(body.to_string().into_bytes());
+        request_with_headers(self.addr, "POST", path, body, headers).await
+    }
 }
 
 /// A whole HTTP response.
@@ -436,11 +447,25 @@ pub fn build(method: &str, path: &str, body: Option<Vec<u8>>) -> hyper::Request<
 }
 
 pub async fn request(addr: SocketAddr, method: &str, path: &str, body: Option<Vec<u8>>) -> Reply {
+    request_with_headers(addr, method, path, body, &[]).await
+}
+
+pub async fn request_with_headers(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<Vec<u8>>,
+    headers: &[(&str, &str)],
+) -> Reply {
     let (mut sender, _task) = connect(addr).await;
-    let response = sender
-        .send_request(build(method, path, body))
-        .await
-        .unwrap();
+    let mut built = build(method, path, body);
+    for (name, value) in headers {
+        built.headers_mut().insert(
+            hyper::header::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+            hyper::header::HeaderValue::from_str(value).unwrap(),
+        );
+    }
+    let response = sender.send_request(built).await.unwrap();
     let status = response.status().as_u16();
     let headers = response.headers().clone();
     let bytes = response.into_body().collect().await.unwrap().to_bytes();
