@@ -13,7 +13,7 @@ use crate::limits::{
     RequestLimits, DEFAULT_MAX_MESSAGES, DEFAULT_MAX_N, DEFAULT_MAX_STOP_STRINGS,
     DEFAULT_MAX_TOKENS_CAP, DEFAULT_MAX_TOP_LOGPROBS,
 };
-use crate::state::DEFAULT_MAX_BODY_BYTES;
+use crate::state::{DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CONNECTIONS, DEFAULT_REQUEST_TIMEOUT_SECS};
 
 /// Flags of `deltaserve serve`.
 #[derive(Args, Debug, Clone, PartialEq)]
@@ -144,6 +144,13 @@ pub struct ServeArgs {
     /// Largest request body in bytes (413 above).
     #[arg(long, default_value_t = DEFAULT_MAX_BODY_BYTES)]
     pub max_body_bytes: usize,
+    /// Wall-clock limit of one generation request in seconds (0: none); when it expires the engine
+    /// request is aborted and the client gets an error (504, or an error event in a stream).
+    #[arg(long, default_value_t = DEFAULT_REQUEST_TIMEOUT_SECS)]
+    pub request_timeout: u64,
+    /// Most open client connections; further ones wait in the listen backlog until one closes.
+    #[arg(long, default_value_t = DEFAULT_MAX_CONNECTIONS)]
+    pub max_concurrent_connections: usize,
 }
 
 /// `--degeneration-action`.
@@ -254,6 +261,11 @@ impl ServeArgs {
         Duration::from_secs(self.shutdown_grace_period)
     }
 
+    /// `--request-timeout`; `None` for 0 (no limit).
+    pub fn request_timeout(&self) -> Option<Duration> {
+        (self.request_timeout > 0).then(|| Duration::from_secs(self.request_timeout))
+    }
+
     /// `--host` and `--port` as a socket address.
     pub fn listen_addr(&self) -> Result<SocketAddr, ArgsError> {
         let host = self.host.trim_start_matches('[').trim_end_matches(']');
@@ -328,6 +340,10 @@ impl ServeArgs {
             ("--max-tokens-cap", Some(self.max_tokens_cap)),
             ("--max-n", Some(self.max_n)),
             ("--max-body-bytes", Some(self.max_body_bytes)),
+            (
+                "--max-concurrent-connections",
+                Some(self.max_concurrent_connections),
+            ),
         ];
         for (flag, value) in positive {
             if value == Some(0) {
@@ -591,6 +607,25 @@ mod tests {
         assert!(e.contains("--chunked-prefill-size"), "{e}");
         let e = refused("--model-path m --max-running-requests 0");
         assert!(e.contains("--max-running-requests"), "{e}");
+    }
+
+    #[test]
+    fn request_timeout_and_connection_limit() {
+        let args = parse("--model-path m");
+        assert_eq!(args.request_timeout(), Some(Duration::from_secs(600)));
+        assert_eq!(args.max_concurrent_connections, 1024);
+        let config = crate::state::ServerConfig::from_args(&args);
+        assert_eq!(
+            (config.request_timeout, config.max_connections),
+            (Some(Duration::from_secs(600)), 1024)
+        );
+        let args = parse("--model-path m --request-timeout 0 --max-concurrent-connections 8");
+        assert!(args.validate().is_ok());
+        assert_eq!(args.request_timeout(), None);
+        let config = crate::state::ServerConfig::from_args(&args);
+        assert_eq!((config.request_timeout, config.max_connections), (None, 8));
+        let e = refused("--model-path m --max-concurrent-connections 0");
+        assert!(e.contains("--max-concurrent-connections"), "{e}");
     }
 
     #[test]

@@ -16,7 +16,7 @@ use serde_json::{json, Map, Value};
 
 use crate::chat_output::{MessageDelta, OutputParsing, StreamParser};
 use crate::choices::{start_choices, Prompt};
-use crate::common::{account_choice, check_model, choice_error, read_json};
+use crate::common::{account_choice, check_model, choice_error, finish_error, read_json};
 use crate::error::ApiError;
 use crate::generation::{ChoiceItem, ChoiceRun, ChoiceUsage, FinishKind, TokenInfo};
 use crate::request::ChatRequest;
@@ -54,6 +54,12 @@ fn template_error(error: TemplateError) -> ApiError {
         ),
         TemplateError::ReservedKwarg { .. } => {
             ApiError::invalid("chat_template_kwargs", error.to_string())
+        }
+        TemplateError::OutOfFuel { .. } | TemplateError::OutputTooLarge { .. } => {
+            ApiError::over_limit(
+                "messages",
+                format!("The messages cannot be formatted for this model: {error}"),
+            )
         }
         TemplateError::Missing | TemplateError::Syntax { .. } => {
             ApiError::internal(error.to_string())
@@ -313,8 +319,7 @@ impl ChatStream {
             ChoiceItem::Finished(end) => {
                 let delta = self.parsers[index].finish();
                 let mut events = String::new();
-                if let FinishKind::Error(message) = &end.finish {
-                    let error = ApiError::internal(format!("generation failed: {message}"));
+                if let Some(error) = finish_error(&end.finish) {
                     events.push_str(&sse_event(&error.body()));
                 }
                 let finish_reason =

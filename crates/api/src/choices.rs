@@ -92,6 +92,7 @@ pub fn start_choices(
                 skip_special_tokens: params.skip_special_tokens,
                 reasoning_tags,
                 watch: state.watch_spec(prompt.opens_reasoning),
+                timeout: state.config.request_timeout,
             };
             ChoiceRun::start(engine.clone(), Arc::clone(tokenizer), spec, arrival).map_err(|e| {
                 let error = ApiError::from_submit(e);

@@ -67,12 +67,19 @@ pub fn account_choice(
     }
 }
 
-/// The first error among finished choices, as a 500.
+/// The first error among finished choices (500, or 504 for `--request-timeout`).
 pub fn choice_error(ends: &[&ChoiceEnd]) -> Option<ApiError> {
-    ends.iter().find_map(|end| match &end.finish {
+    ends.iter().find_map(|end| finish_error(&end.finish))
+}
+
+/// The error a choice ended with, if it failed: sent as the response (non-streaming) or as an error
+/// event (streaming).
+pub fn finish_error(finish: &FinishKind) -> Option<ApiError> {
+    match finish {
         FinishKind::Error(message) => {
             Some(ApiError::internal(format!("generation failed: {message}")))
         }
-        _ => None,
-    })
+        FinishKind::TimedOut(limit) => Some(ApiError::request_timeout(*limit)),
+        FinishKind::Stop | FinishKind::Length | FinishKind::Abort => None,
+    }
 }

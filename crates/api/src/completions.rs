@@ -14,9 +14,9 @@ use futures_util::StreamExt;
 use serde_json::{json, Value};
 
 use crate::choices::{start_choices, Prompt};
-use crate::common::{account_choice, check_model, choice_error, read_json};
+use crate::common::{account_choice, check_model, choice_error, finish_error, read_json};
 use crate::error::ApiError;
-use crate::generation::{ChoiceItem, ChoiceRun, ChoiceUsage, FinishKind};
+use crate::generation::{ChoiceItem, ChoiceRun, ChoiceUsage};
 use crate::request::{CompletionRequest, PromptInput};
 use crate::response::{completion_logprobs, new_id, sse_event, unix_now, usage_json, SSE_DONE};
 use crate::sse::sse_response;
@@ -247,8 +247,7 @@ impl CompletionStream {
                 ChoiceItem::Finished(end) => {
                     account_choice(&self.state, &end, end.finish.as_str(), &self.head.id, index);
                     self.usage.add(&end.usage);
-                    if let FinishKind::Error(message) = &end.finish {
-                        let error = ApiError::internal(format!("generation failed: {message}"));
+                    if let Some(error) = finish_error(&end.finish) {
                         return Some(sse_event(&error.body()));
                     }
                     let degeneration = end.degeneration.as_ref().map(|r| r.to_json());

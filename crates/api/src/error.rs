@@ -114,6 +114,20 @@ impl ApiError {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
     }
 
+    /// 504 when `--request-timeout` (`limit`) expired before the generation finished.
+    pub fn request_timeout(limit: std::time::Duration) -> Self {
+        Self::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            "server_error",
+            format!(
+                "The request did not finish within this server's limit of {} s (set by \
+                 --request-timeout); its generation was aborted",
+                limit.as_secs_f64()
+            ),
+        )
+        .with_code("request_timeout")
+    }
+
     pub fn not_found(message: impl Into<String>) -> Self {
         Self::new(StatusCode::NOT_FOUND, "invalid_request_error", message).with_code("not_found")
     }

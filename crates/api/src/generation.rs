@@ -39,6 +39,8 @@ pub struct ChoiceSpec {
     pub reasoning_tags: Option<(ThinkTokenIds, bool)>,
     /// The degeneration watch of the output (`None`: not watched).
     pub watch: Option<WatchSpec>,
+    /// `--request-timeout`: the choice is aborted this long after the request arrived.
+    pub timeout: Option<Duration>,
 }
 
 /// One alternative token in logprobs.
@@ -68,6 +70,8 @@ pub enum FinishKind {
     /// The engine aborted the request without the client asking (e.g. shutdown).
     Abort,
     Error(String),
+    /// `--request-timeout` (the limit it had) expired; the engine request was aborted.
+    TimedOut(Duration),
 }
 
 impl FinishKind {
@@ -76,7 +80,7 @@ impl FinishKind {
             FinishKind::Stop => "stop",
             FinishKind::Length => "length",
             FinishKind::Abort => "abort",
-            FinishKind::Error(_) => "error",
+            FinishKind::Error(_) | FinishKind::TimedOut(_) => "error",
         }
     }
 }
@@ -199,7 +203,24 @@ impl ChoiceRun {
         if self.ended {
             return None;
         }
-        let item = match self.events.recv().await {
+        let event = match self.spec.timeout {
+            Some(limit) => {
+                let deadline = tokio::time::Instant::from_std(self.arrival + limit);
+                match tokio::time::timeout_at(deadline, self.events.recv()).await {
+                    Ok(event) => event,
+                    Err(_) => {
+                        // Frees the engine's slots now, not when the client goes away.
+                        self.engine.abort(self.id);
+                        self.engine_done = true;
+                        let item = self.finish(FinishKind::TimedOut(limit), None);
+                        self.ended |= matches!(item, ChoiceItem::Finished(_));
+                        return Some(item);
+                    }
+                }
+            }
+            None => self.events.recv().await,
+        };
+        let item = match event {
             Some(EngineEvent::Token { id, logprob }) => self.on_token(id, logprob).await,
             Some(EngineEvent::Finished { reason, usage }) => {
                 self.engine_done = true;
@@ -323,7 +344,9 @@ impl ChoiceRun {
         let stream_end = match finish {
             FinishKind::Stop => StreamEnd::Stop,
             FinishKind::Length => StreamEnd::Length,
-            FinishKind::Abort | FinishKind::Error(_) => StreamEnd::Unknown,
+            FinishKind::Abort | FinishKind::Error(_) | FinishKind::TimedOut(_) => {
+                StreamEnd::Unknown
+            }
         };
         let request_spec = spec.map(|(d, a)| Acceptance::new(d as u64, a as u64));
         let degeneration = self

@@ -1,7 +1,6 @@
-//! Running the HTTP server: an accept loop serving the router over HTTP/1.1, and graceful shutdown on
-//! SIGTERM/SIGINT (stop accepting, let in-flight requests finish within the grace period, then cut the
-//! rest; a cut request drops its handler, which aborts its engine requests). Loading the model is the
-//! caller's job.
+//! Running the HTTP server: an accept loop serving the router over HTTP/1.1, at most
+//! `--max-concurrent-connections` at once, and graceful shutdown on SIGTERM/SIGINT (stop accepting,
+//! finish in-flight requests within the grace period, then cut and abort the rest). Not model loading.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -12,7 +11,7 @@ use hyper::server::conn::http1;
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 
 use crate::routes::router;
@@ -56,14 +55,25 @@ pub async fn serve_until(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Shutdown, ServeError> {
     let grace = state.config.grace_period;
+    let slots = Arc::new(Semaphore::new(state.config.max_connections.max(1)));
     let service = TowerToHyperService::new(router(state));
     let (stopping_tx, stopping_rx) = watch::channel(false);
     let mut connections = JoinSet::new();
+    // A slot taken before accepting: at the limit nothing is accepted, and new clients wait in the
+    // kernel's listen backlog until an open connection closes.
+    let mut slot: Option<OwnedSemaphorePermit> = None;
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
             () = &mut shutdown => break,
-            accepted = listener.accept() => {
+            acquired = Arc::clone(&slots).acquire_owned(), if slot.is_none() => {
+                match acquired {
+                    Ok(permit) => slot = Some(permit),
+                    // The semaphore is never closed; stop serving rather than spin if it were.
+                    Err(_) => break,
+                }
+            }
+            accepted = listener.accept(), if slot.is_some() => {
                 let stream = match accepted {
                     Ok((stream, _)) => stream,
                     Err(_) => {
@@ -71,11 +81,14 @@ pub async fn serve_until(
                         continue;
                     }
                 };
+                let permit = slot.take();
                 // Latency matters more than packet count for SSE tokens.
                 let _ = stream.set_nodelay(true);
                 let service = service.clone();
                 let mut stopping = stopping_rx.clone();
                 connections.spawn(async move {
+                    // Held until the connection closes.
+                    let _permit = permit;
                     let connection = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
                     tokio::pin!(connection);
                     tokio::select! {

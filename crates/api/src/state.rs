@@ -51,10 +51,19 @@ pub struct ServerConfig {
     /// `--max-messages`, `--max-prompt-tokens`, `--max-tokens-cap`, `--max-n`, `--max-top-logprobs`,
     /// `--max-stop-strings`.
     pub limits: RequestLimits,
+    /// `--request-timeout`: wall-clock limit of a generation request (`None`: no limit).
+    pub request_timeout: Option<Duration>,
+    /// `--max-concurrent-connections`: open connections beyond this wait to be accepted (0 counts as 1).
+    pub max_connections: usize,
 }
 
 /// Default request body limit: generous for long prompts, small enough to refuse abuse.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
+/// Default `--request-timeout` in seconds: long enough for a full 32k-token answer on a slow backend.
+pub const DEFAULT_REQUEST_TIMEOUT_SECS: u64 = 600;
+/// Default `--max-concurrent-connections`: far above the engine's batch; each connection holds a file
+/// descriptor, so `ulimit -n` must leave room for this many.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
 
 impl ServerConfig {
     /// Settings from validated flags.
@@ -73,6 +82,8 @@ impl ServerConfig {
             api_key: args.api_key.clone(),
             metrics_no_auth: args.metrics_no_auth,
             limits: args.request_limits(),
+            request_timeout: args.request_timeout(),
+            max_connections: args.max_concurrent_connections,
         }
     }
 
@@ -92,6 +103,8 @@ impl ServerConfig {
             api_key: None,
             metrics_no_auth: false,
             limits: RequestLimits::default(),
+            request_timeout: Some(Duration::from_secs(DEFAULT_REQUEST_TIMEOUT_SECS)),
+            max_connections: DEFAULT_MAX_CONNECTIONS,
         }
     }
 }

@@ -1,7 +1,9 @@
 //! Renders HF chat templates with minijinja configured the way transformers' jinja2 environment is
 //! (trim/lstrip blocks, Python string methods, `tojson`, `raise_exception`, `strftime_now`, Python value
-//! printing). Owns template compilation and rendering; message types live in messages.rs.
+//! printing), with bounded work (fuel) and output size so no template can hang or flood the server.
+//! Owns template compilation and rendering; message types live in messages.rs.
 
+use std::io;
 use std::sync::Arc;
 
 use minijinja::value::{Kwargs, Value, ValueKind};
@@ -17,6 +19,14 @@ const TEMPLATE_NAME: &str = "chat_template";
 /// Variables the renderer sets itself; template kwargs may not replace them (HF raises a TypeError).
 const RESERVED_VARIABLES: [&str; 4] = ["messages", "tools", "documents", "add_generation_prompt"];
 
+/// Template instructions one render may execute. Qwen's template over 1021 messages (reasoning, tool
+/// calls, tool results) and 16 tools uses about 103k, under 1/100 of this (the
+/// `real_template_fuel_headroom` test holds that), so only a runaway loop reaches it.
+pub const DEFAULT_TEMPLATE_FUEL: u64 = 20_000_000;
+/// Largest rendered prompt in bytes: 8 MiB of text is about two million tokens, beyond any context
+/// length this server supports, so only a template gone wrong reaches it.
+pub const DEFAULT_MAX_RENDERED_BYTES: usize = 8 * 1024 * 1024;
+
 /// Errors from compiling or rendering a chat template.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TemplateError {
@@ -31,6 +41,16 @@ pub enum TemplateError {
     Render { message: String },
     #[error("chat_template_kwargs may not set `{name}`; it is set from the request itself")]
     ReservedKwarg { name: String },
+    #[error(
+        "rendering the chat template took more than {fuel} template instructions (a runaway loop?); \
+         the render was stopped"
+    )]
+    OutOfFuel { fuel: u64 },
+    #[error(
+        "the rendered chat template grew beyond {limit} bytes; the render was stopped (the \
+         conversation or the template is too large)"
+    )]
+    OutputTooLarge { limit: usize },
 }
 
 /// What to render besides the messages.
@@ -48,12 +68,19 @@ pub struct RenderOptions {
 pub struct ChatTemplate {
     env: Arc<Environment<'static>>,
     special_tokens: Vec<(String, String)>,
+    max_rendered_bytes: usize,
 }
 
 impl ChatTemplate {
     /// Compiles `source` in an HF-compatible environment.
     pub fn new(source: &str) -> Result<Self, TemplateError> {
+        Self::with_fuel(source, DEFAULT_TEMPLATE_FUEL)
+    }
+
+    /// Compiles `source`; one render may execute at most `fuel` template instructions.
+    pub fn with_fuel(source: &str, fuel: u64) -> Result<Self, TemplateError> {
         let mut env = hf_environment();
+        env.set_fuel(Some(fuel));
         env.add_template_owned(TEMPLATE_NAME, source.to_string())
             .map_err(|e| TemplateError::Syntax {
                 message: e.to_string(),
@@ -61,6 +88,7 @@ impl ChatTemplate {
         Ok(Self {
             env: Arc::new(env),
             special_tokens: Vec::new(),
+            max_rendered_bytes: DEFAULT_MAX_RENDERED_BYTES,
         })
     }
 
@@ -83,12 +111,28 @@ impl ChatTemplate {
         self
     }
 
+    /// Renders stop with `OutputTooLarge` once the prompt text exceeds `limit` bytes.
+    pub fn with_max_rendered_bytes(mut self, limit: usize) -> Self {
+        self.max_rendered_bytes = limit;
+        self
+    }
+
     /// Renders the conversation to the prompt text.
     pub fn render(
         &self,
         messages: &[ChatMessage],
         options: &RenderOptions,
     ) -> Result<String, TemplateError> {
+        self.render_measured(messages, options)
+            .map(|(text, _)| text)
+    }
+
+    /// Renders and reports the fuel (template instructions) the render consumed.
+    fn render_measured(
+        &self,
+        messages: &[ChatMessage],
+        options: &RenderOptions,
+    ) -> Result<(String, u64), TemplateError> {
         if let Some(name) = RESERVED_VARIABLES
             .iter()
             .find(|n| options.kwargs.contains_key(**n))
@@ -125,14 +169,62 @@ impl ChatTemplate {
             .map_err(|e| TemplateError::Render {
                 message: e.to_string(),
             })?;
-        template
-            .render(Value::from_serialize(&context))
-            .map_err(|e| match raised_message(&e) {
-                Some(message) => TemplateError::Raised { message },
-                None => TemplateError::Render {
-                    message: error_text(&e),
-                },
-            })
+        let mut out = BoundedOutput {
+            bytes: Vec::new(),
+            limit: self.max_rendered_bytes,
+            overflowed: false,
+        };
+        let rendered = template.render_captured_to(Value::from_serialize(&context), &mut out);
+        let consumed = match rendered {
+            Ok(captured) => captured.state().fuel_levels().map_or(0, |(used, _)| used),
+            Err(_) if out.overflowed => {
+                return Err(TemplateError::OutputTooLarge {
+                    limit: self.max_rendered_bytes,
+                })
+            }
+            Err(e) if e.kind() == ErrorKind::OutOfFuel => {
+                return Err(TemplateError::OutOfFuel {
+                    fuel: self.env.fuel().unwrap_or(0),
+                })
+            }
+            Err(e) => {
+                return Err(match raised_message(&e) {
+                    Some(message) => TemplateError::Raised { message },
+                    None => TemplateError::Render {
+                        message: error_text(&e),
+                    },
+                })
+            }
+        };
+        let text = String::from_utf8(out.bytes).map_err(|e| TemplateError::Render {
+            message: format!("the rendered text is not UTF-8: {e}"),
+        })?;
+        Ok((text, consumed))
+    }
+}
+
+/// Collects rendered text and fails the render once it passes `limit` bytes.
+struct BoundedOutput {
+    bytes: Vec<u8>,
+    limit: usize,
+    overflowed: bool,
+}
+
+impl io::Write for BoundedOutput {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if self.bytes.len() + buf.len() > self.limit {
+            self.overflowed = true;
+            return Err(io::Error::other(format!(
+                "rendered output over {} bytes",
+                self.limit
+            )));
+        }
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
     }
 }
 
@@ -416,5 +508,113 @@ mod tests {
             ..RenderOptions::default()
         };
         assert_eq!(template.render(&[], &options).unwrap(), "<end>");
+    }
+
+    #[test]
+    fn runaway_loops_run_out_of_fuel() {
+        // minijinja refuses ranges over 100000 items by itself; nested ones need the fuel.
+        let err = render_str("{% for i in range(10**9) %}x{% endfor %}", json!({})).unwrap_err();
+        assert!(matches!(err, TemplateError::Render { .. }), "{err}");
+        let nested = "{% for i in range(100000) %}{% for j in range(100000) %}{% if j < 0 %}x{% endif %}{% endfor %}{% endfor %}";
+        let err = render_str(nested, json!({})).unwrap_err();
+        assert_eq!(
+            err,
+            TemplateError::OutOfFuel {
+                fuel: DEFAULT_TEMPLATE_FUEL
+            }
+        );
+        assert!(err.to_string().contains("20000000 template instructions"));
+        let err = ChatTemplate::with_fuel(nested, 1000)
+            .unwrap()
+            .render(&[], &RenderOptions::default())
+            .unwrap_err();
+        assert_eq!(err, TemplateError::OutOfFuel { fuel: 1000 });
+    }
+
+    #[test]
+    fn huge_output_is_refused() {
+        let huge = "{% for i in range(100000) %}{{ 'x' * 100000 }}{% endfor %}";
+        let err = render_str(huge, json!({})).unwrap_err();
+        assert_eq!(
+            err,
+            TemplateError::OutputTooLarge {
+                limit: DEFAULT_MAX_RENDERED_BYTES
+            }
+        );
+        let template = ChatTemplate::new("{{ 'ab' * n }}")
+            .unwrap()
+            .with_max_rendered_bytes(10);
+        let render = |n: u32| {
+            let mut kwargs = Map::new();
+            kwargs.insert("n".into(), json!(n));
+            template.render(
+                &[],
+                &RenderOptions {
+                    kwargs,
+                    ..RenderOptions::default()
+                },
+            )
+        };
+        assert_eq!(render(5).unwrap(), "ababababab");
+        assert_eq!(
+            render(6).unwrap_err(),
+            TemplateError::OutputTooLarge { limit: 10 }
+        );
+    }
+
+    /// A long agentic conversation (1021 messages, near the default `--max-messages`, with reasoning, tool
+    /// calls and tool results, 16 tools) through the real Qwen template must stay 100x under the fuel.
+    #[test]
+    fn real_template_fuel_headroom() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../scripts/chat_template.jinja"
+        );
+        let source = std::fs::read_to_string(path).unwrap();
+        let template = ChatTemplate::new(&source).unwrap();
+        let mut messages = vec![ChatMessage::text("system", "You are a helpful agent.")];
+        while messages.len() + 4 <= 1024 {
+            let turn = messages.len();
+            messages.push(ChatMessage::text("user", &format!("Step {turn}: go on.")));
+            let mut call: ChatMessage = serde_json::from_value(json!({
+                "role": "assistant",
+                "content": "Calling a tool.",
+                "reasoning_content": "I should look this up before answering.",
+                "tool_calls": [{"id": format!("c{turn}"), "type": "function", "function":
+                    {"name": "lookup", "arguments": {"query": "weather", "days": 3}}}]
+            }))
+            .unwrap();
+            call.name = None;
+            messages.push(call);
+            let mut result = ChatMessage::text("tool", "{\"temp\": 21}");
+            result.tool_call_id = Some(format!("c{turn}"));
+            messages.push(result);
+            messages.push(ChatMessage::text("assistant", "It is 21 degrees."));
+        }
+        let tools: Vec<Json> = (0..16)
+            .map(|i| {
+                json!({"type": "function", "function": {"name": format!("tool_{i}"),
+                    "description": "Looks something up.", "parameters": {"type": "object",
+                    "properties": {"query": {"type": "string"}, "days": {"type": "integer"}},
+                    "required": ["query"]}}})
+            })
+            .collect();
+        let options = RenderOptions {
+            tools: Some(tools),
+            add_generation_prompt: true,
+            kwargs: Map::new(),
+        };
+        let (text, consumed) = template.render_measured(&messages, &options).unwrap();
+        eprintln!(
+            "Qwen template, {} messages + 16 tools: {consumed} fuel, {} bytes",
+            messages.len(),
+            text.len()
+        );
+        assert!(text.contains("<tool_call>") && text.contains("tool_15"));
+        assert!(consumed > 1000, "fuel was not counted: {consumed}");
+        assert!(
+            consumed * 100 <= DEFAULT_TEMPLATE_FUEL,
+            "{consumed} fuel leaves less than 100x headroom under {DEFAULT_TEMPLATE_FUEL}"
+        );
     }
 }
