@@ -354,6 +354,12 @@ impl ServeArgs {
     }
 
     fn validate_memory(&self) -> Result<(), ArgsError> {
+        if self.mamba_ssm_dtype == MambaSsmDtype::Bfloat16 {
+            return refuse(
+                "--mamba-ssm-dtype bfloat16 is not implemented yet: the GDN recurrent state is kept in \
+                 float32 on every backend (use float32, the default)",
+            );
+        }
         if let Some(f) = self.mem_fraction_static {
             if !(f > 0.0 && f <= 1.0) {
                 return refuse(format!(
