@@ -47,6 +47,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .layer(DefaultBodyLimit::max(limit))
         .layer(middleware::from_fn_with_state(
             Arc::clone(&state),
+            refuse_declared_oversize,
+        ))
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&state),
             require_api_key,
         ))
         .layer(middleware::from_fn_with_state(
@@ -54,6 +58,25 @@ pub fn router(state: Arc<AppState>) -> Router {
             count_requests,
         ))
         .with_state(state)
+}
+
+/// Answers 413 as soon as a `Content-Length` over the limit arrives, before reading any of the body:
+/// otherwise each such client could make the server buffer up to the limit first.
+async fn refuse_declared_oversize(
+    State(state): State<Arc<AppState>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let limit = state.config.max_body_bytes;
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    match declared {
+        Some(length) if length > limit as u64 => ApiError::payload_too_large(limit).into_response(),
+        _ => next.run(request).await,
+    }
 }
 
 /// Counts every answered request by route and status, and the requests in flight.

@@ -338,3 +338,21 @@ async fn configured_limits_name_their_flags() {
     assert_eq!(requests.len(), 2);
     assert!(requests.iter().all(|r| r.max_new_tokens == 10));
 }
+
+/// A client that only announces a huge body gets its 413 at once; the server never waits for the bytes.
+#[tokio::test]
+async fn oversized_content_length_is_refused_before_the_body_arrives() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = TestServer::start(FakeEngine::replying("hi")).await;
+    let mut stream = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let head = "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 40000000\r\n\r\n";
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut buffer = vec![0u8; 4096];
+    let read = tokio::time::timeout(std::time::Duration::from_secs(30), stream.read(&mut buffer))
+        .await
+        .expect("the server answers without waiting for the body")
+        .unwrap();
+    let text = String::from_utf8_lossy(&buffer[..read]);
+    assert!(text.starts_with("HTTP/1.1 413"), "{text}");
+    assert!(text.contains("--max-body-bytes"), "{text}");
+}
