@@ -2,9 +2,9 @@
 //! `--threads`) into a loaded `Model` on the chosen backend, with a progress bar while weights load.
 
 use anyhow::{bail, Context, Result};
-use clap::{Args, ValueEnum};
+use clap::Args;
 /// The same backend and load-format choices as `serve` (one definition, in the api crate).
-pub use deltaserve_api::{BackendKind, LoadFormat};
+pub use deltaserve_api::{BackendKind, CpuMatmulPrecision as CpuPrecision, LoadFormat};
 use deltaserve_cuda::CudaBackend;
 use deltaserve_model::config::ModelConfig;
 use deltaserve_model::dummy::DummySource;
@@ -17,12 +17,6 @@ use deltaserve_tensor::diagnostic::{BrokenAttention, BROKEN_ATTENTION_NAME};
 use deltaserve_tensor::reference::ReferenceBackend;
 use deltaserve_tensor::{Backend, DType};
 use std::path::{Path, PathBuf};
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum CpuPrecision {
-    F32,
-    Bf16,
-}
 
 #[derive(Args, Clone, Debug)]
 pub struct ModelArgs {

@@ -38,7 +38,7 @@ fn model_args(args: &ServeArgs) -> ModelArgs {
         backend: args.backend,
         load_format: args.load_format,
         threads: args.threads.unwrap_or(0),
-        cpu_matmul_precision: crate::loading::CpuPrecision::F32,
+        cpu_matmul_precision: args.cpu_matmul_precision,
         attention_backend: match args.attention_backend.as_deref() {
             None | Some("auto") => "native".to_string(),
             Some(name) => name.to_string(),

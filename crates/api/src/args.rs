@@ -100,6 +100,10 @@ pub struct ServeArgs {
     /// CPU threads for the cpu backend (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// How the cpu backend multiplies by bf16 weights: `f32` (exact, the default) or `bf16`
+    /// (activations rounded to bf16, AVX512_BF16 dot products: faster prefill, ~1.5e-3 relative error).
+    #[arg(long = "cpu-matmul-precision", value_enum, default_value_t = CpuMatmulPrecision::F32)]
+    pub cpu_matmul_precision: CpuMatmulPrecision,
     /// /health runs a one-token generation when none finished in this many seconds.
     #[arg(long, default_value_t = 30)]
     pub health_generate_interval: u64,
@@ -170,6 +174,13 @@ impl DegenerationAction {
             Self::Stop => "stop",
         }
     }
+}
+
+/// `--cpu-matmul-precision` values.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CpuMatmulPrecision {
+    F32,
+    Bf16,
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]

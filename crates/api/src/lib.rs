@@ -35,8 +35,8 @@ pub mod stop;
 mod token_bytes;
 
 pub use args::{
-    ArgsError, BackendKind, DegenerationAction, LoadFormat, MambaSsmDtype, ServeArgs,
-    SpeculativeConfig,
+    ArgsError, BackendKind, CpuMatmulPrecision, DegenerationAction, LoadFormat, MambaSsmDtype,
+    ServeArgs, SpeculativeConfig,
 };
 pub use auth::ApiKey;
 pub use bench_serve::{
