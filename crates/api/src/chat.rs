@@ -21,7 +21,7 @@ use crate::error::ApiError;
 use crate::generation::{ChoiceItem, ChoiceRun, ChoiceUsage, FinishKind, TokenInfo};
 use crate::request::ChatRequest;
 use crate::response::{
-    chat_logprobs, new_id, sse_event, tool_call_chunk_json, tool_call_json, unix_now, usage_json,
+    chat_logprobs, sse_event, tool_call_chunk_json, tool_call_json, usage_json, ResponseHead,
     SSE_DONE,
 };
 use crate::sse::sse_response;
@@ -36,14 +36,6 @@ pub async fn chat_completions(
         Ok(response) => response,
         Err(error) => error.into_response(),
     }
-}
-
-/// Identity of one response, repeated in every chunk.
-#[derive(Debug, Clone)]
-struct ResponseHead {
-    id: String,
-    created: u64,
-    model: String,
 }
 
 fn template_error(error: TemplateError) -> ApiError {
@@ -103,11 +95,7 @@ async fn chat(
         arrival,
         "messages",
     )?;
-    let head = ResponseHead {
-        id: new_id("chatcmpl"),
-        created: unix_now(),
-        model: state.config.model_name.clone(),
-    };
+    let head = ResponseHead::new("chatcmpl", &state.config.model_name);
     let id_suffix = head.id.trim_start_matches("chatcmpl-").to_string();
     let parsing: Vec<OutputParsing> = (0..runs.len())
         .map(|i| OutputParsing {
@@ -183,15 +171,9 @@ async fn complete(
         }
         choices.push(choice);
     }
-    Ok(axum::Json(json!({
-        "id": head.id,
-        "object": "chat.completion",
-        "created": head.created,
-        "model": head.model,
-        "choices": choices,
-        "usage": usage_json(&usage),
-    }))
-    .into_response())
+    let mut body = head.body("chat.completion", choices);
+    body["usage"] = usage_json(&usage);
+    Ok(axum::Json(body).into_response())
 }
 
 /// Streaming: the choices' items merged as they come, turned into SSE chunks.
@@ -263,17 +245,8 @@ impl ChatStream {
     }
 
     fn chunk(&self, choices: Vec<Value>) -> Value {
-        let mut chunk = json!({
-            "id": self.head.id,
-            "object": "chat.completion.chunk",
-            "created": self.head.created,
-            "model": self.head.model,
-            "choices": choices,
-        });
-        if self.include_usage {
-            chunk["usage"] = Value::Null;
-        }
-        chunk
+        self.head
+            .chunk("chat.completion.chunk", choices, self.include_usage)
     }
 
     /// The next non-empty batch of SSE events; `None` after `[DONE]`.

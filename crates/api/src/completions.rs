@@ -18,7 +18,7 @@ use crate::common::{account_choice, check_model, choice_error, finish_error, rea
 use crate::error::ApiError;
 use crate::generation::{ChoiceItem, ChoiceRun, ChoiceUsage};
 use crate::request::{CompletionRequest, PromptInput};
-use crate::response::{completion_logprobs, new_id, sse_event, unix_now, usage_json, SSE_DONE};
+use crate::response::{completion_logprobs, sse_event, usage_json, ResponseHead, SSE_DONE};
 use crate::sse::sse_response;
 use crate::state::AppState;
 
@@ -94,11 +94,7 @@ async fn complete(
             });
         }
     }
-    let head = Head {
-        id: new_id("cmpl"),
-        created: unix_now(),
-        model: state.config.model_name.clone(),
-    };
+    let head = ResponseHead::new("cmpl", &state.config.model_name);
     let logprobs = request.params.logprobs.is_some();
     if request.params.stream {
         let stream = CompletionStream::new(
@@ -139,28 +135,15 @@ async fn complete(
             choice
         })
         .collect();
-    Ok(axum::Json(json!({
-        "id": head.id,
-        "object": "text_completion",
-        "created": head.created,
-        "model": head.model,
-        "choices": choices,
-        "usage": usage_json(&usage),
-    }))
-    .into_response())
-}
-
-#[derive(Debug, Clone)]
-struct Head {
-    id: String,
-    created: u64,
-    model: String,
+    let mut body = head.body("text_completion", choices);
+    body["usage"] = usage_json(&usage);
+    Ok(axum::Json(body).into_response())
 }
 
 /// Streaming completions: every text piece becomes one `text_completion` chunk.
 struct CompletionStream {
     state: Arc<AppState>,
-    head: Head,
+    head: ResponseHead,
     merged: SelectAll<BoxStream<'static, (usize, ChoiceItem)>>,
     /// Per choice: text still to echo before its first piece, and the byte offset for logprobs.
     echo: Vec<Option<String>>,
@@ -174,7 +157,7 @@ struct CompletionStream {
 impl CompletionStream {
     fn new(
         state: Arc<AppState>,
-        head: Head,
+        head: ResponseHead,
         runs: Vec<ChoiceRun>,
         plans: Vec<ChoicePlan>,
         logprobs: bool,
@@ -212,17 +195,8 @@ impl CompletionStream {
     }
 
     fn chunk(&self, choices: Vec<Value>) -> Value {
-        let mut chunk = json!({
-            "id": self.head.id,
-            "object": "text_completion",
-            "created": self.head.created,
-            "model": self.head.model,
-            "choices": choices,
-        });
-        if self.include_usage {
-            chunk["usage"] = Value::Null;
-        }
-        chunk
+        self.head
+            .chunk("text_completion", choices, self.include_usage)
     }
 
     async fn next_events(&mut self) -> Option<String> {

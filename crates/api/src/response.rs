@@ -37,6 +37,45 @@ pub fn unix_now() -> u64 {
 
 /// OpenAI `usage` plus `completion_tokens_details.reasoning_tokens`, and `spec_decoding` when any
 /// tokens were drafted (an extra field OpenAI clients tolerate).
+/// Identity of one response, repeated in its body and in every chunk of its stream.
+#[derive(Debug, Clone)]
+pub struct ResponseHead {
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+}
+
+impl ResponseHead {
+    /// A fresh id (`{id_prefix}-...`) created now, for `model`.
+    pub fn new(id_prefix: &str, model: &str) -> Self {
+        Self {
+            id: new_id(id_prefix),
+            created: unix_now(),
+            model: model.to_string(),
+        }
+    }
+
+    /// The fields every response body and chunk starts with, around `choices`.
+    pub fn body(&self, object: &str, choices: Vec<Value>) -> Value {
+        json!({
+            "id": self.id,
+            "object": object,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        })
+    }
+
+    /// One stream chunk; with `include_usage` it carries `usage: null` until the final usage chunk.
+    pub fn chunk(&self, object: &str, choices: Vec<Value>, include_usage: bool) -> Value {
+        let mut chunk = self.body(object, choices);
+        if include_usage {
+            chunk["usage"] = Value::Null;
+        }
+        chunk
+    }
+}
+
 pub fn usage_json(usage: &ChoiceUsage) -> Value {
     let mut object = Map::new();
     object.insert("prompt_tokens".into(), json!(usage.prompt_tokens));
