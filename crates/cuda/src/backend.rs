@@ -8,13 +8,14 @@ use crate::error::CudaError;
 use crate::libraries;
 use crate::mat::CudaMat;
 use crate::options::{CudaOptions, GemmPrecision};
+use crate::profile::OpProfiler;
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, ValidAsZeroBits,
 };
 use deltaserve_tensor::{
-    AttnShape, Backend, BatchLayout, GdnShape, HostTensor, KvLayerPool, RouteChoice,
-    StateLayerPool, TensorError,
+    AttnShape, Backend, BatchLayout, GdnShape, GeneratedMatrix, HostTensor, KvLayerPool, OpTiming,
+    RouteChoice, RowSampling, StateLayerPool, TensorError,
 };
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -39,6 +40,8 @@ pub struct CudaBackend {
     /// RoPE inverse frequencies per `(rotary_dim, theta bits)`, computed on the host as the
     /// reference does and kept on the device.
     pub(crate) rope_tables: Arc<Mutex<RopeTables>>,
+    /// Per-op device timing, off unless `bench --profile` turns it on.
+    pub(crate) profiler: Arc<OpProfiler>,
     device_name: String,
     compute_capability: (i32, i32),
     ptx_from_cache: usize,
@@ -54,7 +57,7 @@ pub(crate) fn device_failure(op: &str, err: impl std::fmt::Debug) -> ! {
 /// Launches kernel `$name` with `$cfg` and the given arguments, which must all be references to
 /// named values (the launch reads them through pointers). Callers state the safety contract.
 macro_rules! launch {
-    ($be:expr, $name:literal, $cfg:expr, $($arg:expr),+ $(,)?) => {{
+    ($be:expr, $name:expr, $cfg:expr, $($arg:expr),+ $(,)?) => {{
         use cudarc::driver::PushKernelArg;
         let mut builder = $be.stream.launch_builder($be.function($name));
         $( builder.arg($arg); )+
@@ -166,6 +169,7 @@ impl CudaBackend {
             functions: Arc::new(functions),
             gemm_precision: options.gemm_precision,
             rope_tables: Arc::new(Mutex::new(HashMap::new())),
+            profiler: Arc::new(OpProfiler::default()),
             device_name: name,
             compute_capability: (major, minor),
             ptx_from_cache,
@@ -268,12 +272,17 @@ impl Backend for CudaBackend {
         if buf.len == 0 {
             return Vec::new();
         }
-        let host = self
-            .stream
-            .clone_dtoh(&buf.data.slice(0..buf.len))
-            .unwrap_or_else(|e| device_failure("to_host", e));
-        self.synchronize();
-        host
+        self.timed(
+            || "to_host".to_string(),
+            || {
+                let host = self
+                    .stream
+                    .clone_dtoh(&buf.data.slice(0..buf.len))
+                    .unwrap_or_else(|e| device_failure("to_host", e));
+                self.synchronize();
+                host
+            },
+        )
     }
 
     fn buf_len(&self, buf: &CudaBuf) -> usize {
@@ -289,15 +298,24 @@ impl Backend for CudaBackend {
     }
 
     fn embedding(&self, table: &CudaMat, ids: &[u32], out: &mut CudaBuf) {
-        self.embedding_op(table, ids, out)
+        self.timed(
+            || "embedding".to_string(),
+            || self.embedding_op(table, ids, out),
+        )
     }
 
     fn matmul(&self, x: &CudaBuf, w: &CudaMat, out: &mut CudaBuf, tokens: usize) {
-        self.matmul_op(x, w, out, tokens)
+        self.timed(
+            || format!("matmul {}x{}", w.rows, w.cols),
+            || self.matmul_op(x, w, out, tokens),
+        )
     }
 
     fn rms_norm(&self, x: &CudaBuf, w: &CudaBuf, eps: f32, dim: usize, out: &mut CudaBuf) {
-        self.rms_norm_op(x, w, eps, dim, out)
+        self.timed(
+            || "rms_norm".to_string(),
+            || self.rms_norm_op(x, w, eps, dim, out),
+        )
     }
 
     fn gated_rms_norm(
@@ -309,19 +327,28 @@ impl Backend for CudaBackend {
         dim: usize,
         out: &mut CudaBuf,
     ) {
-        self.gated_rms_norm_op(x, z, w, eps, dim, out)
+        self.timed(
+            || "gated_rms_norm".to_string(),
+            || self.gated_rms_norm_op(x, z, w, eps, dim, out),
+        )
     }
 
     fn add_inplace(&self, acc: &mut CudaBuf, x: &CudaBuf) {
-        self.add_inplace_op(acc, x)
+        self.timed(|| "add_inplace".to_string(), || self.add_inplace_op(acc, x))
     }
 
     fn silu_mul(&self, gate: &CudaBuf, up: &CudaBuf, out: &mut CudaBuf) {
-        self.silu_mul_op(gate, up, out)
+        self.timed(
+            || "silu_mul".to_string(),
+            || self.silu_mul_op(gate, up, out),
+        )
     }
 
     fn sigmoid_mul_inplace(&self, x: &mut CudaBuf, gate: &CudaBuf) {
-        self.sigmoid_mul_op(x, gate)
+        self.timed(
+            || "sigmoid_mul".to_string(),
+            || self.sigmoid_mul_op(x, gate),
+        )
     }
 
     fn rope(
@@ -333,15 +360,24 @@ impl Backend for CudaBackend {
         rotary_dim: usize,
         theta: f32,
     ) {
-        self.rope_op(x, positions, heads, head_dim, rotary_dim, theta)
+        self.timed(
+            || "rope".to_string(),
+            || self.rope_op(x, positions, heads, head_dim, rotary_dim, theta),
+        )
     }
 
     fn concat_cols(&self, a: &CudaBuf, b: &CudaBuf, a_dim: usize, b_dim: usize, out: &mut CudaBuf) {
-        self.concat_cols_op(a, b, a_dim, b_dim, out)
+        self.timed(
+            || "concat_cols".to_string(),
+            || self.concat_cols_op(a, b, a_dim, b_dim, out),
+        )
     }
 
     fn gather_rows(&self, src: &CudaBuf, dim: usize, rows: &[u32]) -> CudaBuf {
-        self.gather_rows_op(src, dim, rows)
+        self.timed(
+            || "gather_rows".to_string(),
+            || self.gather_rows_op(src, dim, rows),
+        )
     }
 
     fn scatter_add_rows(
@@ -352,11 +388,17 @@ impl Backend for CudaBackend {
         rows: &[u32],
         weights: &[f32],
     ) {
-        self.scatter_add_rows_op(acc, src, dim, rows, weights)
+        self.timed(
+            || "scatter_add_rows".to_string(),
+            || self.scatter_add_rows_op(acc, src, dim, rows, weights),
+        )
     }
 
     fn sigmoid_scale_rows(&self, x: &mut CudaBuf, gate: &CudaBuf, dim: usize) {
-        self.sigmoid_scale_rows_op(x, gate, dim)
+        self.timed(
+            || "sigmoid_scale_rows".to_string(),
+            || self.sigmoid_scale_rows_op(x, gate, dim),
+        )
     }
 
     fn attention(
@@ -369,7 +411,10 @@ impl Backend for CudaBackend {
         shape: AttnShape,
         out: &mut CudaBuf,
     ) {
-        self.attention_op(q, k, v, pool, batch, shape, out)
+        self.timed(
+            || "attention".to_string(),
+            || self.attention_op(q, k, v, pool, batch, shape, out),
+        )
     }
 
     fn causal_conv1d(
@@ -380,7 +425,10 @@ impl Backend for CudaBackend {
         batch: &BatchLayout,
         out: &mut CudaBuf,
     ) {
-        self.causal_conv1d_op(x, w, pool, batch, out)
+        self.timed(
+            || "causal_conv1d".to_string(),
+            || self.causal_conv1d_op(x, w, pool, batch, out),
+        )
     }
 
     fn gdn_gates(
@@ -392,7 +440,10 @@ impl Backend for CudaBackend {
         g: &mut CudaBuf,
         beta: &mut CudaBuf,
     ) {
-        self.gdn_gates_op(a, b, a_log, dt_bias, g, beta)
+        self.timed(
+            || "gdn_gates".to_string(),
+            || self.gdn_gates_op(a, b, a_log, dt_bias, g, beta),
+        )
     }
 
     fn gated_delta_rule(
@@ -405,15 +456,24 @@ impl Backend for CudaBackend {
         shape: GdnShape,
         out: &mut CudaBuf,
     ) {
-        self.gated_delta_rule_op(mixed, g, beta, pool, batch, shape, out)
+        self.timed(
+            || "gated_delta_rule".to_string(),
+            || self.gated_delta_rule_op(mixed, g, beta, pool, batch, shape, out),
+        )
     }
 
     fn reset_state_slot(&self, pool: &mut StateLayerPool<Self>, slot: usize) {
-        self.reset_state_slot_op(pool, slot)
+        self.timed(
+            || "reset_state_slot".to_string(),
+            || self.reset_state_slot_op(pool, slot),
+        )
     }
 
     fn copy_state_slot(&self, pool: &mut StateLayerPool<Self>, src: usize, dst: usize) {
-        self.copy_state_slot_op(pool, src, dst)
+        self.timed(
+            || "copy_state_slot".to_string(),
+            || self.copy_state_slot_op(pool, src, dst),
+        )
     }
 
     fn route_top_k(
@@ -431,5 +491,47 @@ impl Backend for CudaBackend {
             top_k,
             renormalize,
         )
+    }
+
+    fn generate_mat(&self, spec: &GeneratedMatrix) -> Option<Result<CudaMat, TensorError>> {
+        Some(self.timed(|| "generate_mat".to_string(), || self.generate_mat_op(spec)))
+    }
+
+    fn samples_on_device(&self) -> bool {
+        true
+    }
+
+    fn sample_rows(
+        &self,
+        logits: &CudaBuf,
+        vocab: usize,
+        rows: &[RowSampling],
+    ) -> Option<Vec<u32>> {
+        Some(self.timed(
+            || "sample_rows".to_string(),
+            || self.sample_rows_op(logits, vocab, rows),
+        ))
+    }
+
+    fn free_device_memory(&self) -> Option<usize> {
+        if let Err(e) = self.ctx.bind_to_thread() {
+            device_failure("reading free memory (binding the context)", e);
+        }
+        match cudarc::driver::result::mem_get_info() {
+            Ok((free, _total)) => Some(free),
+            Err(e) => device_failure("reading free memory", e),
+        }
+    }
+
+    fn set_op_profiling(&self, on: bool) -> bool {
+        self.set_op_profiling_op(on)
+    }
+
+    fn take_op_profile(&self) -> Vec<OpTiming> {
+        self.take_op_profile_op()
+    }
+
+    fn measure_device_read_bandwidth(&self) -> Option<f64> {
+        Some(self.measure_read_bandwidth_op())
     }
 }

@@ -12,6 +12,21 @@ use deltaserve_tensor::{BatchLayout, GdnShape, StateLayerPool};
 /// Channels per block of the conv.
 const CONV_THREADS: u32 = 128;
 
+/// Value columns per block of the register-resident delta rule (one warp).
+const COLUMNS_PER_BLOCK: u32 = 32;
+
+/// The delta-rule kernel that keeps a state column in registers, compiled for these key dims.
+fn register_kernel(key_dim: usize) -> Option<&'static str> {
+    Some(match key_dim {
+        16 => "gated_delta_rule_k16",
+        32 => "gated_delta_rule_k32",
+        64 => "gated_delta_rule_k64",
+        128 => "gated_delta_rule_k128",
+        256 => "gated_delta_rule_k256",
+        _ => return None,
+    })
+}
+
 impl CudaBackend {
     pub(crate) fn causal_conv1d_op(
         &self,
@@ -172,6 +187,33 @@ impl CudaBackend {
         let table = seq_table(batch);
         let seqs = self.upload("delta rule sequences", &table.seqs);
         let snaps = self.upload("delta rule snapshot slots", &table.snaps);
+        if let Some(kernel) = register_kernel(key_dim) {
+            let slices = value_dim.div_ceil(COLUMNS_PER_BLOCK as usize) as u32;
+            let cfg = LaunchConfig {
+                grid_dim: (value_heads as u32, batch.seqs.len() as u32, slices),
+                block_dim: (COLUMNS_PER_BLOCK, 1, 1),
+                shared_mem_bytes: ((2 * key_dim + 32) * std::mem::size_of::<f32>()) as u32,
+            };
+            let (hk, hv, dv) = (key_heads as i32, value_heads as i32, value_dim as i32);
+            // Contract: as below; the slices cover value_dim columns (threads past it only help
+            // stage q and k), and the kernel's key_dim is `key_dim`.
+            launch!(
+                self,
+                kernel,
+                cfg,
+                &mixed.data,
+                &g.data,
+                &beta.data,
+                &mut pool.ssm.data,
+                &mut out.data,
+                &seqs,
+                &snaps,
+                &hk,
+                &hv,
+                &dv
+            );
+            return;
+        }
         let cfg = LaunchConfig {
             grid_dim: (value_heads as u32, batch.seqs.len() as u32, 1),
             block_dim: (threads, 1, 1),

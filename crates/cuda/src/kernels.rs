@@ -12,7 +12,7 @@ pub struct KernelFile {
 /// Helpers prepended to every file (`#line` keeps NVRTC's line numbers those of the file).
 pub const COMMON: &str = include_str!("../kernels/common.cuh");
 
-pub const FILES: [KernelFile; 6] = [
+pub const FILES: [KernelFile; 9] = [
     KernelFile {
         name: "elementwise.cu",
         source: include_str!("../kernels/elementwise.cu"),
@@ -47,12 +47,35 @@ pub const FILES: [KernelFile; 6] = [
     KernelFile {
         name: "gdn.cu",
         source: include_str!("../kernels/gdn.cu"),
-        functions: &["gdn_gates", "gated_delta_rule"],
+        functions: &[
+            "gdn_gates",
+            "gated_delta_rule",
+            "gated_delta_rule_k16",
+            "gated_delta_rule_k32",
+            "gated_delta_rule_k64",
+            "gated_delta_rule_k128",
+            "gated_delta_rule_k256",
+        ],
     },
     KernelFile {
         name: "attention.cu",
         source: include_str!("../kernels/attention.cu"),
         functions: &["kv_write", "paged_attention"],
+    },
+    KernelFile {
+        name: "sampling.cu",
+        source: include_str!("../kernels/sampling.cu"),
+        functions: &["sample_rows"],
+    },
+    KernelFile {
+        name: "dummy.cu",
+        source: include_str!("../kernels/dummy.cu"),
+        functions: &["dummy_fill"],
+    },
+    KernelFile {
+        name: "probe.cu",
+        source: include_str!("../kernels/probe.cu"),
+        functions: &["read_bandwidth"],
     },
 ];
 

@@ -4,20 +4,26 @@
 
 mod attention;
 mod backend;
+mod bandwidth;
 mod buffer;
 pub mod compile;
 mod dense;
+mod detect;
 mod error;
 mod gdn;
 mod gemm;
+mod generate;
 pub mod kernels;
 mod layout;
 mod libraries;
 mod mat;
 mod options;
+mod profile;
+mod sampling;
 
 pub use backend::CudaBackend;
 pub use buffer::CudaBuf;
+pub use detect::usable_gpu;
 pub use error::CudaError;
 pub use mat::CudaMat;
 pub use options::{CudaOptions, GemmPrecision};

@@ -498,7 +498,8 @@ fn gdn_batch(lens: &[(usize, bool)]) -> (BatchLayout, usize) {
     )
 }
 
-fn gdn_shapes() -> [(GdnShape, &'static [(usize, bool)]); 3] {
+/// Key dims 16, 32 and 128 run the register-resident kernel; 24 the general one.
+fn gdn_shapes() -> [(GdnShape, &'static [(usize, bool)]); 4] {
     [
         (
             GdnShape {
@@ -526,6 +527,15 @@ fn gdn_shapes() -> [(GdnShape, &'static [(usize, bool)]); 3] {
                 value_dim: 128,
             },
             &[(65, false), (1, false), (2, true)],
+        ),
+        (
+            GdnShape {
+                key_heads: 2,
+                value_heads: 2,
+                key_dim: 24,
+                value_dim: 40,
+            },
+            &[(33, false), (1, false), (3, true)],
         ),
     ]
 }

@@ -4,7 +4,7 @@
 
 use crate::error::LoadError;
 use crate::source::TensorSource;
-use deltaserve_tensor::{DType, HostTensor};
+use deltaserve_tensor::{DType, GeneratedMatrix, HostTensor};
 use rayon::prelude::*;
 use std::sync::Arc;
 
@@ -215,6 +215,28 @@ fn fill_uniform<const N: usize>(
 }
 
 impl TensorSource for DummySource {
+    fn generated_matrix(&self, name: &str, shape: [usize; 2]) -> Option<GeneratedMatrix> {
+        let Init::Uniform { lo, hi } = init_for(name, &shape) else {
+            return None;
+        };
+        if !self.knows(name) || !matches!(self.dtype, DType::BF16 | DType::F32) {
+            return None;
+        }
+        let chunks = (shape[0] * shape[1]).div_ceil(CHUNK_ELEMS);
+        Some(GeneratedMatrix {
+            name: name.to_string(),
+            dtype: self.dtype,
+            rows: shape[0],
+            cols: shape[1],
+            lo,
+            hi,
+            chunk_elems: CHUNK_ELEMS,
+            chunk_seeds: (0..chunks)
+                .map(|c| stream_seed(self.seed, name, c))
+                .collect(),
+        })
+    }
+
     fn get(&self, name: &str, shape: &[usize]) -> Result<HostTensor, LoadError> {
         if !self.knows(name) {
             return Err(LoadError::MissingTensor {

@@ -3,6 +3,7 @@
 //! model shapes; callers pass the shape they expect and get a checked tensor or a `LoadError`.
 
 use crate::error::LoadError;
+use deltaserve_tensor::GeneratedMatrix;
 use deltaserve_tensor::HostTensor;
 
 pub trait TensorSource: Send + Sync {
@@ -12,6 +13,11 @@ pub trait TensorSource: Send + Sync {
     /// Returns the tensor checked against `shape` (error names tensor, file, expected and found shape).
     fn get(&self, name: &str, shape: &[usize]) -> Result<HostTensor, LoadError>;
     fn contains(&self, name: &str) -> bool;
+    /// How to generate matrix `name` on a device, for sources that generate rather than read
+    /// (`None`: read it with `get`).
+    fn generated_matrix(&self, _name: &str, _shape: [usize; 2]) -> Option<GeneratedMatrix> {
+        None
+    }
     /// What this source reads from (e.g. the checkpoint directory), for messages.
     fn describe(&self) -> String;
 }

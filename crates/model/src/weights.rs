@@ -123,6 +123,13 @@ impl<B: Backend> Builder<'_, B> {
     }
 
     fn mat(&mut self, name: &str, shape: [usize; 2]) -> Result<B::Mat, LoadError> {
+        if let Some(spec) = self.source.generated_matrix(name, shape) {
+            if let Some(generated) = self.backend.generate_mat(&spec) {
+                self.done += 1;
+                (self.progress)(self.done, self.total);
+                return Ok(generated?);
+            }
+        }
         let t = self.host(name, &shape)?;
         self.mat_from(&t)
     }

@@ -7,7 +7,10 @@
 
 use crate::batch::BatchLayout;
 use crate::cache::{KvLayerPool, StateLayerPool};
+use crate::device_sampling::RowSampling;
+use crate::generated::GeneratedMatrix;
 use crate::host::{HostTensor, TensorError};
+use crate::op_profile::OpTiming;
 
 /// Geometry of a gated full-attention layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -192,4 +195,51 @@ pub trait Backend: Send + Sync {
         top_k: usize,
         renormalize: bool,
     ) -> Vec<RouteChoice>;
+
+    // ---- device extras (defaults: the backend has none) ----------------------------------------
+    /// Generates a matrix on the device, bit for bit the values the source would have uploaded;
+    /// `None`: this backend cannot (the caller generates on the host and uploads).
+    fn generate_mat(&self, _spec: &GeneratedMatrix) -> Option<Result<Self::Mat, TensorError>> {
+        None
+    }
+
+    /// Whether `sample_rows` samples on the device (asked before drawing the uniform numbers, so
+    /// a backend without it leaves every request's random stream as the host sampler uses it).
+    fn samples_on_device(&self) -> bool {
+        false
+    }
+
+    /// Picks one token for each of `rows` of `logits [rows, vocab]` without copying the logits off
+    /// the device, drawing from the distribution the engine's host sampler defines. `None`: this
+    /// backend has no device sampler and the caller samples on the host.
+    fn sample_rows(
+        &self,
+        _logits: &Self::Buf,
+        _vocab: usize,
+        _rows: &[RowSampling],
+    ) -> Option<Vec<u32>> {
+        None
+    }
+
+    /// Free bytes of the backend's own device memory (what the cache pools are planned from);
+    /// `None` for backends that run from host memory.
+    fn free_device_memory(&self) -> Option<usize> {
+        None
+    }
+
+    /// Starts (or stops) timing every op on the device; false when this backend cannot.
+    fn set_op_profiling(&self, _on: bool) -> bool {
+        false
+    }
+
+    /// The device time per op since profiling started (and resets it), most expensive first.
+    fn take_op_profile(&self) -> Vec<OpTiming> {
+        Vec::new()
+    }
+
+    /// The measured read bandwidth of the backend's own device memory in bytes/s; `None` for
+    /// backends that run from host memory (the caller measures that itself).
+    fn measure_device_read_bandwidth(&self) -> Option<f64> {
+        None
+    }
 }

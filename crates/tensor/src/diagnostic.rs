@@ -7,7 +7,10 @@
 use crate::backend::{AttnShape, Backend, GdnShape, RouteChoice};
 use crate::batch::{BatchLayout, SeqLayout};
 use crate::cache::{KvLayerPool, StateLayerPool};
+use crate::device_sampling::RowSampling;
+use crate::generated::GeneratedMatrix;
 use crate::host::{HostTensor, TensorError};
+use crate::op_profile::OpTiming;
 
 /// The attention-backend name that selects this fault.
 pub const BROKEN_ATTENTION_NAME: &str = "diagnostic-broken-attention";
@@ -222,6 +225,32 @@ impl<B: Backend> Backend for BrokenAttention<B> {
         renormalize: bool,
     ) -> Vec<RouteChoice> {
         self.inner.route_top_k(logits, experts, top_k, renormalize)
+    }
+    fn generate_mat(&self, spec: &GeneratedMatrix) -> Option<Result<Self::Mat, TensorError>> {
+        self.inner.generate_mat(spec)
+    }
+    fn samples_on_device(&self) -> bool {
+        self.inner.samples_on_device()
+    }
+    fn sample_rows(
+        &self,
+        logits: &Self::Buf,
+        vocab: usize,
+        rows: &[RowSampling],
+    ) -> Option<Vec<u32>> {
+        self.inner.sample_rows(logits, vocab, rows)
+    }
+    fn free_device_memory(&self) -> Option<usize> {
+        self.inner.free_device_memory()
+    }
+    fn set_op_profiling(&self, on: bool) -> bool {
+        self.inner.set_op_profiling(on)
+    }
+    fn take_op_profile(&self) -> Vec<OpTiming> {
+        self.inner.take_op_profile()
+    }
+    fn measure_device_read_bandwidth(&self) -> Option<f64> {
+        self.inner.measure_device_read_bandwidth()
     }
 }
 

@@ -1,0 +1,304 @@
+// Token sampling on the device, one block per requested row of logits [rows, vocab], so logits never
+// leave the GPU. The semantics are the engine's host sampler (crates/engine/src/sampler.rs): greedy is
+// the argmax with ties to the lower id; otherwise temperature, then top-k, top-p and min-p, each of
+// which keeps a prefix of the tokens ordered by logit (descending, ties by lower id), then one draw
+// decided by the given uniform number.
+//
+// Nothing is sorted. Logits map to order-preserving integer keys; a radix select (4 passes of 8 bits)
+// finds the key of the k-th token for top-k and the key where the probability mass reaches top-p.
+// A prefix is then (key K, ties r): a token is kept when its key is above K, or equal to K and it is
+// among the first r such tokens by id. The draw walks the kept tokens in id order: a different map
+// from the uniform number to a token than the host's, drawing from the same distribution.
+//
+// Masses are summed in double, so they agree with the host's f64 sums to ~1e-7 (the f32 exponentials);
+// only a top-p boundary that close to a cumulative sum can fall differently.
+
+#define RADIX_BINS 256
+
+// Larger key = larger float (total order; positive NaN ranks above +inf, as Rust's total_cmp).
+__device__ __forceinline__ unsigned int order_key(float x) {
+    const unsigned int u = __float_as_uint(x);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+__device__ __forceinline__ float key_value(unsigned int key) {
+    return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
+}
+
+// Exclusive prefix sum of `v` over the block (blockDim.x a multiple of 32, at most 1024); `total`
+// gets the block's sum. `scratch` holds 33 values. Deterministic: a fixed tree of additions.
+template <typename T>
+__device__ T block_exclusive_scan(T v, T* scratch, T* total) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    T inclusive = v;
+    for (int o = 1; o < 32; o <<= 1) {
+        const T n = __shfl_up_sync(0xffffffffu, inclusive, o);
+        if (lane >= o) inclusive += n;
+    }
+    __syncthreads();  // a previous scan may still be reading `scratch`
+    if (lane == 31) scratch[warp] = inclusive;
+    __syncthreads();
+    if (warp == 0) {
+        const T own = lane < warps ? scratch[lane] : (T)0;
+        T running = own;
+        for (int o = 1; o < 32; o <<= 1) {
+            const T n = __shfl_up_sync(0xffffffffu, running, o);
+            if (lane >= o) running += n;
+        }
+        if (lane < warps) scratch[lane] = running - own;
+        if (lane == 31) scratch[32] = running;
+    }
+    __syncthreads();
+    *total = scratch[32];
+    return scratch[warp] + inclusive - v;
+}
+
+// Sum over the block in a fixed order; every thread gets it. `scratch` holds 33 values.
+__device__ double block_sum_double(double v, double* scratch) {
+    double total;
+    block_exclusive_scan(v, scratch, &total);
+    return total;
+}
+
+// A prefix of the order (key desc, id asc) is (key, ties): tokens with a larger key, and the first
+// `ties` tokens (by id) with that key; ties < 0 means all of them (the whole vocabulary is (0, -1)).
+__device__ __forceinline__ bool below_prefix(unsigned int k, unsigned int key, int ties) {
+    return k < key || (k == key && ties >= 0);
+}
+
+// The smallest prefix holding `need` tokens (count select) or reaching probability mass `need_mass`
+// (mass select), among the tokens of the prefix (`within_key`, `within_ties`); the result goes to
+// `out_key` / `out_ties`. Returns false when rounding left the mass short of `need_mass` (the caller
+// then keeps the whole `within` prefix). Every thread of the block must call it.
+__device__ bool radix_select(const float* x, int vocab, bool by_mass, int need, double need_mass, float max_x,
+                             float inv_t, unsigned int within_key, int within_ties, unsigned int* hist_count,
+                             double* hist_mass, unsigned int* out_key, int* out_ties, int* shared_flag) {
+    unsigned int prefix = 0, mask = 0;
+    const double within_weight = (double)expf((key_value(within_key) - max_x) * inv_t);
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int b = threadIdx.x; b < RADIX_BINS; b += blockDim.x) {
+            hist_count[b] = 0;
+            hist_mass[b] = 0.0;
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+            const unsigned int k = order_key(x[i]);
+            // A bounded tie group at the `within` key is added below as exactly `within_ties` tokens.
+            if ((k & mask) != prefix || below_prefix(k, within_key, within_ties)) continue;
+            const unsigned int d = (k >> shift) & 255u;
+            atomicAdd(&hist_count[d], 1u);
+            if (by_mass) atomicAdd(&hist_mass[d], (double)expf((x[i] - max_x) * inv_t));
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            if (within_ties >= 0 && (within_key & mask) == prefix) {
+                const unsigned int d = (within_key >> shift) & 255u;
+                hist_count[d] += (unsigned int)within_ties;
+                hist_mass[d] += (double)within_ties * within_weight;
+            }
+            int chosen = -1;
+            long long count_before = 0;
+            double mass_before = 0.0;
+            for (int d = 255; d >= 0; --d) {
+                if (hist_count[d] == 0) continue;
+                const bool reached = by_mass ? mass_before + hist_mass[d] >= need_mass
+                                             : count_before + (long long)hist_count[d] >= need;
+                if (reached) {
+                    chosen = d;
+                    break;
+                }
+                count_before += hist_count[d];
+                mass_before += hist_mass[d];
+            }
+            shared_flag[0] = chosen;
+            if (chosen >= 0) {
+                out_key[0] = prefix | ((unsigned int)chosen << shift);
+                // What is still needed inside the chosen bin, for the next pass.
+                hist_mass[0] = need_mass - mass_before;
+                out_ties[0] = need - (int)count_before;
+            }
+        }
+        __syncthreads();
+        if (shared_flag[0] < 0) return false;
+        prefix = out_key[0];
+        mask |= 255u << shift;
+        need_mass = hist_mass[0];
+        need = out_ties[0];
+        __syncthreads();
+    }
+    // `prefix` is now the whole key: how many of its tied tokens are needed.
+    if (threadIdx.x == 0) hist_count[0] = 0;
+    __syncthreads();
+    unsigned int local = 0;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) local += order_key(x[i]) == prefix ? 1u : 0u;
+    if (local) atomicAdd(&hist_count[0], local);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int available = (int)hist_count[0];
+        if (prefix == within_key && within_ties >= 0 && within_ties < available) available = within_ties;
+        int ties = need;
+        if (by_mass) {
+            const double w = (double)expf((key_value(prefix) - max_x) * inv_t);
+            ties = w > 0.0 ? (int)ceil(need_mass / w) : available;
+        }
+        ties = ties < 1 ? 1 : (ties > available ? available : ties);
+        out_key[0] = prefix;
+        out_ties[0] = ties;
+    }
+    __syncthreads();
+    return true;
+}
+
+// rows[n], top_ks[n], temperatures[n], top_ps[n], min_ps[n], uniforms[n] -> out[n] token ids.
+// Launched with one block per row and a multiple of 32 threads (at most 1024).
+extern "C" __global__ void sample_rows(const float* logits, int vocab, const int* rows, const int* top_ks,
+                                       const float* temperatures, const float* top_ps, const float* min_ps,
+                                       const double* uniforms, int* out) {
+    __shared__ unsigned int hist_count[RADIX_BINS];
+    __shared__ double hist_mass[RADIX_BINS];
+    __shared__ double scan_double[33];
+    __shared__ int scan_int[33];
+    __shared__ unsigned int best_keys[32];
+    __shared__ int best_ids[32];
+    __shared__ unsigned int sel_key;
+    __shared__ int sel_ties;
+    __shared__ int flag;
+    __shared__ int chosen;
+
+    const int r = blockIdx.x;
+    const float* x = logits + (i64)rows[r] * vocab;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
+
+    // Argmax: the largest key, ties to the lower id.
+    unsigned int best_key = 0;
+    int best_id = vocab;
+    for (int i = tid; i < vocab; i += blockDim.x) {
+        const unsigned int k = order_key(x[i]);
+        if (k > best_key || (k == best_key && i < best_id)) {
+            best_key = k;
+            best_id = i;
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        const unsigned int k = __shfl_xor_sync(0xffffffffu, best_key, o);
+        const int id = __shfl_xor_sync(0xffffffffu, best_id, o);
+        if (k > best_key || (k == best_key && id < best_id)) {
+            best_key = k;
+            best_id = id;
+        }
+    }
+    if (lane == 0) {
+        best_keys[warp] = best_key;
+        best_ids[warp] = best_id;
+    }
+    __syncthreads();
+    if (tid == 0) {
+        for (int w = 1; w < warps; ++w) {
+            if (best_keys[w] > best_keys[0] || (best_keys[w] == best_keys[0] && best_ids[w] < best_ids[0])) {
+                best_keys[0] = best_keys[w];
+                best_ids[0] = best_ids[w];
+            }
+        }
+    }
+    __syncthreads();
+    const int argmax = best_ids[0];
+    const float max_x = key_value(best_keys[0]);
+    const float temperature = temperatures[r], top_p = top_ps[r], min_p = min_ps[r];
+    const float inv_t = temperature > 0.0f ? 1.0f / temperature : 0.0f;
+    // Greedy; a temperature so small that 1/T overflows is greedy too; min-p above 1 keeps only the
+    // most likely token (the host keeps at least one).
+    if (!(temperature > 0.0f) || !(inv_t < 1e30f) || min_p > 1.0f) {
+        if (tid == 0) out[r] = argmax;
+        return;
+    }
+
+    // Top-k: the prefix of k tokens. The whole vocabulary is the prefix (key 0, vocab ties).
+    unsigned int keep_key = 0;
+    int keep_ties = -1;
+    const int top_k = top_ks[r];
+    if (top_k > 0 && top_k < vocab) {
+        radix_select(x, vocab, false, top_k, 0.0, max_x, inv_t, 0u, -1, hist_count, hist_mass, &sel_key,
+                     &sel_ties, &flag);
+        keep_key = sel_key;
+        keep_ties = sel_ties;
+    }
+
+    // Top-p over the top-k prefix: the smallest prefix holding top_p of its mass.
+    if (top_p < 1.0f) {
+        double mass = 0.0;
+        for (int i = tid; i < vocab; i += blockDim.x) {
+            if (!below_prefix(order_key(x[i]), keep_key, keep_ties)) mass += (double)expf((x[i] - max_x) * inv_t);
+        }
+        double total = block_sum_double(mass, scan_double);
+        if (keep_ties >= 0) total += (double)keep_ties * (double)expf((key_value(keep_key) - max_x) * inv_t);
+        const bool found = radix_select(x, vocab, true, 0, (double)top_p * total, max_x, inv_t, keep_key,
+                                        keep_ties, hist_count, hist_mass, &sel_key, &sel_ties, &flag);
+        if (found) {
+            keep_key = sel_key;
+            keep_ties = sel_ties;
+        }
+    }
+
+    // The draw: contiguous id ranges per thread, so "the first r tied tokens" and the cumulative
+    // mass both follow id order through block scans.
+    const int chunk = (vocab + blockDim.x - 1) / blockDim.x;
+    const int lo = min(tid * chunk, vocab), hi = min(lo + chunk, vocab);
+    int ties_here = 0;
+    for (int i = lo; i < hi; ++i) ties_here += order_key(x[i]) == keep_key ? 1 : 0;
+    int ties_total;
+    const int tie_base = block_exclusive_scan(ties_here, scan_int, &ties_total);
+    double mass_here = 0.0;
+    int last_kept = -1;
+    {
+        int tie_rank = tie_base;
+        for (int i = lo; i < hi; ++i) {
+            const unsigned int k = order_key(x[i]);
+            bool kept = k > keep_key;
+            if (k == keep_key) kept = keep_ties < 0 || tie_rank++ < keep_ties;
+            if (!kept) continue;
+            const float w = expf((x[i] - max_x) * inv_t);
+            if (min_p > 0.0f && w < min_p) continue;
+            mass_here += (double)w;
+            last_kept = i;
+        }
+    }
+    double mass_total;
+    const double mass_base = block_exclusive_scan(mass_here, scan_double, &mass_total);
+    if (tid == 0) chosen = vocab;
+    __syncthreads();
+    const double target = uniforms[r] * mass_total;
+    if (mass_here > 0.0 && target >= mass_base && target < mass_base + mass_here) {
+        double cumulative = mass_base;
+        int tie_rank = tie_base;
+        int pick = last_kept;
+        for (int i = lo; i < hi; ++i) {
+            const unsigned int k = order_key(x[i]);
+            bool kept = k > keep_key;
+            if (k == keep_key) kept = keep_ties < 0 || tie_rank++ < keep_ties;
+            if (!kept) continue;
+            const float w = expf((x[i] - max_x) * inv_t);
+            if (min_p > 0.0f && w < min_p) continue;
+            cumulative += (double)w;
+            if (target < cumulative) {
+                pick = i;
+                break;
+            }
+        }
+        atomicMin(&chosen, pick);
+    }
+    // Rounding can leave the target at or past the last boundary: the last kept token takes it.
+    int last = last_kept;
+    for (int o = 16; o > 0; o >>= 1) last = max(last, __shfl_xor_sync(0xffffffffu, last, o));
+    if (lane == 0) best_ids[warp] = last;
+    __syncthreads();
+    if (tid == 0) {
+        int result = chosen;
+        if (result >= vocab) {
+            result = argmax;
+            int fallback = -1;
+            for (int w = 0; w < warps; ++w) fallback = max(fallback, best_ids[w]);
+            if (fallback >= 0) result = fallback;
+        }
+        out[r] = result;
+    }
+}

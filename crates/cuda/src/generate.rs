@@ -1,0 +1,84 @@
+//! `--load-format dummy` weights generated on the GPU (`dummy_fill`, kernels/dummy.cu), bit for bit
+//! what the host generator would have uploaded, without the host work or the copy.
+
+use crate::backend::{launch, CudaBackend};
+use crate::mat::{CudaMat, MatData};
+use crate::options::GemmPrecision;
+use cudarc::driver::CudaSlice;
+use deltaserve_tensor::{DType, GeneratedMatrix, TensorError};
+
+impl CudaBackend {
+    pub(crate) fn generate_mat_op(&self, spec: &GeneratedMatrix) -> Result<CudaMat, TensorError> {
+        let n = spec.rows * spec.cols;
+        let chunks = n.div_ceil(spec.chunk_elems.max(1));
+        if spec.chunk_seeds.len() < chunks
+            || spec.chunk_elems == 0
+            || spec.chunk_elems > i32::MAX as usize
+        {
+            return Err(TensorError::Invalid {
+                name: spec.name.clone(),
+                message: format!(
+                    "generated matrix of {n} values needs {chunks} chunk seeds of {} elements, has {}",
+                    spec.chunk_elems,
+                    spec.chunk_seeds.len()
+                ),
+            });
+        }
+        if !matches!(spec.dtype, DType::BF16 | DType::F32) {
+            return Err(TensorError::Invalid {
+                name: spec.name.clone(),
+                message: format!("cannot generate {} weights on the GPU", spec.dtype),
+            });
+        }
+        let seeds = self.upload("dummy seeds", &spec.chunk_seeds);
+        let (n64, chunk32) = (n as i64, spec.chunk_elems as i32);
+        let bf16_values = i32::from(spec.dtype == DType::BF16);
+        let cfg = Self::elementwise_config(n);
+        let data = match self.gemm_precision {
+            GemmPrecision::Bf16 => {
+                let mut bits: CudaSlice<u16> = self.alloc_zeros("dummy matrix", n);
+                let mut unused: CudaSlice<f32> = self.alloc_zeros("dummy matrix (unused f32)", 1);
+                // Contract: `bits` holds n values, `seeds` one per chunk of n (checked above); the
+                // f32 output is not written when the bf16 one is given.
+                launch!(
+                    self,
+                    "dummy_fill",
+                    cfg,
+                    &mut bits,
+                    &mut unused,
+                    &n64,
+                    &seeds,
+                    &chunk32,
+                    &spec.lo,
+                    &spec.hi,
+                    &bf16_values
+                );
+                MatData::Bf16(bits)
+            }
+            GemmPrecision::F32 => {
+                let mut values: CudaSlice<f32> = self.alloc_zeros("dummy matrix", n);
+                let null_bf16: u64 = 0;
+                // Contract: as above with the f32 output; a null bf16 pointer selects it.
+                launch!(
+                    self,
+                    "dummy_fill",
+                    cfg,
+                    &null_bf16,
+                    &mut values,
+                    &n64,
+                    &seeds,
+                    &chunk32,
+                    &spec.lo,
+                    &spec.hi,
+                    &bf16_values
+                );
+                MatData::F32(values)
+            }
+        };
+        Ok(CudaMat {
+            rows: spec.rows,
+            cols: spec.cols,
+            data,
+        })
+    }
+}
