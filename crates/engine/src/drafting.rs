@@ -9,6 +9,13 @@ use crate::speculative::DraftFault;
 use deltaserve_model::MtpInput;
 use deltaserve_tensor::{Backend, BatchLayout, SeqLayout};
 
+/// The MTP logits of the drafters' rows: on the host, or already reduced to each row's argmax on
+/// the device (every drafter greedy).
+enum DraftLogits {
+    Host(Vec<f32>),
+    Argmaxes(Vec<u32>),
+}
+
 /// One sequence taking part in this round's MTP work.
 struct Participant {
     /// Index into `Scheduler::running`.
@@ -74,13 +81,14 @@ impl<B: Backend> Worker<B> {
             .filter(|p| p.drafting)
             .map(|p| p.index)
             .collect();
-        let mut step_hidden = match self.mtp_step(&hidden, &next_tokens, seqs, &last_rows) {
-            Some((logits, h)) => {
-                self.take_drafts(&drafters, &logits);
-                h
-            }
-            None => return,
-        };
+        let mut step_hidden =
+            match self.mtp_step(&hidden, &next_tokens, seqs, &last_rows, &drafters) {
+                Some((logits, h)) => {
+                    self.take_drafts(&drafters, &logits);
+                    h
+                }
+                None => return,
+            };
 
         // Draft steps 2..=k: each drafter feeds its own last draft and MTP hidden state.
         for step in 2..=k {
@@ -101,7 +109,7 @@ impl<B: Backend> Worker<B> {
                 seqs.push(self.mtp_layout(index, row, 1, seq.computed - 1 + (step - 1)));
             }
             let rows: Vec<u32> = (0..drafters.len() as u32).collect();
-            match self.mtp_step(&step_hidden, &tokens, seqs, &rows) {
+            match self.mtp_step(&step_hidden, &tokens, seqs, &rows, &drafters) {
                 Some((logits, h)) => {
                     self.take_drafts(&drafters, &logits);
                     step_hidden = h;
@@ -123,14 +131,16 @@ impl<B: Backend> Worker<B> {
         }
     }
 
-    /// One MTP forward; host logits and hidden states of `rows`.
+    /// One MTP forward; the drafters' logits (or their argmaxes, picked on the device) and the host
+    /// hidden states of `rows`.
     fn mtp_step(
         &mut self,
         hidden: &[f32],
         next_tokens: &[u32],
         seqs: Vec<SeqLayout>,
         rows: &[u32],
-    ) -> Option<(Vec<f32>, Vec<f32>)> {
+        drafters: &[usize],
+    ) -> Option<(DraftLogits, Vec<f32>)> {
         let batch = BatchLayout {
             seqs,
             block_size: self.scheduler.limits.block_size,
@@ -143,15 +153,16 @@ impl<B: Backend> Worker<B> {
             hidden_rows: rows,
         };
         let out = self.model.mtp_forward(&input, &mut self.cache).ok()?;
-        Some((
-            self.model.backend.to_host(&out.logits),
-            self.model.backend.to_host(&out.hidden),
-        ))
+        let logits = match self.greedy_drafts_on_device(drafters, &out.logits) {
+            Some(argmaxes) => DraftLogits::Argmaxes(argmaxes),
+            None => DraftLogits::Host(self.model.backend.to_host(&out.logits)),
+        };
+        Some((logits, self.model.backend.to_host(&out.hidden)))
     }
 
     /// Draws one draft per drafter from its row of MTP logits, with the request's own sampling
     /// settings (penalties see the drafts before it).
-    fn take_drafts(&mut self, drafters: &[usize], logits: &[f32]) {
+    fn take_drafts(&mut self, drafters: &[usize], logits: &DraftLogits) {
         let vocab = self.model.config.vocab_size;
         let fault = self
             .speculative
@@ -164,13 +175,17 @@ impl<B: Backend> Worker<B> {
             for &d in &spec.drafts {
                 history.record(d);
             }
-            let dist = processed_distribution(
-                &logits[row * vocab..(row + 1) * vocab],
-                &seq.request.sampling,
-                &history,
-            );
-            let mut token = draw(&dist, &mut seq.rng);
-            let mut dist = dist;
+            let (mut token, mut dist) = match logits {
+                DraftLogits::Argmaxes(ids) => (ids[row], vec![(ids[row], 1.0)]),
+                DraftLogits::Host(logits) => {
+                    let dist = processed_distribution(
+                        &logits[row * vocab..(row + 1) * vocab],
+                        &seq.request.sampling,
+                        &history,
+                    );
+                    (draw(&dist, &mut seq.rng), dist)
+                }
+            };
             match &fault {
                 DraftFault::None => {}
                 DraftFault::WrongTokens => {

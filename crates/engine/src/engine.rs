@@ -372,8 +372,14 @@ impl<B: Backend> Worker<B> {
             },
             &mut self.cache,
         );
+        let first_logits: Vec<usize> = rows.iter().map(|r| r.first_logit).collect();
+        let sampled = self.sample_step_on_device(work, &first_logits, &out.logits);
         StepOutput {
-            logits: self.model.backend.to_host(&out.logits),
+            logits: match sampled {
+                Some(_) => Vec::new(),
+                None => self.model.backend.to_host(&out.logits),
+            },
+            sampled,
             hidden: self.model.backend.to_host(&out.hidden),
             rows,
         }
@@ -403,19 +409,29 @@ impl<B: Backend> Worker<B> {
                     .spec
                     .as_mut()
                     .expect("verify work belongs to a speculating sequence");
-                let target: Vec<&[f32]> = (0..w.len)
-                    .map(|i| &out.logits[(rows.first_logit + i) * vocab..][..vocab])
-                    .collect();
+                let target: Vec<&[f32]> = match out.sampled {
+                    Some(_) => Vec::new(),
+                    None => (0..w.len)
+                        .map(|i| &out.logits[(rows.first_logit + i) * vocab..][..vocab])
+                        .collect(),
+                };
                 let drafts = std::mem::take(&mut spec.drafts);
                 let dists = std::mem::take(&mut spec.draft_dists);
-                let v = speculative::verify(
-                    &target,
-                    &drafts,
-                    &dists,
-                    &seq.request.sampling,
-                    &mut seq.history,
-                    &mut seq.rng,
-                );
+                let v = match &out.sampled {
+                    Some(argmaxes) => speculative::verify_greedy(
+                        &argmaxes[rows.first_logit..][..w.len],
+                        &drafts,
+                        &mut seq.history,
+                    ),
+                    None => speculative::verify(
+                        &target,
+                        &drafts,
+                        &dists,
+                        &seq.request.sampling,
+                        &mut seq.history,
+                        &mut seq.rng,
+                    ),
+                };
                 // Roll the GDN state back to just after the last accepted token.
                 let snapshot = spec.snapshot_slots[v.accepted] as usize;
                 self.cache.copy_slot(
@@ -435,7 +451,11 @@ impl<B: Backend> Worker<B> {
                     .collect()
             } else {
                 seq.computed += w.len;
-                if w.samples {
+                if let (true, Some(tokens)) = (w.samples, &out.sampled) {
+                    let token = tokens[rows.first_logit];
+                    seq.history.record(token);
+                    vec![(token, None)]
+                } else if w.samples {
                     let row_logits = &out.logits[rows.first_logit * vocab..][..vocab];
                     let token = sampler::sample(
                         row_logits,
@@ -558,8 +578,10 @@ struct WorkRows {
 }
 
 struct StepOutput {
-    /// `[logit rows, vocab]` on the host.
+    /// `[logit rows, vocab]` on the host; empty when the device sampled.
     logits: Vec<f32>,
+    /// One token per logit row, when the device sampled the whole step.
+    sampled: Option<Vec<u32>>,
     /// `[hidden rows, hidden]` on the host: post-norm hidden states of speculating sequences.
     hidden: Vec<f32>,
     rows: Vec<WorkRows>,

@@ -7,7 +7,7 @@ use crate::rng::Rng;
 use std::collections::HashMap;
 
 /// Tokens seen so far by one request, for the penalties.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct PenaltyHistory {
     /// Occurrences of each token among the generated tokens.
     pub output_counts: HashMap<u32, u32>,
@@ -28,7 +28,7 @@ impl PenaltyHistory {
     }
 }
 
-fn has_penalties(p: &SamplingParams) -> bool {
+pub(crate) fn has_penalties(p: &SamplingParams) -> bool {
     p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 || p.repetition_penalty != 1.0
 }
 

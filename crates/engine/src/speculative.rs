@@ -134,6 +134,31 @@ pub fn verify(
     }
 }
 
+/// Greedy verification from the target's argmax per row (`argmaxes[j]` after the committed token
+/// and the first `j` drafts): the same decision as `verify` with greedy parameters, which is all a
+/// device sampler needs to return.
+pub fn verify_greedy(
+    argmaxes: &[u32],
+    drafts: &[u32],
+    history: &mut PenaltyHistory,
+) -> Verification {
+    debug_assert_eq!(argmaxes.len(), drafts.len() + 1);
+    let accepted = drafts
+        .iter()
+        .zip(argmaxes)
+        .take_while(|(draft, target)| draft == target)
+        .count();
+    let emitted: Vec<u32> = drafts[..accepted]
+        .iter()
+        .chain(std::iter::once(&argmaxes[accepted]))
+        .copied()
+        .collect();
+    for &token in &emitted {
+        history.record(token);
+    }
+    Verification { accepted, emitted }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -204,6 +229,33 @@ mod tests {
             Rng::new(0).next_u64(),
             "greedy verification draws no random numbers"
         );
+    }
+
+    #[test]
+    fn greedy_verification_from_argmaxes_decides_as_from_logits() {
+        let rows: [&[f32]; 4] = [
+            &[0., 1., 5., 0.],
+            &[9., 1., 5., 0.],
+            &[0., 7., 5., 0.],
+            &[0., 1., 5., 8.],
+        ];
+        let argmaxes: Vec<u32> = rows.iter().map(|r| crate::sampler::argmax(r)).collect();
+        for drafts in [[2, 0, 3], [2, 0, 1], [1, 0, 1], [2, 1, 1]] {
+            let one_hot: Vec<Vec<(u32, f32)>> = drafts.iter().map(|&t| vec![(t, 1.0)]).collect();
+            let (mut from_logits, mut from_argmax) =
+                (PenaltyHistory::default(), PenaltyHistory::default());
+            let want = verify(
+                &rows,
+                &drafts,
+                &one_hot,
+                &greedy(),
+                &mut from_logits,
+                &mut Rng::new(0),
+            );
+            let got = verify_greedy(&argmaxes, &drafts, &mut from_argmax);
+            assert_eq!(got, want, "drafts {drafts:?}");
+            assert_eq!(from_argmax, from_logits, "history");
+        }
     }
 
     /// Chi-square goodness of fit: the first emitted token of speculative sampling (draft from q,
