@@ -24,7 +24,8 @@ pub struct ModelArgs {
     /// default) is the bundled demo model.
     #[arg(long = "model-path", alias = "model", default_value = crate::demo_model::DEMO_MODEL_NAME)]
     pub model_path: PathBuf,
-    #[arg(long, value_enum, default_value_t = BackendKind::Cpu)]
+    /// Compute backend; `auto` picks cuda when a usable NVIDIA GPU is present, else cpu.
+    #[arg(long, value_enum, default_value_t = BackendKind::Auto)]
     pub backend: BackendKind,
     #[arg(long = "load-format", value_enum, default_value_t = LoadFormat::Auto)]
     pub load_format: LoadFormat,
@@ -73,7 +74,9 @@ const NATIVE_ATTENTION: &str = "native";
 fn broken_attention_requested(args: &ModelArgs) -> Result<bool> {
     match args.attention_backend.as_str() {
         NATIVE_ATTENTION => Ok(false),
-        BROKEN_ATTENTION_NAME if args.backend == BackendKind::Cpu => Ok(true),
+        BROKEN_ATTENTION_NAME if matches!(args.backend, BackendKind::Cpu | BackendKind::Auto) => {
+            Ok(true)
+        }
         BROKEN_ATTENTION_NAME => bail!("--attention-backend {BROKEN_ATTENTION_NAME} wraps the cpu backend; use it with --backend cpu"),
         other => bail!(
             "--attention-backend {other}: the {:?} backend has one attention implementation, `{NATIVE_ATTENTION}` (or `{BROKEN_ATTENTION_NAME}` for diagnostics); GPU kernels such as flashinfer or triton do not apply",
@@ -100,10 +103,33 @@ pub fn open_source(args: &ModelArgs) -> Result<(ModelConfig, Box<dyn TensorSourc
 }
 
 impl ModelArgs {
-    /// Replaces `demo` by the bundled demo model's directory.
+    /// Replaces `demo` by the bundled demo model's directory and `--backend auto` by the backend
+    /// it picks.
     pub fn resolved(mut self) -> Result<Self> {
         self.model_path = crate::demo_model::resolve_model_path(&self.model_path)?;
+        self.backend = resolve_backend(self.backend, &self.attention_backend);
         Ok(self)
+    }
+}
+
+/// `auto`: cuda when a usable GPU is present (said on stderr, with the reason when not), else cpu.
+/// The diagnostic broken attention wraps the cpu backend, so it always means cpu.
+pub fn resolve_backend(kind: BackendKind, attention_backend: &str) -> BackendKind {
+    if kind != BackendKind::Auto {
+        return kind;
+    }
+    if attention_backend == BROKEN_ATTENTION_NAME {
+        return BackendKind::Cpu;
+    }
+    match deltaserve_cuda::usable_gpu() {
+        Ok(name) => {
+            eprintln!("backend auto: cuda ({name})");
+            BackendKind::Cuda
+        }
+        Err(why) => {
+            eprintln!("backend auto: cpu (no usable GPU: {why})");
+            BackendKind::Cpu
+        }
     }
 }
 
@@ -111,30 +137,35 @@ pub fn load_model(args: &ModelArgs) -> Result<AnyModel> {
     let broken = broken_attention_requested(args)?;
     let (config, source) = open_source(args)?;
     let dir = &args.model_path;
-    Ok(match args.backend {
-        BackendKind::Reference => {
-            AnyModel::Reference(build(ReferenceBackend, config, source.as_ref(), dir)?)
-        }
-        BackendKind::Cpu if broken => AnyModel::BrokenCpu(build(
-            BrokenAttention {
-                inner: cpu_backend(args)?,
-            },
-            config,
-            source.as_ref(),
-            dir,
-        )?),
-        BackendKind::Cpu => AnyModel::Cpu(build(cpu_backend(args)?, config, source.as_ref(), dir)?),
-        BackendKind::Cuda => {
-            let backend =
-                CudaBackend::new(0).map_err(|e| anyhow::anyhow!("--backend cuda: {e}"))?;
-            eprintln!(
-                "cuda: {} (compute capability {:?})",
-                backend.device_name(),
-                backend.compute_capability()
-            );
-            AnyModel::Cuda(build(backend, config, source.as_ref(), dir)?)
-        }
-    })
+    Ok(
+        match resolve_backend(args.backend, &args.attention_backend) {
+            BackendKind::Auto => unreachable!("resolve_backend always picks a concrete backend"),
+            BackendKind::Reference => {
+                AnyModel::Reference(build(ReferenceBackend, config, source.as_ref(), dir)?)
+            }
+            BackendKind::Cpu if broken => AnyModel::BrokenCpu(build(
+                BrokenAttention {
+                    inner: cpu_backend(args)?,
+                },
+                config,
+                source.as_ref(),
+                dir,
+            )?),
+            BackendKind::Cpu => {
+                AnyModel::Cpu(build(cpu_backend(args)?, config, source.as_ref(), dir)?)
+            }
+            BackendKind::Cuda => {
+                let backend =
+                    CudaBackend::new(0).map_err(|e| anyhow::anyhow!("--backend cuda: {e}"))?;
+                eprintln!(
+                    "cuda: {} (compute capability {:?})",
+                    backend.device_name(),
+                    backend.compute_capability()
+                );
+                AnyModel::Cuda(build(backend, config, source.as_ref(), dir)?)
+            }
+        },
+    )
 }
 
 /// The reference model on the same weights, for comparisons.

@@ -188,7 +188,9 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
             page_size: args.page_size.unwrap_or(DEFAULT_PAGE_SIZE),
             speculative_steps: spec.as_ref().map_or(0, |s| s.num_steps),
         };
-        let plan = plan_pools(&config, &request, available_memory_bytes())?;
+        // GPU backends plan from the device's free memory (after the weights), CPU ones from the host's.
+        let free = with_model!(&model, m => m.backend.free_device_memory()).unwrap_or_else(available_memory_bytes);
+        let plan = plan_pools(&config, &request, free)?;
         let chunk = args.chunked_prefill_tokens().unwrap_or(DEFAULT_CHUNKED_PREFILL).max(1);
         let engine_config = EngineConfig {
             max_running_requests: plan.max_running_requests,

@@ -95,7 +95,7 @@ pub struct ServeArgs {
     #[arg(long)]
     pub max_queued_requests: Option<usize>,
     /// Compute backend.
-    #[arg(long, value_enum, default_value_t = BackendKind::Cpu)]
+    #[arg(long, value_enum, default_value_t = BackendKind::Auto)]
     pub backend: BackendKind,
     /// CPU threads for the cpu backend (default: all cores).
     #[arg(long)]
@@ -198,6 +198,8 @@ pub enum LoadFormat {
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BackendKind {
+    /// `cuda` when a usable NVIDIA GPU is present, else `cpu`.
+    Auto,
     Reference,
     Cpu,
     /// NVIDIA GPU (CUDA libraries loaded at run time).
@@ -429,7 +431,8 @@ impl ServeArgs {
             match attention.as_str() {
                 "auto" | "native" => {}
                 // Deliberately wrong attention, to show doctor, the canary and the detector at work.
-                DIAGNOSTIC_BROKEN_ATTENTION if self.backend == BackendKind::Cpu => {}
+                DIAGNOSTIC_BROKEN_ATTENTION
+                    if matches!(self.backend, BackendKind::Cpu | BackendKind::Auto) => {}
                 other => {
                     return refuse(format!(
                         "--attention-backend {other:?} is not available: deltaserve has one proven attention \
@@ -444,6 +447,7 @@ impl ServeArgs {
 
     fn backend_name(&self) -> &'static str {
         match self.backend {
+            BackendKind::Auto => "auto",
             BackendKind::Reference => "reference",
             BackendKind::Cpu => "cpu",
             BackendKind::Cuda => "cuda",
