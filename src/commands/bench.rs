@@ -1,13 +1,14 @@
 //! `deltaserve bench`: prefill and decode throughput of one sequence on a model (real weights or
-//! `--load-format dummy`), the decode step's achieved weight bandwidth, and, for comparison, the
-//! machine's measured read bandwidth with the same number of threads. Numbers only; nothing asserts.
+//! `--load-format dummy`), optionally speculative decoding with the MTP head, a per-op profile, and
+//! the fraction of the measured read bandwidth (roofline) reached. Numbers only; nothing asserts.
 
+use super::bench_runs::{measure, median, Measured, Phase, RunPlan};
 use crate::loading::{load_model, with_model, ModelArgs};
-use anyhow::Result;
+use anyhow::{bail, Context, Result};
 use clap::Args;
 use deltaserve_model::config::ModelConfig;
-use deltaserve_model::{argmax, ForwardInput, Model};
-use deltaserve_tensor::{Backend, BatchLayout, DType};
+use deltaserve_tensor::DType;
+use serde_json::{json, Value};
 use std::time::Instant;
 
 /// `bench` measures a model in-process; `bench serve` drives a running server.
@@ -45,44 +46,85 @@ pub struct BenchArgs {
     /// Prompt tokens processed in one prefill forward.
     #[arg(long = "prefill-len", default_value_t = 512)]
     pub prefill_len: usize,
-    /// Tokens generated one at a time after the prefill.
+    /// Decode steps after the prefill (each commits one token, or k+1 with speculation).
     #[arg(long = "decode-len", default_value_t = 32)]
     pub decode_len: usize,
-    /// Also measure the machine's memory read bandwidth (streams over 1 GiB with --threads threads).
+    /// Also run speculative decoding with the model's MTP head, k drafts per step (0 = off). Every
+    /// draft is accepted whatever the model predicts (forced acceptance), so a step commits k+1
+    /// tokens and the cost of verification is visible even with random (dummy) weights.
+    #[arg(long = "speculative-num-steps", default_value_t = 0)]
+    pub speculative_num_steps: usize,
+    /// Time every op on the device in a separate, profiled run (the backend must support it).
+    #[arg(long)]
+    pub profile: bool,
+    /// Measure the read bandwidth of the memory the weights live in (device memory when the backend
+    /// can measure it, else host memory with --threads threads) and report the roofline fraction.
     #[arg(long = "measure-bandwidth")]
     pub measure_bandwidth: bool,
+    /// Untimed runs (a prefill and two decode steps) before measuring: kernel compilation, GEMM plan
+    /// selection and first-touch allocation stay out of the numbers.
+    #[arg(long, default_value_t = 1)]
+    pub warmup: usize,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
 }
 
-/// Bytes of weights one decode step reads for one token: every matrix except the embedding table
-/// (one row of it), with only the routed experts of MoE layers.
-pub fn decode_weight_bytes(c: &ModelConfig, bytes_per_param: usize) -> usize {
+/// Parameters of one gated full-attention block (q, gate, k, v, o).
+fn attention_params(c: &ModelConfig) -> usize {
     let (h, d) = (c.hidden_size, c.head_dim);
-    let attn = h * c.num_attention_heads * d * 3 + 2 * h * c.num_key_value_heads * d;
+    h * c.num_attention_heads * d * 3 + 2 * h * c.num_key_value_heads * d
+}
+
+/// Parameters of one Gated DeltaNet block (qkv, z, b, a, out).
+fn gdn_params(c: &ModelConfig) -> usize {
+    let h = c.hidden_size;
     let g = c.gdn_shape();
     let (key_len, value_len) = (g.key_heads * g.key_dim, g.value_heads * g.value_dim);
-    let gdn = h * (2 * key_len + value_len) + h * value_len + 2 * h * g.value_heads + value_len * h;
-    let dense = 3 * h * c.intermediate_size;
+    h * (2 * key_len + value_len) + h * value_len + 2 * h * g.value_heads + value_len * h
+}
+
+/// Parameters one token reads from an MLP: all of a dense one; router, routed and shared experts of
+/// an MoE one.
+fn mlp_params(c: &ModelConfig, moe: bool) -> usize {
+    let h = c.hidden_size;
+    match &c.moe {
+        Some(m) if moe => {
+            m.num_experts * h
+                + m.top_k * 3 * h * m.moe_intermediate_size
+                + 3 * h * m.shared_expert_intermediate_size
+                + h
+        }
+        _ => 3 * h * c.intermediate_size,
+    }
+}
+
+/// Bytes of weights one decode step reads for one token: every matrix except the embedding table
+/// (one row of it), with only the routed experts of MoE layers. Norm and conv vectors are ignored.
+pub fn decode_weight_bytes(c: &ModelConfig, bytes_per_param: usize) -> usize {
     let mut params = 0;
     for layer in 0..c.num_hidden_layers {
         params += if c.is_full_attention(layer) {
-            attn
+            attention_params(c)
         } else {
-            gdn
+            gdn_params(c)
         };
-        params += match &c.moe {
-            Some(m) if m.layer_is_moe.get(layer).copied().unwrap_or(false) => {
-                m.num_experts * h
-                    + m.top_k * 3 * h * m.moe_intermediate_size
-                    + 3 * h * m.shared_expert_intermediate_size
-                    + h
-            }
-            _ => dense,
-        };
+        let moe = c
+            .moe
+            .as_ref()
+            .is_some_and(|m| m.layer_is_moe.get(layer).copied().unwrap_or(false));
+        params += mlp_params(c, moe);
     }
-    params += c.vocab_size * h + h; // lm_head (or the tied table, read whole) + one embedding row
+    params += c.vocab_size * c.hidden_size + c.hidden_size; // lm_head (or tied table) + one row
+    params * bytes_per_param
+}
+
+/// Bytes of weights one single-token MTP forward reads (model-architecture.md §6): `fc`, its
+/// full-attention layer (MLP of the trunk's kind), and the shared lm_head plus one embedding row.
+pub fn mtp_forward_weight_bytes(c: &ModelConfig, bytes_per_param: usize) -> usize {
+    let h = c.hidden_size;
+    let params =
+        2 * h * h + attention_params(c) + mlp_params(c, c.moe.is_some()) + c.vocab_size * h + h;
     params * bytes_per_param
 }
 
@@ -121,125 +163,283 @@ fn measure_read_bandwidth(threads: usize) -> f64 {
     (words * 8) as f64 / best
 }
 
-struct Timings {
-    prefill_s: f64,
-    decode_s: Vec<f64>,
+/// The profile of one phase: per op, and the phase's profiled wall time it is a share of.
+fn phase_profile(phase: &Phase) -> (Value, Value) {
+    let steps = phase.step_s.len().max(1) as f64;
+    let wall = phase.total_s();
+    let ops: Vec<Value> = phase
+        .ops
+        .iter()
+        .map(|o| {
+            json!({
+                "op": o.name,
+                "calls": o.calls,
+                "total_ms": o.seconds * 1e3,
+                "ms_per_step": o.seconds * 1e3 / steps,
+                "percent_of_phase": 100.0 * o.seconds / wall,
+            })
+        })
+        .collect();
+    let op_s: f64 = phase.ops.iter().map(|o| o.seconds).sum();
+    let summary = json!({
+        "steps": phase.step_s.len(),
+        "profiled_wall_ms": wall * 1e3,
+        "timed_ops_ms": op_s * 1e3,
+        "outside_timed_ops_ms": (wall - op_s) * 1e3,
+    });
+    (Value::Array(ops), summary)
 }
 
-fn run_on<B: Backend>(m: &Model<B>, prefill_len: usize, decode_len: usize) -> Timings {
-    let vocab = m.config.vocab_size as u32;
-    // Deterministic token ids spread over the vocabulary.
-    let prompt: Vec<u32> = (0..prefill_len as u32)
-        .map(|i| (i.wrapping_mul(2_654_435_761)) % vocab)
-        .collect();
-    let mut cache = m.single_sequence_cache(prefill_len + decode_len + 1);
-    let blocks: Vec<u32> = (0..cache.geometry.num_blocks as u32).collect();
-    let bs = cache.geometry.block_size;
-    let start = Instant::now();
-    let batch = BatchLayout::packed(bs, [(prompt.len(), 0, blocks.clone(), 0)]);
-    let out = m.forward(
-        &ForwardInput {
-            tokens: &prompt,
-            batch: &batch,
-            logit_rows: &[prompt.len() as u32 - 1],
-            hidden_rows: &[],
-        },
-        &mut cache,
+/// Ops listed per phase in the table; the JSON has all of them.
+const TABLE_OPS: usize = 20;
+
+fn print_profile(name: &str, phase: &Phase) {
+    let steps = phase.step_s.len().max(1);
+    let wall = phase.total_s();
+    let op_s: f64 = phase.ops.iter().map(|o| o.seconds).sum();
+    println!(
+        "{name}: {:.2} ms profiled wall over {steps} step(s), {:.2} ms in timed ops",
+        wall * 1e3,
+        op_s * 1e3
     );
-    let mut next = argmax(&m.backend.to_host(&out.logits));
-    let prefill_s = start.elapsed().as_secs_f64();
-    let bar = indicatif::ProgressBar::new(decode_len as u64);
-    let mut decode_s = Vec::with_capacity(decode_len);
-    for step in 0..decode_len {
-        let t0 = Instant::now();
-        let batch = BatchLayout::packed(bs, [(1, prefill_len + step, blocks.clone(), 0)]);
-        let out = m.forward(
-            &ForwardInput {
-                tokens: &[next],
-                batch: &batch,
-                logit_rows: &[0],
-                hidden_rows: &[],
-            },
-            &mut cache,
+    println!(
+        "  {:<44} {:>7} {:>11} {:>10} {:>7}",
+        "op", "calls", "total ms", "ms/step", "% phase"
+    );
+    let row = |label: &str, calls: String, s: f64| {
+        println!(
+            "  {label:<44} {calls:>7} {:>11.3} {:>10.3} {:>7.1}",
+            s * 1e3,
+            s * 1e3 / steps as f64,
+            100.0 * s / wall
         );
-        next = argmax(&m.backend.to_host(&out.logits));
-        decode_s.push(t0.elapsed().as_secs_f64());
-        bar.inc(1);
+    };
+    for o in phase.ops.iter().take(TABLE_OPS) {
+        row(&o.name, o.calls.to_string(), o.seconds);
     }
-    bar.finish_and_clear();
-    Timings {
-        prefill_s,
-        decode_s,
+    let rest = &phase.ops[phase.ops.len().min(TABLE_OPS)..];
+    if !rest.is_empty() {
+        let calls: u64 = rest.iter().map(|o| o.calls).sum();
+        let s = rest.iter().map(|o| o.seconds).sum();
+        row(&format!("({} more ops)", rest.len()), calls.to_string(), s);
     }
+    row(
+        "(outside timed ops: host, launches, copies)",
+        String::new(),
+        wall - op_s,
+    );
 }
 
 pub fn run(mut args: BenchArgs) -> Result<()> {
     args.model = args.model.resolved()?;
     anyhow::ensure!(args.prefill_len > 0, "--prefill-len must be at least 1");
+    let k = args.speculative_num_steps;
+    let config = ModelConfig::from_dir(&args.model.model_path)
+        .with_context(|| format!("--model-path {}", args.model.model_path.display()))?;
+    if k > 0 && config.mtp_num_hidden_layers == 0 {
+        bail!(
+            "--speculative-num-steps {k}: {} has no MTP head (mtp_num_hidden_layers is 0 in its config.json); speculative decoding drafts with it, so run without --speculative-num-steps",
+            args.model.model_path.display()
+        );
+    }
     let load_start = Instant::now();
     let model = load_model(&args.model)?;
     let load_s = load_start.elapsed().as_secs_f64();
-    let (config, backend) = with_model!(&model, m => (m.config.clone(), m.backend.name()));
-    let timings = with_model!(&model, m => run_on(m, args.prefill_len, args.decode_len));
-    let weight_bytes =
-        decode_weight_bytes(&config, config.dtype.unwrap_or(DType::BF16).size_bytes());
-    // Median step time: robust to the first steps warming caches.
-    let mut steps = timings.decode_s.clone();
-    steps.sort_by(f64::total_cmp);
-    let median = steps.get(steps.len() / 2).copied().unwrap_or(f64::NAN);
-    let decode_bandwidth = weight_bytes as f64 / median;
+    let plan = RunPlan {
+        prefill_len: args.prefill_len,
+        decode_len: args.decode_len,
+        speculative_num_steps: k,
+        warmup: args.warmup,
+        profile: args.profile,
+        measure_bandwidth: args.measure_bandwidth,
+    };
+    let measured = with_model!(&model, m => measure(m, &plan))?;
+    drop(model);
+    let backend = measured.backend;
     let threads = if args.model.threads == 0 {
         std::thread::available_parallelism().map_or(1, |n| n.get())
     } else {
         args.model.threads
     };
-    let machine_bandwidth = args
-        .measure_bandwidth
-        .then(|| measure_read_bandwidth(threads));
-    let report = serde_json::json!({
+    let bytes_per_param = config.dtype.unwrap_or(DType::BF16).size_bytes();
+    let weight_bytes = decode_weight_bytes(&config, bytes_per_param);
+    let mtp_bytes = mtp_forward_weight_bytes(&config, bytes_per_param);
+    let plain = &measured.plain;
+    let prefill_s = plain.prefill.total_s();
+    let decode_median = plain.decode.median_s();
+    let decode_bandwidth = weight_bytes as f64 / decode_median;
+    let (bandwidth, bandwidth_source) = match measured.device_bandwidth {
+        Some(b) => (Some(b), Some("device read".to_string())),
+        None if args.measure_bandwidth => (
+            Some(measure_read_bandwidth(threads)),
+            Some(format!("host read, {threads} threads")),
+        ),
+        None => (None, None),
+    };
+
+    let speculative = measured.speculative.as_ref().map(|s| {
+        let step_s: Vec<f64> = s
+            .verify
+            .step_s
+            .iter()
+            .zip(&s.draft.step_s)
+            .map(|(v, d)| v + d)
+            .collect();
+        let step = median(&step_s);
+        let bytes_per_step = weight_bytes + k * mtp_bytes;
+        json!({
+            "num_steps": k,
+            "forced_acceptance": true,
+            "tokens_per_step": k + 1,
+            "steps": step_s.len(),
+            "step_ms_median": step * 1e3,
+            "verify_ms_median": s.verify.median_s() * 1e3,
+            "draft_ms_median": s.draft.median_s() * 1e3,
+            "verify_share_of_step": s.verify.total_s() / (s.verify.total_s() + s.draft.total_s()),
+            "decode_tokens_per_s": (k + 1) as f64 / step,
+            "speedup_over_plain_decode": (k + 1) as f64 / step * decode_median,
+            "prefill_with_hidden_ms": s.prefill.total_s() * 1e3,
+            "mtp_prefill_ms": s.mtp_prefill.total_s() * 1e3,
+            "mtp_forward_weight_bytes": mtp_bytes,
+            "weight_bytes_per_step": bytes_per_step,
+            "weight_gb_per_s": bytes_per_step as f64 / step / 1e9,
+            "roofline_fraction": bandwidth.map(|b| bytes_per_step as f64 / step / b),
+            "tokens_per_s_at_roofline": bandwidth.map(|b| (k + 1) as f64 * b / bytes_per_step as f64),
+        })
+    });
+    let profiled = measured.profiled.as_ref();
+    let profile = profiled.and_then(Option::as_ref).map(|p| {
+        let mut phases = vec![("prefill", &p.plain.prefill), ("decode", &p.plain.decode)];
+        if let Some(s) = &p.speculative {
+            phases.push(("verify", &s.verify));
+            phases.push(("draft", &s.draft));
+        }
+        let (mut ops, mut summaries) = (serde_json::Map::new(), serde_json::Map::new());
+        for (name, phase) in phases {
+            let (o, s) = phase_profile(phase);
+            ops.insert(name.into(), o);
+            summaries.insert(name.into(), s);
+        }
+        (Value::Object(ops), Value::Object(summaries))
+    });
+    let report = json!({
         "model": args.model.model_path,
         "load_format": format!("{:?}", args.model.load_format).to_lowercase(),
         "backend": backend,
         "threads": threads,
         "load_seconds": load_s,
+        "timings": "un-profiled run after the warm-up; profile numbers come from a separate run",
+        "warmup_runs": args.warmup,
         "prefill_tokens": args.prefill_len,
-        "prefill_tokens_per_s": args.prefill_len as f64 / timings.prefill_s,
+        "prefill_tokens_per_s": args.prefill_len as f64 / prefill_s,
+        "prefill_ms": prefill_s * 1e3,
         "decode_tokens": args.decode_len,
-        "decode_tokens_per_s": 1.0 / median,
-        "decode_ms_per_token_median": median * 1e3,
+        "decode_tokens_per_s": 1.0 / decode_median,
+        "decode_ms_per_token_median": decode_median * 1e3,
         "decode_weight_bytes_per_token": weight_bytes,
         "decode_weight_gb_per_s": decode_bandwidth / 1e9,
-        "machine_read_gb_per_s": machine_bandwidth.map(|b| b / 1e9),
-        "fraction_of_read_bandwidth": machine_bandwidth.map(|b| decode_bandwidth / b),
+        "read_bandwidth_gb_per_s": bandwidth.map(|b| b / 1e9),
+        "read_bandwidth_source": bandwidth_source,
+        "roofline_fraction": bandwidth.map(|b| decode_bandwidth / b),
+        "decode_tokens_per_s_at_roofline": bandwidth.map(|b| b / weight_bytes as f64),
+        "speculative": speculative,
+        "profile_supported": profiled.map(Option::is_some),
+        "profile": profile.as_ref().map(|p| &p.0),
+        "profile_phases": profile.as_ref().map(|p| &p.1),
     });
     if args.json {
         println!("{report}");
-    } else {
-        println!("model           {}", args.model.model_path.display());
-        println!("backend         {backend} ({threads} threads)");
+        return Ok(());
+    }
+    print_table(&args, &report, &measured, threads);
+    Ok(())
+}
+
+fn print_table(args: &BenchArgs, r: &Value, measured: &Measured, threads: usize) {
+    let f = |key: &str| r[key].as_f64().unwrap_or(f64::NAN);
+    println!("model           {}", args.model.model_path.display());
+    println!(
+        "backend         {} ({threads} threads); timings from an un-profiled run after {} warm-up run(s)",
+        measured.backend, args.warmup
+    );
+    println!(
+        "prefill         {:.1} tok/s ({} tokens in {:.1} ms)",
+        f("prefill_tokens_per_s"),
+        args.prefill_len,
+        f("prefill_ms")
+    );
+    println!(
+        "decode          {:.2} tok/s (median {:.2} ms/token over {} steps)",
+        f("decode_tokens_per_s"),
+        f("decode_ms_per_token_median"),
+        args.decode_len
+    );
+    println!(
+        "decode weights  {:.3} GB/token read -> {:.1} GB/s",
+        f("decode_weight_bytes_per_token") / 1e9,
+        f("decode_weight_gb_per_s")
+    );
+    let s = &r["speculative"];
+    if !s.is_null() {
+        let g = |key: &str| s[key].as_f64().unwrap_or(f64::NAN);
+        let k = args.speculative_num_steps;
         println!(
-            "prefill         {:.1} tok/s ({} tokens)",
-            args.prefill_len as f64 / timings.prefill_s,
-            args.prefill_len
+            "speculative     MTP k={k}, FORCED acceptance (all {k} drafts accepted whatever the model predicts): {} tokens/step",
+            k + 1
         );
         println!(
-            "decode          {:.2} tok/s (median {:.1} ms/token over {})",
-            1.0 / median,
-            median * 1e3,
-            args.decode_len
+            "  step          median {:.2} ms: verify forward {:.2} ms + MTP drafting {:.2} ms (medians; verify {:.0} % of the time)",
+            g("step_ms_median"),
+            g("verify_ms_median"),
+            g("draft_ms_median"),
+            100.0 * g("verify_share_of_step")
         );
         println!(
-            "decode weights  {:.2} GB/token read -> {:.1} GB/s",
-            weight_bytes as f64 / 1e9,
-            decode_bandwidth / 1e9
+            "  decode        {:.2} tok/s effective ({:.2}x plain decode)",
+            g("decode_tokens_per_s"),
+            g("speedup_over_plain_decode")
         );
-        if let Some(b) = machine_bandwidth {
+        println!(
+            "  weights       {:.3} GB/step read (trunk once + MTP head {k}x at {:.3} GB) -> {:.1} GB/s",
+            g("weight_bytes_per_step") / 1e9,
+            g("mtp_forward_weight_bytes") / 1e9,
+            g("weight_gb_per_s")
+        );
+    }
+    if let Some(source) = r["read_bandwidth_source"].as_str() {
+        println!(
+            "bandwidth       {:.1} GB/s measured ({source})",
+            f("read_bandwidth_gb_per_s")
+        );
+        println!(
+            "roofline        decode reaches {:.1} % (best {:.1} tok/s at this bandwidth)",
+            100.0 * f("roofline_fraction"),
+            f("decode_tokens_per_s_at_roofline")
+        );
+        if !s.is_null() {
             println!(
-                "machine read    {:.1} GB/s -> decode reaches {:.0} %",
-                b / 1e9,
-                100.0 * decode_bandwidth / b
+                "                speculative reaches {:.1} % (best {:.1} tok/s at this bandwidth)",
+                100.0 * s["roofline_fraction"].as_f64().unwrap_or(f64::NAN),
+                s["tokens_per_s_at_roofline"].as_f64().unwrap_or(f64::NAN)
             );
         }
     }
-    Ok(())
+    match &measured.profiled {
+        None => {}
+        Some(None) => println!(
+            "profile         the {} backend cannot profile ops; no profiled run",
+            measured.backend
+        ),
+        Some(Some(p)) => {
+            println!(
+                "profile         from a separate profiled run (ops synchronised and timed: its wall times exceed the timings above)"
+            );
+            print_profile("prefill", &p.plain.prefill);
+            print_profile("decode", &p.plain.decode);
+            if let Some(s) = &p.speculative {
+                print_profile("speculative verify", &s.verify);
+                print_profile("speculative drafting", &s.draft);
+            }
+        }
+    }
 }

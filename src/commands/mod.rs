@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod bench;
+mod bench_runs;
 pub mod chat;
 pub mod doctor;
 pub mod generate;

@@ -1,0 +1,404 @@
+//! The timed runs behind `deltaserve bench`: one sequence's prefill and plain decode steps, and
+//! speculative steps as the engine runs them for one sequence (verify k+1 tokens, then MTP drafting),
+//! each optionally with the backend's per-op profile per phase. Reporting stays in `bench.rs`.
+
+use deltaserve_model::{
+    argmax, CacheGeometry, ForwardInput, HybridCache, Model, MtpError, MtpInput,
+};
+use deltaserve_tensor::{Backend, BatchLayout, OpTiming, SeqLayout};
+use std::time::Instant;
+
+/// Tokens per paged-KV block of the bench's private caches.
+const BLOCK_SIZE: usize = 16;
+
+/// One phase of a run (prefill, decode steps, verify forwards, MTP drafting): wall time of each
+/// step and, in a profiled run, the backend's op times summed over all its steps.
+#[derive(Default)]
+pub struct Phase {
+    pub step_s: Vec<f64>,
+    pub ops: Vec<OpTiming>,
+}
+
+impl Phase {
+    pub fn total_s(&self) -> f64 {
+        self.step_s.iter().sum()
+    }
+
+    /// Median step time: robust to the first steps warming caches.
+    pub fn median_s(&self) -> f64 {
+        median(&self.step_s)
+    }
+}
+
+pub fn median(xs: &[f64]) -> f64 {
+    let mut sorted = xs.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted.get(sorted.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// A prefill followed by single-token greedy decode steps.
+pub struct PlainRun {
+    pub prefill: Phase,
+    pub decode: Phase,
+}
+
+/// A prefill (with the hidden rows the MTP head needs) and speculative steps with forced acceptance.
+pub struct SpeculativeRun {
+    /// The trunk's prefill forward, asking for every prompt row's hidden state as the engine does.
+    pub prefill: Phase,
+    /// The MTP extend over the prompt's pairs and the first k drafts (before the first verify).
+    pub mtp_prefill: Phase,
+    /// Per step: the verify forward of k+1 tokens, its logits and hidden rows to the host, the
+    /// target's argmax per row, and the snapshot commit.
+    pub verify: Phase,
+    /// Per step: the MTP extend over the k+1 accepted pairs (which yields draft 1) and k-1 more
+    /// single-token draft forwards, each with its logits to the host and an argmax.
+    pub draft: Phase,
+}
+
+/// Clears and collects the backend's op profile when profiling is on; does nothing otherwise.
+struct Profiler<'a, B: Backend> {
+    backend: &'a B,
+    on: bool,
+}
+
+impl<'a, B: Backend> Profiler<'a, B> {
+    fn start(backend: &'a B, on: bool) -> Self {
+        if on {
+            // Drop whatever was recorded before this run (a previous phase, a warm-up).
+            backend.take_op_profile();
+        }
+        Self { backend, on }
+    }
+
+    fn take_into(&self, phase: &mut Phase) {
+        if self.on {
+            merge_ops(&mut phase.ops, self.backend.take_op_profile());
+        }
+    }
+}
+
+/// Adds `more` into `into` by op name, keeping the most expensive first.
+fn merge_ops(into: &mut Vec<OpTiming>, more: Vec<OpTiming>) {
+    for op in more {
+        match into.iter_mut().find(|o| o.name == op.name) {
+            Some(o) => {
+                o.calls += op.calls;
+                o.seconds += op.seconds;
+            }
+            None => into.push(op),
+        }
+    }
+    into.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
+}
+
+/// Deterministic prompt token ids spread over the vocabulary.
+fn prompt_tokens(vocab: usize, len: usize) -> Vec<u32> {
+    (0..len as u32)
+        .map(|i| i.wrapping_mul(2_654_435_761) % vocab as u32)
+        .collect()
+}
+
+/// Prefill of `prefill_len` tokens then `decode_len` greedy single-token steps, each step copying its
+/// logits to the host for the argmax.
+pub fn plain_run<B: Backend>(
+    m: &Model<B>,
+    prefill_len: usize,
+    decode_len: usize,
+    profile: bool,
+) -> PlainRun {
+    let prompt = prompt_tokens(m.config.vocab_size, prefill_len);
+    let mut cache = m.single_sequence_cache(prefill_len + decode_len + 1);
+    let blocks: Vec<u32> = (0..cache.geometry.num_blocks as u32).collect();
+    let bs = cache.geometry.block_size;
+    let profiler = Profiler::start(&m.backend, profile);
+    let mut prefill = Phase::default();
+    let start = Instant::now();
+    let batch = BatchLayout::packed(bs, [(prompt.len(), 0, blocks.clone(), 0)]);
+    let out = m.forward(
+        &ForwardInput {
+            tokens: &prompt,
+            batch: &batch,
+            logit_rows: &[prompt.len() as u32 - 1],
+            hidden_rows: &[],
+        },
+        &mut cache,
+    );
+    let mut next = argmax(&m.backend.to_host(&out.logits));
+    prefill.step_s.push(start.elapsed().as_secs_f64());
+    profiler.take_into(&mut prefill);
+    let bar = indicatif::ProgressBar::new(decode_len as u64);
+    let mut decode = Phase::default();
+    for step in 0..decode_len {
+        let t0 = Instant::now();
+        let batch = BatchLayout::packed(bs, [(1, prefill_len + step, blocks.clone(), 0)]);
+        let out = m.forward(
+            &ForwardInput {
+                tokens: &[next],
+                batch: &batch,
+                logit_rows: &[0],
+                hidden_rows: &[],
+            },
+            &mut cache,
+        );
+        next = argmax(&m.backend.to_host(&out.logits));
+        decode.step_s.push(t0.elapsed().as_secs_f64());
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    profiler.take_into(&mut decode);
+    PlainRun { prefill, decode }
+}
+
+/// The single sequence of a speculative run: its cache, block table and snapshot slots.
+struct SpecSequence<B: Backend> {
+    cache: HybridCache<B>,
+    blocks: Vec<u32>,
+    /// State slot 0 is the sequence's own; slots 1..=k+1 hold the verify snapshots.
+    snapshot_slots: Vec<usize>,
+    k: usize,
+}
+
+impl<B: Backend> SpecSequence<B> {
+    fn layout(&self, len: usize, pos: usize, snapshots: bool) -> BatchLayout {
+        BatchLayout {
+            seqs: vec![SeqLayout {
+                start: 0,
+                len,
+                pos,
+                blocks: self.blocks.clone(),
+                slot: 0,
+                snapshot_slots: if snapshots {
+                    self.snapshot_slots.clone()
+                } else {
+                    Vec::new()
+                },
+            }],
+            block_size: BLOCK_SIZE,
+        }
+    }
+
+    /// The engine's MTP work after a step that computed positions `pos..pos + pairs`: one extend
+    /// forward over the pairs (hidden of t, token t+1) whose last row gives draft 1, then k-1
+    /// single-token forwards, each feeding the previous draft and the MTP's own hidden state.
+    fn draft(
+        &mut self,
+        m: &Model<B>,
+        hidden: &[f32],
+        next_tokens: &[u32],
+        pos: usize,
+    ) -> Result<Vec<u32>, MtpError> {
+        let pairs = next_tokens.len();
+        let last = [pairs as u32 - 1];
+        let batch = self.layout(pairs, pos, false);
+        let out = m.mtp_forward(
+            &MtpInput {
+                hidden,
+                next_tokens,
+                batch: &batch,
+                logit_rows: &last,
+                hidden_rows: &last,
+            },
+            &mut self.cache,
+        )?;
+        let mut drafts = vec![argmax(&m.backend.to_host(&out.logits))];
+        let mut step_hidden = m.backend.to_host(&out.hidden);
+        let computed = pos + pairs;
+        for step in 2..=self.k {
+            // The previous draft sits at position computed + step - 2; its pair is keyed by the
+            // position of the hidden state that precedes it, as in the engine.
+            let batch = self.layout(1, computed - 1 + (step - 1), false);
+            let token = drafts[drafts.len() - 1];
+            let out = m.mtp_forward(
+                &MtpInput {
+                    hidden: &step_hidden,
+                    next_tokens: &[token],
+                    batch: &batch,
+                    logit_rows: &[0],
+                    hidden_rows: &[0],
+                },
+                &mut self.cache,
+            )?;
+            drafts.push(argmax(&m.backend.to_host(&out.logits)));
+            step_hidden = m.backend.to_host(&out.hidden);
+        }
+        Ok(drafts)
+    }
+}
+
+/// Prefill then `steps` speculative steps of `k` drafts, as the engine runs them for one greedy
+/// sequence, except that every draft is accepted whatever the target predicts (forced acceptance:
+/// the dummy model's drafts are random), so each step commits k+1 tokens.
+pub fn speculative_run<B: Backend>(
+    m: &Model<B>,
+    prefill_len: usize,
+    steps: usize,
+    k: usize,
+    profile: bool,
+) -> Result<SpeculativeRun, MtpError> {
+    let vocab = m.config.vocab_size;
+    let prompt = prompt_tokens(vocab, prefill_len);
+    // The prompt, k+1 tokens per step, and the next step's verify span (k+1 positions) that the
+    // last drafting already writes into the MTP KV cache.
+    let max_tokens = prefill_len + (k + 1) * (steps + 1);
+    let geometry = CacheGeometry {
+        num_blocks: max_tokens.div_ceil(BLOCK_SIZE).max(1),
+        block_size: BLOCK_SIZE,
+        state_slots: 1 + (k + 1),
+        mtp: true,
+    };
+    let mut seq = SpecSequence {
+        cache: HybridCache::new(&m.backend, &m.config, geometry),
+        blocks: (0..geometry.num_blocks as u32).collect(),
+        snapshot_slots: (1..=k + 1).collect(),
+        k,
+    };
+    seq.cache.reset_slot(&m.backend, 0);
+    let profiler = Profiler::start(&m.backend, profile);
+
+    let mut prefill = Phase::default();
+    let start = Instant::now();
+    let prompt_rows: Vec<u32> = (0..prefill_len as u32).collect();
+    let batch = seq.layout(prefill_len, 0, false);
+    let out = m.forward(
+        &ForwardInput {
+            tokens: &prompt,
+            batch: &batch,
+            logit_rows: &[prefill_len as u32 - 1],
+            hidden_rows: &prompt_rows,
+        },
+        &mut seq.cache,
+    );
+    let mut last = argmax(&m.backend.to_host(&out.logits));
+    let hidden = m.backend.to_host(&out.hidden);
+    prefill.step_s.push(start.elapsed().as_secs_f64());
+    profiler.take_into(&mut prefill);
+
+    let mut mtp_prefill = Phase::default();
+    let start = Instant::now();
+    let next_tokens: Vec<u32> = prompt[1..].iter().copied().chain([last]).collect();
+    let mut drafts = seq.draft(m, &hidden, &next_tokens, 0)?;
+    mtp_prefill.step_s.push(start.elapsed().as_secs_f64());
+    profiler.take_into(&mut mtp_prefill);
+
+    let (mut verify, mut draft) = (Phase::default(), Phase::default());
+    let rows: Vec<u32> = (0..=k as u32).collect();
+    let mut computed = prefill_len;
+    let bar = indicatif::ProgressBar::new(steps as u64);
+    for _ in 0..steps {
+        let t0 = Instant::now();
+        let tokens: Vec<u32> = std::iter::once(last)
+            .chain(drafts.iter().copied())
+            .collect();
+        let batch = seq.layout(k + 1, computed, true);
+        let out = m.forward(
+            &ForwardInput {
+                tokens: &tokens,
+                batch: &batch,
+                logit_rows: &rows,
+                hidden_rows: &rows,
+            },
+            &mut seq.cache,
+        );
+        let logits = m.backend.to_host(&out.logits);
+        let hidden = m.backend.to_host(&out.hidden);
+        // Greedy verification computes the target's choice at every row; forced acceptance then
+        // keeps all k drafts anyway and takes the last row's choice as the bonus token.
+        let targets: Vec<u32> = logits.chunks_exact(vocab).map(argmax).collect();
+        let bonus = targets[k];
+        seq.cache.copy_slot(&m.backend, seq.snapshot_slots[k], 0);
+        verify.step_s.push(t0.elapsed().as_secs_f64());
+        profiler.take_into(&mut verify);
+
+        let t1 = Instant::now();
+        let next_tokens: Vec<u32> = drafts.iter().copied().chain([bonus]).collect();
+        drafts = seq.draft(m, &hidden, &next_tokens, computed)?;
+        draft.step_s.push(t1.elapsed().as_secs_f64());
+        profiler.take_into(&mut draft);
+        computed += k + 1;
+        last = bonus;
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    Ok(SpeculativeRun {
+        prefill,
+        mtp_prefill,
+        verify,
+        draft,
+    })
+}
+
+/// What `bench` runs, from its flags.
+pub struct RunPlan {
+    pub prefill_len: usize,
+    pub decode_len: usize,
+    pub speculative_num_steps: usize,
+    pub warmup: usize,
+    pub profile: bool,
+    pub measure_bandwidth: bool,
+}
+
+/// The runs of the profiled pass (`--profile` on a backend that can time its ops).
+pub struct Profiled {
+    pub plain: PlainRun,
+    pub speculative: Option<SpeculativeRun>,
+}
+
+/// Everything measured on the model, backend-independent from here on.
+pub struct Measured {
+    pub backend: &'static str,
+    pub plain: PlainRun,
+    pub speculative: Option<SpeculativeRun>,
+    /// `None`: not asked; `Some(None)`: asked, the backend cannot profile.
+    pub profiled: Option<Option<Profiled>>,
+    pub device_bandwidth: Option<f64>,
+}
+
+/// Warm-up, then the un-profiled runs whose timings are reported, then (with `--profile`) the same
+/// runs profiled, then the device's read bandwidth: profiling never slows the reported timings.
+pub fn measure<B: Backend>(m: &Model<B>, plan: &RunPlan) -> anyhow::Result<Measured> {
+    let (prefill, steps, k) = (
+        plan.prefill_len,
+        plan.decode_len,
+        plan.speculative_num_steps,
+    );
+    if k > 0 && !m.has_mtp() {
+        anyhow::bail!("--speculative-num-steps {k}: the model's MTP head was not loaded");
+    }
+    let spec_err = |e| anyhow::anyhow!("--speculative-num-steps {k}: {e}");
+    for _ in 0..plan.warmup {
+        plain_run(m, prefill, steps.min(2), false);
+    }
+    let plain = plain_run(m, prefill, steps, false);
+    let speculative = (k > 0)
+        .then(|| speculative_run(m, prefill, steps, k, false))
+        .transpose()
+        .map_err(spec_err)?;
+    let profiled = if !plan.profile {
+        None
+    } else if m.backend.set_op_profiling(true) {
+        let plain = plain_run(m, prefill, steps, true);
+        let speculative = (k > 0)
+            .then(|| speculative_run(m, prefill, steps, k, true))
+            .transpose();
+        m.backend.set_op_profiling(false);
+        Some(Some(Profiled {
+            plain,
+            speculative: speculative.map_err(spec_err)?,
+        }))
+    } else {
+        Some(None)
+    };
+    let device_bandwidth = if plan.measure_bandwidth {
+        m.backend.measure_device_read_bandwidth()
+    } else {
+        None
+    };
+    Ok(Measured {
+        backend: m.backend.name(),
+        plain,
+        speculative,
+        profiled,
+        device_bandwidth,
+    })
+}

@@ -1,0 +1,97 @@
+//! `deltaserve bench` as a user runs it, on the bundled demo model and the cpu backend: the
+//! speculative (MTP) mode commits k+1 tokens per step and reports positive throughputs, a model
+//! without an MTP head is refused naming the flag, and `--profile` says the backend cannot profile.
+
+use serde_json::Value;
+use std::process::Command;
+
+const BINARY: &str = env!("CARGO_BIN_EXE_deltaserve");
+
+fn bench(extra: &[&str]) -> std::process::Output {
+    Command::new(BINARY)
+        .args(["bench", "--model-path", "demo", "--prefill-len", "16"])
+        .args(["--decode-len", "4", "--warmup", "0", "--threads", "1"])
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+fn positive(v: &Value, key: &str) -> f64 {
+    let x = v[key]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{key} missing in {v}"));
+    assert!(x.is_finite() && x > 0.0, "{key} = {x} in {v}");
+    x
+}
+
+#[test]
+fn speculative_bench_commits_k_plus_one_tokens_per_step() {
+    let out = bench(&["--speculative-num-steps", "2", "--profile", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    positive(&report, "prefill_tokens_per_s");
+    positive(&report, "decode_tokens_per_s");
+    let spec = &report["speculative"];
+    assert_eq!(spec["num_steps"], 2);
+    assert_eq!(spec["tokens_per_step"], 3);
+    assert_eq!(spec["steps"], 4);
+    assert_eq!(spec["forced_acceptance"], true);
+    positive(spec, "decode_tokens_per_s");
+    let step = positive(spec, "step_ms_median");
+    let verify = positive(spec, "verify_ms_median");
+    let draft = positive(spec, "draft_ms_median");
+    assert!(verify < step && draft < step, "{spec}");
+    // The MTP head's k forwards are counted on top of the trunk's one read of its weights.
+    let trunk = report["decode_weight_bytes_per_token"].as_u64().unwrap();
+    let mtp = spec["mtp_forward_weight_bytes"].as_u64().unwrap();
+    assert_eq!(
+        spec["weight_bytes_per_step"].as_u64(),
+        Some(trunk + 2 * mtp)
+    );
+    // The cpu backend cannot time ops: said, not faked.
+    assert_eq!(report["profile_supported"], false);
+    assert!(report["profile"].is_null());
+}
+
+#[test]
+fn plain_bench_has_no_speculative_section() {
+    let out = bench(&["--json"]);
+    assert!(out.status.success());
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    positive(&report, "decode_tokens_per_s");
+    assert!(report["speculative"].is_null());
+    assert!(report["profile_supported"].is_null());
+}
+
+#[test]
+fn speculation_without_an_mtp_head_names_the_flag() {
+    let dir = std::env::temp_dir().join(format!("bench-cli-no-mtp-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/qwen3.5-0.8b/config.json"),
+    )
+    .unwrap();
+    let config = config.replace(
+        "\"mtp_num_hidden_layers\": 1",
+        "\"mtp_num_hidden_layers\": 0",
+    );
+    assert!(config.contains("\"mtp_num_hidden_layers\": 0"));
+    std::fs::write(dir.join("config.json"), config).unwrap();
+    let out = Command::new(BINARY)
+        .args(["bench", "--load-format", "dummy", "--model-path"])
+        .arg(&dir)
+        .args(["--speculative-num-steps", "3"])
+        .output()
+        .unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--speculative-num-steps") && stderr.contains("no MTP head"),
+        "{stderr}"
+    );
+}
