@@ -24,6 +24,7 @@ if [ "$part" = checks ]; then
   "$ds" doctor --backend cuda --model-path demo >"$out/doctor.log" 2>&1
   echo "doctor demo: rc=$?"
   for f in tests/fixtures/*/; do
+    [ -f "$f/config.json" ] || continue
     "$ds" doctor --backend cuda --model-path "$f" >>"$out/doctor.log" 2>&1
     echo "doctor $f: rc=$?"
   done

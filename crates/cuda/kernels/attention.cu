@@ -68,3 +68,132 @@ extern "C" __global__ void paged_attention(const float* q, const float* k_pool, 
     float* orow = out + (t * q_heads + h) * head_dim;
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) orow[d] = acc[d] / running_sum;
 }
+
+// The same attention with coalesced loads and more parallelism, for head_dim = 32 * DPL: each warp
+// takes one position at a time (lane l holds dims l*DPL .. l*DPL+DPL-1 of q, k, v, so a warp reads a
+// K or V row in one sweep) with its own online softmax; a block covers ATTENTION_SPLIT positions of
+// one (token, q head) with ATTENTION_WARPS warps, merged in shared memory. grid = (tokens * q_heads,
+// splits): with several splits each block leaves a partial (max, sum, unnormalised output) and
+// `attention_combine` merges them, as flash-decoding does.
+// Dynamic shared memory: ATTENTION_WARPS * head_dim floats.
+#define ATTENTION_WARPS 4
+#define ATTENTION_SPLIT 64
+
+template <int DPL>
+__device__ __forceinline__ void load_lane(const float* p, float* dst) {
+    if (DPL % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < DPL; i += 4) {
+            const float4 v = *reinterpret_cast<const float4*>(p + i);
+            dst[i] = v.x;
+            dst[i + 1] = v.y;
+            dst[i + 2] = v.z;
+            dst[i + 3] = v.w;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) dst[i] = p[i];
+    }
+}
+
+template <int DPL>
+__device__ void attention_by_warps(const float* q, const float* k_pool, const float* v_pool, float* out,
+                                   float* part_stats, float* part_acc, const int* rows, const unsigned int* blocks,
+                                   int q_heads, int kv_heads, int block_size, float scale) {
+    extern __shared__ float warp_acc[];
+    __shared__ float warp_max[ATTENTION_WARPS], warp_sum[ATTENTION_WARPS];
+    const int head_dim = DPL * 32;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const i64 t = blockIdx.x / q_heads;
+    const int h = blockIdx.x % q_heads;
+    const int kvh = h / (q_heads / kv_heads);
+    const int visible = rows[2 * t];
+    const int begin = blockIdx.y * ATTENTION_SPLIT;
+    if (begin >= visible) return;  // the combine step reads only the splits a row uses
+    const int end = min(visible, begin + ATTENTION_SPLIT);
+    const unsigned int* table = blocks + rows[2 * t + 1];
+    const i64 kv_row = (i64)kv_heads * head_dim;
+    float qv[DPL], kv[DPL], vv[DPL], acc[DPL];
+    load_lane<DPL>(q + (t * q_heads + h) * head_dim + lane * DPL, qv);
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) acc[i] = 0.0f;
+    float running_max = NEG_INF, running_sum = 0.0f;
+    for (int p = begin + warp; p < end; p += ATTENTION_WARPS) {
+        const i64 at = ((i64)table[p / block_size] * block_size + p % block_size) * kv_row + (i64)kvh * head_dim + lane * DPL;
+        load_lane<DPL>(k_pool + at, kv);
+        load_lane<DPL>(v_pool + at, vv);
+        float dot = 0.0f;
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) dot = fmaf(qv[i], kv[i], dot);
+        for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+        const float score = dot * scale;
+        const float new_max = fmaxf(running_max, score);
+        const float rescale = expf(running_max - new_max);  // 0 on the first position
+        const float weight = expf(score - new_max);
+        running_sum = running_sum * rescale + weight;
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) acc[i] = fmaf(weight, vv[i], acc[i] * rescale);
+        running_max = new_max;
+    }
+    if (lane == 0) {
+        warp_max[warp] = running_max;
+        warp_sum[warp] = running_sum;
+    }
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) warp_acc[warp * head_dim + lane * DPL + i] = acc[i];
+    __syncthreads();
+    float block_max_v = NEG_INF;
+    for (int w = 0; w < ATTENTION_WARPS; ++w) block_max_v = fmaxf(block_max_v, warp_max[w]);
+    float factor[ATTENTION_WARPS];
+    float total = 0.0f;
+    for (int w = 0; w < ATTENTION_WARPS; ++w) {
+        // A warp that saw no position has max -inf and contributes nothing.
+        factor[w] = warp_max[w] == NEG_INF ? 0.0f : expf(warp_max[w] - block_max_v);
+        total += warp_sum[w] * factor[w];
+    }
+    const int splits = gridDim.y;
+    const i64 part = (i64)blockIdx.x * splits + blockIdx.y;
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float a = 0.0f;
+        for (int w = 0; w < ATTENTION_WARPS; ++w) a += warp_acc[w * head_dim + d] * factor[w];
+        if (splits == 1) {
+            out[(t * q_heads + h) * head_dim + d] = a / total;
+        } else {
+            part_acc[part * head_dim + d] = a;
+        }
+    }
+    if (splits > 1 && threadIdx.x == 0) {
+        part_stats[2 * part] = block_max_v;
+        part_stats[2 * part + 1] = total;
+    }
+}
+
+#define ATTENTION_BY_WARPS(DPL)                                                                              \
+    extern "C" __global__ void paged_attention_d##DPL(const float* q, const float* k_pool, const float* v_pool, \
+                                                       float* out, float* part_stats, float* part_acc,         \
+                                                       const int* rows, const unsigned int* blocks, int q_heads, \
+                                                       int kv_heads, int block_size, float scale) {           \
+        attention_by_warps<DPL>(q, k_pool, v_pool, out, part_stats, part_acc, rows, blocks, q_heads, kv_heads, \
+                                block_size, scale);                                                          \
+    }
+ATTENTION_BY_WARPS(1)
+ATTENTION_BY_WARPS(2)
+ATTENTION_BY_WARPS(4)
+ATTENTION_BY_WARPS(8)
+
+// Merges the partials of the splits a row used: one block per (token, q head).
+extern "C" __global__ void attention_combine(const float* part_stats, const float* part_acc, float* out, const int* rows,
+                                             int q_heads, int head_dim, int splits) {
+    const i64 t = blockIdx.x / q_heads;
+    const int used = (rows[2 * t] + ATTENTION_SPLIT - 1) / ATTENTION_SPLIT;
+    const i64 first = (i64)blockIdx.x * splits;
+    float block_max_v = NEG_INF;
+    for (int s = 0; s < used; ++s) block_max_v = fmaxf(block_max_v, part_stats[2 * (first + s)]);
+    float total = 0.0f;
+    for (int s = 0; s < used; ++s) total += part_stats[2 * (first + s) + 1] * expf(part_stats[2 * (first + s)] - block_max_v);
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float a = 0.0f;
+        for (int s = 0; s < used; ++s) a += part_acc[(first + s) * head_dim + d] * expf(part_stats[2 * (first + s)] - block_max_v);
+        out[(i64)blockIdx.x * head_dim + d] = a / total;
+    }
+}

@@ -52,3 +52,63 @@ extern "C" __global__ void causal_conv1d(const float* x, const float* w, float* 
         if (m >= lead) conv_state[slot * slot_len + (i64)(m - lead) * conv_dim + c] = win[m];
     }
 }
+
+// The same conv for long sequences (prefill), parallel over tokens: one thread per (row, channel)
+// reads its inputs straight from x, or from the old window for positions before the sequence's new
+// tokens, and writes the output (and the window after its token to the token's snapshot slot, if
+// any) with the taps in the same order as above, so results are bitwise those of the loop above.
+// The new windows are written afterwards by `conv_window_update`, once every row has read the old
+// ones. row_seqs[T] = index of each row's sequence in `seqs`.
+__device__ __forceinline__ float conv_input(const float* x, const float* conv_state, i64 slot_len, int slot, int start,
+                                            int rel, int conv_dim, int history, int c) {
+    return rel >= 0 ? x[(i64)(start + rel) * conv_dim + c]
+                    : conv_state[slot * slot_len + (i64)(history + rel) * conv_dim + c];
+}
+
+// Snapshot slots are other slots of the same pool, so `conv_state` is both read (the sequence's
+// own slot) and written (its snapshot slots).
+extern "C" __global__ void causal_conv1d_tokens(const float* x, const float* w, float* conv_state, float* out, const int* seqs, const int* snaps, const int* row_seqs,
+                                                i64 tokens, int conv_dim, int history) {
+    const i64 slot_len = (i64)history * conv_dim;
+    FOR_EACH(idx, tokens * conv_dim) {
+        const i64 t = idx / conv_dim;
+        const int c = (int)(idx % conv_dim);
+        const int* seq = seqs + 4 * row_seqs[t];
+        const int start = seq[0], slot = seq[2], snap = seq[3];
+        const int i = (int)(t - start);
+        const float* taps = w + (i64)c * (history + 1);
+        float acc = 0.0f;
+        for (int m = 0; m < history; ++m) {
+            acc = fmaf(taps[m], conv_input(x, conv_state, slot_len, slot, start, i - history + m, conv_dim, history, c), acc);
+        }
+        acc = fmaf(taps[history], x[idx], acc);
+        out[idx] = silu_f(acc);
+        if (snap >= 0) {
+            const i64 dst = (i64)snaps[snap + i] * slot_len;
+            for (int e = 0; e < history; ++e) {
+                conv_state[dst + (i64)e * conv_dim + c] =
+                    conv_input(x, conv_state, slot_len, slot, start, i - history + 1 + e, conv_dim, history, c);
+            }
+        }
+    }
+}
+
+// The window after each sequence's last new token, written into its slot: one thread per (channel,
+// sequence), reading the old window before overwriting it.
+extern "C" __global__ void conv_window_update(const float* x, float* conv_state, const int* seqs, int conv_dim,
+                                              int history) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= conv_dim) return;
+    const int* seq = seqs + 4 * blockIdx.y;
+    const int start = seq[0], len = seq[1], slot = seq[2];
+    const i64 slot_len = (i64)history * conv_dim;
+    float win[MAX_HISTORY];
+#pragma unroll
+    for (int e = 0; e < MAX_HISTORY; ++e) {
+        if (e < history) win[e] = conv_input(x, conv_state, slot_len, slot, start, len - history + e, conv_dim, history, c);
+    }
+#pragma unroll
+    for (int e = 0; e < MAX_HISTORY; ++e) {
+        if (e < history) conv_state[slot * slot_len + (i64)e * conv_dim + c] = win[e];
+    }
+}

@@ -149,11 +149,15 @@ __device__ bool radix_select(const float* x, int vocab, bool by_mass, int need, 
     return true;
 }
 
-// rows[n], top_ks[n], temperatures[n], top_ps[n], min_ps[n], uniforms[n] -> out[n] token ids.
-// Launched with one block per row and a multiple of 32 threads (at most 1024).
-extern "C" __global__ void sample_rows(const float* logits, int vocab, const int* rows, const int* top_ks,
-                                       const float* temperatures, const float* top_ps, const float* min_ps,
-                                       const double* uniforms, int* out) {
+// One row's settings (DeviceRowSampling in src/sampling.rs).
+struct RowParams {
+    double uniform;
+    float temperature, top_p, min_p;
+    int row, top_k, pad;
+};
+
+// params[n] -> out[n] token ids. One block per row, a multiple of 32 threads (at most 1024).
+extern "C" __global__ void sample_rows(const float* logits, int vocab, const RowParams* params, int* out) {
     __shared__ unsigned int hist_count[RADIX_BINS];
     __shared__ double hist_mass[RADIX_BINS];
     __shared__ double scan_double[33];
@@ -166,7 +170,8 @@ extern "C" __global__ void sample_rows(const float* logits, int vocab, const int
     __shared__ int chosen;
 
     const int r = blockIdx.x;
-    const float* x = logits + (i64)rows[r] * vocab;
+    const RowParams p = params[r];
+    const float* x = logits + (i64)p.row * vocab;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
 
     // Argmax: the largest key, ties to the lower id.
@@ -203,7 +208,7 @@ extern "C" __global__ void sample_rows(const float* logits, int vocab, const int
     __syncthreads();
     const int argmax = best_ids[0];
     const float max_x = key_value(best_keys[0]);
-    const float temperature = temperatures[r], top_p = top_ps[r], min_p = min_ps[r];
+    const float temperature = p.temperature, top_p = p.top_p, min_p = p.min_p;
     const float inv_t = temperature > 0.0f ? 1.0f / temperature : 0.0f;
     // Greedy; a temperature so small that 1/T overflows is greedy too; min-p above 1 keeps only the
     // most likely token (the host keeps at least one).
@@ -215,7 +220,7 @@ extern "C" __global__ void sample_rows(const float* logits, int vocab, const int
     // Top-k: the prefix of k tokens. The whole vocabulary is the prefix (key 0, vocab ties).
     unsigned int keep_key = 0;
     int keep_ties = -1;
-    const int top_k = top_ks[r];
+    const int top_k = p.top_k;
     if (top_k > 0 && top_k < vocab) {
         radix_select(x, vocab, false, top_k, 0.0, max_x, inv_t, 0u, -1, hist_count, hist_mass, &sel_key,
                      &sel_ties, &flag);
@@ -266,7 +271,7 @@ extern "C" __global__ void sample_rows(const float* logits, int vocab, const int
     const double mass_base = block_exclusive_scan(mass_here, scan_double, &mass_total);
     if (tid == 0) chosen = vocab;
     __syncthreads();
-    const double target = uniforms[r] * mass_total;
+    const double target = p.uniform * mass_total;
     if (mass_here > 0.0 && target >= mass_base && target < mass_base + mass_here) {
         double cumulative = mass_base;
         int tie_rank = tie_base;

@@ -1,5 +1,7 @@
-//! Launcher of paged attention: writes the new K/V rows into the pool (`kv_write`), then one block
-//! per (token, q head) attends over the sequence's positions (`paged_attention`, attention.cu).
+//! Launcher of paged attention: writes the new K/V rows into the pool (`kv_write`), then attends over
+//! each row's positions (attention.cu): warp-per-position blocks split over the context for head dims
+//! of 32, 64, 128 and 256 (`paged_attention_d*`, then `attention_combine`), one block per (token,
+//! q head) otherwise (`paged_attention`).
 
 use crate::backend::{launch, CudaBackend};
 use crate::buffer::CudaBuf;
@@ -7,8 +9,24 @@ use crate::layout::{attention_table, check_kv};
 use cudarc::driver::LaunchConfig;
 use deltaserve_tensor::{AttnShape, BatchLayout, KvLayerPool};
 
-/// Positions scored per tile (threads per block).
+/// Positions scored per tile (threads per block) of the general kernel.
 const ATTENTION_THREADS: u32 = 128;
+
+/// `ATTENTION_WARPS` and `ATTENTION_SPLIT` of attention.cu: warps per block of the warp-per-position
+/// kernels, and positions per block (a longer context is split over blocks and combined).
+const WARPS: u32 = 4;
+const SPLIT_POSITIONS: usize = 64;
+
+/// The warp-per-position kernel for `head_dim` (32 x dims per lane), if compiled for it.
+fn warp_kernel(head_dim: usize) -> Option<&'static str> {
+    Some(match head_dim {
+        32 => "paged_attention_d1",
+        64 => "paged_attention_d2",
+        128 => "paged_attention_d4",
+        256 => "paged_attention_d8",
+        _ => return None,
+    })
+}
 
 impl CudaBackend {
     #[allow(clippy::too_many_arguments)]
@@ -79,19 +97,73 @@ impl CudaBackend {
         let Ok(grid_blocks) = u32::try_from(tokens * q_heads) else {
             panic!("attention: {tokens} tokens x {q_heads} heads exceed one launch grid");
         };
+        let scale = (1.0 / (head_dim as f64).sqrt()) as f32;
+        let (qh, kvh, bs) = (q_heads as i32, kv_heads as i32, pool.block_size as i32);
+        if let Some(kernel) = warp_kernel(head_dim) {
+            let max_visible = table.rows.iter().step_by(2).copied().max().unwrap_or(0) as usize;
+            let splits = max_visible.div_ceil(SPLIT_POSITIONS).max(1);
+            let partials = if splits > 1 {
+                tokens * q_heads * splits
+            } else {
+                0
+            };
+            let mut stats = self.alloc_zeros::<f32>("attention partial stats", 2 * partials);
+            let mut acc = self.alloc_zeros::<f32>("attention partial outputs", partials * head_dim);
+            let cfg = LaunchConfig {
+                grid_dim: (grid_blocks, splits as u32, 1),
+                block_dim: (32 * WARPS, 1, 1),
+                shared_mem_bytes: (WARPS as usize * head_dim * std::mem::size_of::<f32>()) as u32,
+            };
+            // Contract: as for `paged_attention` below; head_dim = 32 * the kernel's dims per
+            // lane; with several splits the partial buffers hold one entry per (row, head, split).
+            launch!(
+                self,
+                kernel,
+                cfg,
+                &q.data,
+                &pool.k.data,
+                &pool.v.data,
+                &mut out.data,
+                &mut stats,
+                &mut acc,
+                &rows,
+                &blocks,
+                &qh,
+                &kvh,
+                &bs,
+                &scale
+            );
+            if splits > 1 {
+                let (hd, splits32) = (head_dim as i32, splits as i32);
+                let cfg = LaunchConfig {
+                    grid_dim: (grid_blocks, 1, 1),
+                    block_dim: (ATTENTION_THREADS, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // Contract: the partials were written for every split a row uses (its visible
+                // positions / SPLIT_POSITIONS, rounded up), which the combine recomputes from `rows`.
+                launch!(
+                    self,
+                    "attention_combine",
+                    cfg,
+                    &stats,
+                    &acc,
+                    &mut out.data,
+                    &rows,
+                    &qh,
+                    &hd,
+                    &splits32
+                );
+            }
+            return;
+        }
         let shared = (2 * head_dim + ATTENTION_THREADS as usize + 32) * std::mem::size_of::<f32>();
         let cfg = LaunchConfig {
             grid_dim: (grid_blocks, 1, 1),
             block_dim: (ATTENTION_THREADS, 1, 1),
             shared_mem_bytes: shared as u32,
         };
-        let (qh, kvh, hd, bs) = (
-            q_heads as i32,
-            kv_heads as i32,
-            head_dim as i32,
-            pool.block_size as i32,
-        );
-        let scale = (1.0 / (head_dim as f64).sqrt()) as f32;
+        let hd = head_dim as i32;
         // Contract: rows holds 2 entries per token, each table offset + position / block_size lies
         // in `blocks` (the layout covers every position), block ids are < num_blocks (checked).
         launch!(

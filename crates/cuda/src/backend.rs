@@ -7,7 +7,7 @@ use crate::compile;
 use crate::error::CudaError;
 use crate::libraries;
 use crate::mat::CudaMat;
-use crate::options::{CudaOptions, GemmPrecision};
+use crate::options::{CudaOptions, GdnPrefill, GemmPrecision};
 use crate::profile::OpProfiler;
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{
@@ -37,6 +37,7 @@ pub struct CudaBackend {
     pub(crate) blas: Arc<Mutex<CudaBlas>>,
     functions: Arc<HashMap<&'static str, CudaFunction>>,
     pub(crate) gemm_precision: GemmPrecision,
+    pub(crate) gdn_prefill: GdnPrefill,
     /// RoPE inverse frequencies per `(rotary_dim, theta bits)`, computed on the host as the
     /// reference does and kept on the device.
     pub(crate) rope_tables: Arc<Mutex<RopeTables>>,
@@ -168,6 +169,7 @@ impl CudaBackend {
             blas: Arc::new(Mutex::new(blas)),
             functions: Arc::new(functions),
             gemm_precision: options.gemm_precision,
+            gdn_prefill: options.gdn_prefill,
             rope_tables: Arc::new(Mutex::new(HashMap::new())),
             profiler: Arc::new(OpProfiler::default()),
             device_name: name,
@@ -232,6 +234,17 @@ impl CudaBackend {
         self.stream
             .alloc_zeros::<T>(len.max(1))
             .unwrap_or_else(|e| device_failure(what, e))
+    }
+
+    /// A device allocation of `len` elements (one at least) left uninitialised: only for buffers a
+    /// kernel overwrites completely before anything reads them (saves the memset of `alloc_zeros`).
+    pub(crate) fn alloc_for_overwrite<T: DeviceRepr>(
+        &self,
+        what: &str,
+        len: usize,
+    ) -> CudaSlice<T> {
+        // SAFETY: callers write every element before reading any (see each call).
+        unsafe { self.stream.alloc::<T>(len.max(1)) }.unwrap_or_else(|e| device_failure(what, e))
     }
 
     /// A launch config of `ELEMENTWISE_THREADS`-thread blocks covering `n` elements (the kernels

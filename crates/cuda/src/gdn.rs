@@ -1,19 +1,43 @@
 //! Launchers of the Gated DeltaNet ops: causal conv1d with its window (conv.cu), the gates and the
-//! recurrent delta rule (gdn.cu), and resetting / copying a state slot. The state pools stay on the
+//! delta rule (recurrent in gdn.cu, chunked for prefill in gdn_chunked.cu), and resetting / copying
+//! a state slot. The state pools stay on the
 //! device; the batch's sequence table is uploaded per call.
 
 use crate::backend::{device_failure, launch, CudaBackend};
 use crate::buffer::CudaBuf;
 use crate::kernels::MAX_CONV_HISTORY;
 use crate::layout::{check_state, seq_table};
+use crate::options::GdnPrefill;
 use cudarc::driver::LaunchConfig;
 use deltaserve_tensor::{BatchLayout, GdnShape, StateLayerPool};
 
 /// Channels per block of the conv.
 const CONV_THREADS: u32 = 128;
 
-/// Value columns per block of the register-resident delta rule (one warp).
-const COLUMNS_PER_BLOCK: u32 = 32;
+/// From this many new tokens in one sequence (prefill), the conv runs parallel over tokens
+/// (`causal_conv1d_tokens` + `conv_window_update`) instead of walking them per channel.
+const PARALLEL_CONV_MIN_TOKENS: usize = 16;
+
+/// Value columns per block of the register-resident delta rule (one warp, 4 lanes per column:
+/// `COLUMNS_PER_WARP` in gdn.cu).
+const COLUMNS_PER_BLOCK: u32 = 8;
+
+/// With `GdnPrefill::Chunked`, from this many new tokens in one sequence (and no snapshots in the
+/// batch), the delta rule runs in chunked form (gdn_chunked.cu). `SLICE` and `CHUNK_THREADS` there: value columns and threads per block.
+const CHUNKED_MIN_TOKENS: usize = 32;
+const CHUNK_SLICE: usize = 32;
+const CHUNK_THREADS: u32 = 128;
+
+/// The chunked delta-rule kernel, compiled for these key dims (its shared memory grows with key_dim).
+fn chunked_kernel(key_dim: usize) -> Option<&'static str> {
+    Some(match key_dim {
+        16 => "gated_delta_rule_chunked_k16",
+        32 => "gated_delta_rule_chunked_k32",
+        64 => "gated_delta_rule_chunked_k64",
+        128 => "gated_delta_rule_chunked_k128",
+        _ => return None,
+    })
+}
 
 /// The delta-rule kernel that keeps a state column in registers, compiled for these key dims.
 fn register_kernel(key_dim: usize) -> Option<&'static str> {
@@ -63,6 +87,57 @@ impl CudaBackend {
         let table = seq_table(batch);
         let seqs = self.upload("conv sequences", &table.seqs);
         let snaps = self.upload("conv snapshot slots", &table.snaps);
+        let (cd, hist) = (conv_dim as i32, history as i32);
+        let window_grid = (
+            (conv_dim as u32).div_ceil(CONV_THREADS),
+            batch.seqs.len() as u32,
+            1,
+        );
+        if batch.seqs.iter().any(|s| s.len >= PARALLEL_CONV_MIN_TOKENS) {
+            let row_seqs: Vec<i32> = batch
+                .seqs
+                .iter()
+                .enumerate()
+                .flat_map(|(i, s)| std::iter::repeat_n(i as i32, s.len))
+                .collect();
+            let row_seqs = self.upload("conv row sequences", &row_seqs);
+            let t64 = tokens as i64;
+            // Contract: the layout was checked (rows within x/out, slots and snapshot slots <
+            // slots); row_seqs names each row's sequence; snapshot slots differ from the slots
+            // read, so no thread reads what another writes.
+            launch!(
+                self,
+                "causal_conv1d_tokens",
+                Self::elementwise_config(tokens * conv_dim),
+                &x.data,
+                &w.data,
+                &mut pool.conv.data,
+                &mut out.data,
+                &seqs,
+                &snaps,
+                &row_seqs,
+                &t64,
+                &cd,
+                &hist
+            );
+            let cfg = LaunchConfig {
+                grid_dim: window_grid,
+                block_dim: (CONV_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // Contract: as above; runs after every row has read the old windows (same stream).
+            launch!(
+                self,
+                "conv_window_update",
+                cfg,
+                &x.data,
+                &mut pool.conv.data,
+                &seqs,
+                &cd,
+                &hist
+            );
+            return;
+        }
         let cfg = LaunchConfig {
             grid_dim: (
                 (conv_dim as u32).div_ceil(CONV_THREADS),
@@ -72,7 +147,6 @@ impl CudaBackend {
             block_dim: (CONV_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        let (cd, hist) = (conv_dim as i32, history as i32);
         // Contract: the layout was checked (rows within x/out, slots and snapshot slots < slots).
         launch!(
             self,
@@ -187,12 +261,41 @@ impl CudaBackend {
         let table = seq_table(batch);
         let seqs = self.upload("delta rule sequences", &table.seqs);
         let snaps = self.upload("delta rule snapshot slots", &table.snaps);
+        let prefill = self.gdn_prefill == GdnPrefill::Chunked
+            && batch.seqs.iter().any(|s| s.len >= CHUNKED_MIN_TOKENS)
+            && batch.seqs.iter().all(|s| s.snapshot_slots.is_empty());
+        if let (true, Some(kernel)) = (prefill, chunked_kernel(key_dim)) {
+            let slices = value_dim.div_ceil(CHUNK_SLICE) as u32;
+            let cfg = LaunchConfig {
+                grid_dim: (value_heads as u32, batch.seqs.len() as u32, slices),
+                block_dim: (CHUNK_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let (hk, hv, dv) = (key_heads as i32, value_heads as i32, value_dim as i32);
+            // Contract: the layout was checked (rows within mixed/g/beta/out, slots < slots), no
+            // sequence has snapshot slots, and the kernel's key_dim is `key_dim`.
+            launch!(
+                self,
+                kernel,
+                cfg,
+                &mixed.data,
+                &g.data,
+                &beta.data,
+                &mut pool.ssm.data,
+                &mut out.data,
+                &seqs,
+                &hk,
+                &hv,
+                &dv
+            );
+            return;
+        }
         if let Some(kernel) = register_kernel(key_dim) {
             let slices = value_dim.div_ceil(COLUMNS_PER_BLOCK as usize) as u32;
             let cfg = LaunchConfig {
                 grid_dim: (value_heads as u32, batch.seqs.len() as u32, slices),
-                block_dim: (COLUMNS_PER_BLOCK, 1, 1),
-                shared_mem_bytes: ((2 * key_dim + 32) * std::mem::size_of::<f32>()) as u32,
+                block_dim: (32, 1, 1),
+                shared_mem_bytes: (2 * key_dim * std::mem::size_of::<f32>()) as u32,
             };
             let (hk, hv, dv) = (key_heads as i32, value_heads as i32, value_dim as i32);
             // Contract: as below; the slices cover value_dim columns (threads past it only help

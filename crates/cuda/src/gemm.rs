@@ -37,8 +37,9 @@ impl CudaBackend {
         }
         match &w.data {
             MatData::Bf16(weights) => {
+                // Overwritten whole by the cast below.
                 let mut x_bf16: CudaSlice<u16> =
-                    self.alloc_zeros("matmul bf16 activations", tokens * k);
+                    self.alloc_for_overwrite("matmul bf16 activations", tokens * k);
                 let len = (tokens * k) as i64;
                 // Contract: x holds tokens * k values (checked), x_bf16 was allocated that long.
                 launch!(

@@ -12,7 +12,7 @@ pub struct KernelFile {
 /// Helpers prepended to every file (`#line` keeps NVRTC's line numbers those of the file).
 pub const COMMON: &str = include_str!("../kernels/common.cuh");
 
-pub const FILES: [KernelFile; 9] = [
+pub const FILES: [KernelFile; 10] = [
     KernelFile {
         name: "elementwise.cu",
         source: include_str!("../kernels/elementwise.cu"),
@@ -42,7 +42,11 @@ pub const FILES: [KernelFile; 9] = [
     KernelFile {
         name: "conv.cu",
         source: include_str!("../kernels/conv.cu"),
-        functions: &["causal_conv1d"],
+        functions: &[
+            "causal_conv1d",
+            "causal_conv1d_tokens",
+            "conv_window_update",
+        ],
     },
     KernelFile {
         name: "gdn.cu",
@@ -58,9 +62,27 @@ pub const FILES: [KernelFile; 9] = [
         ],
     },
     KernelFile {
+        name: "gdn_chunked.cu",
+        source: include_str!("../kernels/gdn_chunked.cu"),
+        functions: &[
+            "gated_delta_rule_chunked_k16",
+            "gated_delta_rule_chunked_k32",
+            "gated_delta_rule_chunked_k64",
+            "gated_delta_rule_chunked_k128",
+        ],
+    },
+    KernelFile {
         name: "attention.cu",
         source: include_str!("../kernels/attention.cu"),
-        functions: &["kv_write", "paged_attention"],
+        functions: &[
+            "kv_write",
+            "paged_attention",
+            "paged_attention_d1",
+            "paged_attention_d2",
+            "paged_attention_d4",
+            "paged_attention_d8",
+            "attention_combine",
+        ],
     },
     KernelFile {
         name: "sampling.cu",

@@ -26,4 +26,4 @@ pub use buffer::CudaBuf;
 pub use detect::usable_gpu;
 pub use error::CudaError;
 pub use mat::CudaMat;
-pub use options::{CudaOptions, GemmPrecision};
+pub use options::{CudaOptions, GdnPrefill, GemmPrecision};

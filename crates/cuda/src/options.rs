@@ -17,10 +17,23 @@ pub enum GemmPrecision {
     F32,
 }
 
+/// How the delta rule runs over long new sequences (prefill; verify steps always use the recurrence).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum GdnPrefill {
+    /// The recurrence with the state in registers, token by token (gdn.cu). The default: on CUDA
+    /// cores it is faster than the chunked form (docs/benchmarks.md).
+    #[default]
+    Recurrent,
+    /// The chunked (WY) form, 16 tokens at a time (gdn_chunked.cu), proven against the reference;
+    /// the starting point for a tensor-core version.
+    Chunked,
+}
+
 /// Everything `CudaBackend::with_options` needs.
 #[derive(Clone, Debug)]
 pub struct CudaOptions {
     pub gemm_precision: GemmPrecision,
+    pub gdn_prefill: GdnPrefill,
     /// Folders searched for libcuda, libnvrtc and libcublas when the system library path lacks them.
     pub library_dirs: Vec<PathBuf>,
     /// Passed to NVRTC as include paths when they exist (the kernels themselves need no header).
@@ -64,6 +77,7 @@ impl Default for CudaOptions {
             .map(|c| c.join("deltaserve").join("ptx"));
         Self {
             gemm_precision: GemmPrecision::default(),
+            gdn_prefill: GdnPrefill::default(),
             library_dirs,
             include_dirs,
             ptx_cache_dir,

@@ -3,8 +3,24 @@
 
 use crate::backend::{device_failure, launch, CudaBackend};
 use crate::buffer::CudaBuf;
-use cudarc::driver::{CudaSlice, LaunchConfig};
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig};
 use deltaserve_tensor::RowSampling;
+
+/// One row's settings as the kernel reads them (`RowParams` in kernels/sampling.cu): one upload.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct DeviceRowSampling {
+    uniform: f64,
+    temperature: f32,
+    top_p: f32,
+    min_p: f32,
+    row: i32,
+    top_k: i32,
+    pad: i32,
+}
+
+// SAFETY: plain old data with a C layout and no padding the kernel reads (32 bytes, as RowParams).
+unsafe impl DeviceRepr for DeviceRowSampling {}
 
 /// Threads per row: 32 warps stream a 248k-entry row in ~240 loads each.
 const SAMPLE_THREADS: u32 = 1024;
@@ -34,42 +50,36 @@ impl CudaBackend {
                 logits.len / vocab
             );
         }
-        let row_ids: Vec<i32> = rows.iter().map(|r| r.row as i32).collect();
-        let top_ks: Vec<i32> = rows
+        let params: Vec<DeviceRowSampling> = rows
             .iter()
-            .map(|r| r.top_k.min(i32::MAX as u32) as i32)
+            .map(|r| DeviceRowSampling {
+                uniform: r.uniform.clamp(0.0, 1.0),
+                temperature: r.temperature,
+                top_p: r.top_p,
+                min_p: r.min_p,
+                row: r.row as i32,
+                top_k: r.top_k.min(i32::MAX as u32) as i32,
+                pad: 0,
+            })
             .collect();
-        let temperatures: Vec<f32> = rows.iter().map(|r| r.temperature).collect();
-        let top_ps: Vec<f32> = rows.iter().map(|r| r.top_p).collect();
-        let min_ps: Vec<f32> = rows.iter().map(|r| r.min_p).collect();
-        let uniforms: Vec<f64> = rows.iter().map(|r| r.uniform.clamp(0.0, 1.0)).collect();
-        let row_ids = self.upload("sample_rows rows", &row_ids);
-        let top_ks = self.upload("sample_rows top_k", &top_ks);
-        let temperatures = self.upload("sample_rows temperatures", &temperatures);
-        let top_ps = self.upload("sample_rows top_p", &top_ps);
-        let min_ps = self.upload("sample_rows min_p", &min_ps);
-        let uniforms = self.upload("sample_rows uniforms", &uniforms);
-        let mut chosen: CudaSlice<i32> = self.alloc_zeros("sample_rows output", rows.len());
+        let params = self.upload("sample_rows parameters", &params);
+        // Every block writes its row's id.
+        let mut chosen: CudaSlice<i32> = self.alloc_for_overwrite("sample_rows output", rows.len());
         let vocab32 = vocab as i32;
         let cfg = LaunchConfig {
             grid_dim: (rows.len() as u32, 1, 1),
             block_dim: (SAMPLE_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        // Contract: every row index addresses a whole row of `logits` (checked above); the six
-        // parameter arrays and `chosen` hold one entry per block.
+        // Contract: every row index addresses a whole row of `logits` (checked above); `params`
+        // and `chosen` hold one entry per block; `DeviceRowSampling` is `RowParams` of sampling.cu.
         launch!(
             self,
             "sample_rows",
             cfg,
             &logits.data,
             &vocab32,
-            &row_ids,
-            &top_ks,
-            &temperatures,
-            &top_ps,
-            &min_ps,
-            &uniforms,
+            &params,
             &mut chosen
         );
         let ids = self

@@ -17,7 +17,7 @@
 
 mod common;
 
-use common::{check, cuda, round_bf16, Rng};
+use common::{check, cuda, cuda_chunked_gdn, round_bf16, Rng};
 use deltaserve_cuda::{CudaBackend, GemmPrecision};
 use deltaserve_tensor::reference::ReferenceBackend;
 use deltaserve_tensor::{
@@ -352,8 +352,11 @@ fn paged_attention_matches_reference() {
     };
     let mut rng = Rng(6);
     let block_size = 16;
-    let cases: [AttentionCase; 5] = [
+    // Head dims 32, 64, 128 and 256 run the warp-per-position kernels (contexts over 64 positions
+    // are split and combined); 16 the general one.
+    let cases: [AttentionCase; 6] = [
         (4, 2, 32, &[(150, 0)]),
+        (4, 2, 128, &[(1, 300), (40, 0), (1, 0)]),
         (6, 2, 32, &[(1, 0), (63, 0), (64, 0), (65, 0)]),
         (8, 1, 64, &[(65, 150), (1, 63), (1, 64), (2, 150)]),
         (2, 2, 256, &[(64, 1), (1, 200)]),
@@ -498,8 +501,11 @@ fn gdn_batch(lens: &[(usize, bool)]) -> (BatchLayout, usize) {
     )
 }
 
-/// Key dims 16, 32 and 128 run the register-resident kernel; 24 the general one.
-fn gdn_shapes() -> [(GdnShape, &'static [(usize, bool)]); 4] {
+/// Key dims 16, 32 and 128 run the register-resident kernel; 24 the general one. Batches with a
+/// sequence of 16+ new tokens run the conv parallel over tokens; the fifth only short ones. Batches
+/// with a sequence of 32+ tokens and no snapshots run the chunked delta rule (the last two: partial
+/// column slices and partial chunks).
+fn gdn_shapes() -> [(GdnShape, &'static [(usize, bool)]); 7] {
     [
         (
             GdnShape {
@@ -536,6 +542,33 @@ fn gdn_shapes() -> [(GdnShape, &'static [(usize, bool)]); 4] {
                 value_dim: 40,
             },
             &[(33, false), (1, false), (3, true)],
+        ),
+        (
+            GdnShape {
+                key_heads: 2,
+                value_heads: 4,
+                key_dim: 32,
+                value_dim: 32,
+            },
+            &[(1, false), (4, true), (2, false)],
+        ),
+        (
+            GdnShape {
+                key_heads: 1,
+                value_heads: 2,
+                key_dim: 128,
+                value_dim: 128,
+            },
+            &[(100, false), (1, false), (17, false)],
+        ),
+        (
+            GdnShape {
+                key_heads: 2,
+                value_heads: 4,
+                key_dim: 32,
+                value_dim: 24,
+            },
+            &[(70, false), (16, false), (33, false), (2, false)],
         ),
     ]
 }
@@ -599,12 +632,16 @@ fn gdn_gates_match_reference() {
 
 #[test]
 fn gated_delta_rule_matches_reference_with_snapshots() {
-    let Some(be) = cuda(
-        GemmPrecision::F32,
-        "gated_delta_rule_matches_reference_with_snapshots",
-    ) else {
+    let test = "gated_delta_rule_matches_reference_with_snapshots";
+    let (Some(recurrent), Some(chunked)) = (cuda(GemmPrecision::F32, test), cuda_chunked_gdn(test))
+    else {
         return;
     };
+    check_gated_delta_rule(recurrent, "recurrent prefill");
+    check_gated_delta_rule(chunked, "chunked prefill");
+}
+
+fn check_gated_delta_rule(be: &CudaBackend, prefill: &str) {
     let mut rng = Rng(9);
     for (shape, lens) in gdn_shapes() {
         let conv_dim = shape.conv_dim();
@@ -639,7 +676,7 @@ fn gated_delta_rule_matches_reference_with_snapshots() {
             shape,
             &mut out,
         );
-        let label = format!("gated_delta_rule {shape:?} lens {lens:?}");
+        let label = format!("gated_delta_rule ({prefill}) {shape:?} lens {lens:?}");
         check(&label, &be.to_host(&out), &want, TOL_GDN);
         check(
             &format!("{label} states (snapshots included)"),

@@ -2,11 +2,31 @@
 //! printed reason to skip), deterministic random inputs and the error measure.
 #![allow(dead_code)]
 
-use deltaserve_cuda::{CudaBackend, CudaOptions, GemmPrecision};
+use deltaserve_cuda::{CudaBackend, CudaOptions, GdnPrefill, GemmPrecision};
 use std::sync::OnceLock;
 
 static F32_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static BF16_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
+static CHUNKED_GDN_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
+
+/// The f32 backend with the chunked delta rule for prefill, or `None` after printing why not.
+pub fn cuda_chunked_gdn(test: &str) -> Option<&'static CudaBackend> {
+    let backend = CHUNKED_GDN_BACKEND.get_or_init(|| {
+        let options = CudaOptions {
+            gemm_precision: GemmPrecision::F32,
+            gdn_prefill: GdnPrefill::Chunked,
+            ..CudaOptions::default()
+        };
+        CudaBackend::with_options(0, options).map_err(|e| e.to_string())
+    });
+    match backend {
+        Ok(b) => Some(b),
+        Err(why) => {
+            println!("SKIP {test}: no usable CUDA device: {why}");
+            None
+        }
+    }
+}
 
 /// The backend on GPU 0 with `precision`, or `None` after printing why the test is skipped.
 pub fn cuda(precision: GemmPrecision, test: &str) -> Option<&'static CudaBackend> {
