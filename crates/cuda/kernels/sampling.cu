@@ -149,6 +149,19 @@ __device__ bool radix_select(const float* x, int vocab, bool by_mass, int need, 
     return true;
 }
 
+// The weight of a token walked in id order if the final prefix (key, ties; `tie_rank` counts the tied
+// tokens seen so far) and min-p keep it, else 0 (a kept token's weight underflowing to 0 cannot be
+// drawn either way).
+__device__ __forceinline__ float kept_weight(float logit, unsigned int keep_key, int keep_ties, int* tie_rank,
+                                             float max_x, float inv_t, float min_p) {
+    const unsigned int k = order_key(logit);
+    bool kept = k > keep_key;
+    if (k == keep_key) kept = keep_ties < 0 || (*tie_rank)++ < keep_ties;
+    if (!kept) return 0.0f;
+    const float w = expf((logit - max_x) * inv_t);
+    return (min_p > 0.0f && w < min_p) ? 0.0f : w;
+}
+
 // One row's settings (DeviceRowSampling in src/sampling.rs).
 struct RowParams {
     double uniform;
@@ -257,12 +270,8 @@ extern "C" __global__ void sample_rows(const float* logits, int vocab, const Row
     {
         int tie_rank = tie_base;
         for (int i = lo; i < hi; ++i) {
-            const unsigned int k = order_key(x[i]);
-            bool kept = k > keep_key;
-            if (k == keep_key) kept = keep_ties < 0 || tie_rank++ < keep_ties;
-            if (!kept) continue;
-            const float w = expf((x[i] - max_x) * inv_t);
-            if (min_p > 0.0f && w < min_p) continue;
+            const float w = kept_weight(x[i], keep_key, keep_ties, &tie_rank, max_x, inv_t, min_p);
+            if (w == 0.0f) continue;
             mass_here += (double)w;
             last_kept = i;
         }
@@ -277,12 +286,8 @@ extern "C" __global__ void sample_rows(const float* logits, int vocab, const Row
         int tie_rank = tie_base;
         int pick = last_kept;
         for (int i = lo; i < hi; ++i) {
-            const unsigned int k = order_key(x[i]);
-            bool kept = k > keep_key;
-            if (k == keep_key) kept = keep_ties < 0 || tie_rank++ < keep_ties;
-            if (!kept) continue;
-            const float w = expf((x[i] - max_x) * inv_t);
-            if (min_p > 0.0f && w < min_p) continue;
+            const float w = kept_weight(x[i], keep_key, keep_ties, &tie_rank, max_x, inv_t, min_p);
+            if (w == 0.0f) continue;
             cumulative += (double)w;
             if (target < cumulative) {
                 pick = i;

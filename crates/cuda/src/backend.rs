@@ -4,6 +4,7 @@
 
 use crate::buffer::CudaBuf;
 use crate::compile;
+use crate::detect::{open_device, OpenDevice};
 use crate::error::CudaError;
 use crate::libraries;
 use crate::mat::CudaMat;
@@ -100,33 +101,11 @@ impl CudaBackend {
     }
 
     fn start(ordinal: usize, options: &CudaOptions) -> Result<Self, CudaError> {
-        libraries::ensure(&libraries::DRIVER, &options.library_dirs)?;
-        cudarc::driver::result::init()
-            .map_err(|e| CudaError::driver("cuInit (is a GPU visible to this process?)", e))?;
-        let count =
-            CudaContext::device_count().map_err(|e| CudaError::driver("counting GPUs", e))?;
-        if ordinal >= count.max(0) as usize {
-            return Err(CudaError::NoDevice {
-                ordinal,
-                count: count.max(0) as usize,
-            });
-        }
-        let ctx = CudaContext::new(ordinal)
-            .map_err(|e| CudaError::driver(format!("creating a context on GPU {ordinal}"), e))?;
-        let name = ctx
-            .name()
-            .map_err(|e| CudaError::driver("reading the GPU's name", e))?;
-        let (major, minor) = ctx
-            .compute_capability()
-            .map_err(|e| CudaError::driver("reading the compute capability", e))?;
-        if major < 8 {
-            return Err(CudaError::UnsupportedDevice {
-                ordinal,
-                name,
-                major,
-                minor,
-            });
-        }
+        let OpenDevice {
+            ctx,
+            name,
+            compute_capability: (major, minor),
+        } = open_device(ordinal, &options.library_dirs)?;
         // SAFETY: everything runs on the one stream below, in order, so cudarc's cross-stream
         // event tracking is not needed.
         unsafe { ctx.disable_event_tracking() };

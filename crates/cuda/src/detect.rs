@@ -5,6 +5,8 @@ use crate::error::CudaError;
 use crate::libraries;
 use cudarc::driver::CudaContext;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::PathBuf;
+use std::sync::Arc;
 
 /// The name of GPU 0 when the driver loads, a GPU is visible and it is new enough (compute
 /// capability 8.0 or later); otherwise why not. Never panics.
@@ -18,18 +20,34 @@ pub fn usable_gpu() -> Result<String, CudaError> {
 }
 
 fn probe() -> Result<String, CudaError> {
-    libraries::ensure(&libraries::DRIVER, &[])?;
+    open_device(0, &[]).map(|device| device.name)
+}
+
+/// A context on GPU `ordinal`, checked to be new enough.
+pub(crate) struct OpenDevice {
+    pub ctx: Arc<CudaContext>,
+    pub name: String,
+    pub compute_capability: (i32, i32),
+}
+
+/// Loads the driver (searching `library_dirs` too), initialises it and opens GPU `ordinal`; a
+/// missing driver or GPU and a GPU older than compute capability 8.0 are errors.
+pub(crate) fn open_device(
+    ordinal: usize,
+    library_dirs: &[PathBuf],
+) -> Result<OpenDevice, CudaError> {
+    libraries::ensure(&libraries::DRIVER, library_dirs)?;
     cudarc::driver::result::init()
         .map_err(|e| CudaError::driver("cuInit (is a GPU visible to this process?)", e))?;
     let count = CudaContext::device_count().map_err(|e| CudaError::driver("counting GPUs", e))?;
-    if count < 1 {
+    if ordinal >= count.max(0) as usize {
         return Err(CudaError::NoDevice {
-            ordinal: 0,
-            count: 0,
+            ordinal,
+            count: count.max(0) as usize,
         });
     }
-    let ctx =
-        CudaContext::new(0).map_err(|e| CudaError::driver("creating a context on GPU 0", e))?;
+    let ctx = CudaContext::new(ordinal)
+        .map_err(|e| CudaError::driver(format!("creating a context on GPU {ordinal}"), e))?;
     let name = ctx
         .name()
         .map_err(|e| CudaError::driver("reading the GPU's name", e))?;
@@ -38,11 +56,15 @@ fn probe() -> Result<String, CudaError> {
         .map_err(|e| CudaError::driver("reading the compute capability", e))?;
     if major < 8 {
         return Err(CudaError::UnsupportedDevice {
-            ordinal: 0,
+            ordinal,
             name,
             major,
             minor,
         });
     }
-    Ok(name)
+    Ok(OpenDevice {
+        ctx,
+        name,
+        compute_capability: (major, minor),
+    })
 }

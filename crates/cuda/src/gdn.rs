@@ -20,7 +20,7 @@ const PARALLEL_CONV_MIN_TOKENS: usize = 16;
 
 /// Value columns per block of the register-resident delta rule (one warp, 4 lanes per column:
 /// `COLUMNS_PER_WARP` in gdn.cu).
-const COLUMNS_PER_BLOCK: u32 = 8;
+const COLUMNS_PER_BLOCK: usize = 8;
 
 /// With `GdnPrefill::Chunked`, from this many new tokens in one sequence (and no snapshots in the
 /// batch), the delta rule runs in chunked form (gdn_chunked.cu). `SLICE` and `CHUNK_THREADS` there: value columns and threads per block.
@@ -264,57 +264,53 @@ impl CudaBackend {
         let prefill = self.gdn_prefill == GdnPrefill::Chunked
             && batch.seqs.iter().any(|s| s.len >= CHUNKED_MIN_TOKENS)
             && batch.seqs.iter().all(|s| s.snapshot_slots.is_empty());
-        if let (true, Some(kernel)) = (prefill, chunked_kernel(key_dim)) {
-            let slices = value_dim.div_ceil(CHUNK_SLICE) as u32;
-            let cfg = LaunchConfig {
-                grid_dim: (value_heads as u32, batch.seqs.len() as u32, slices),
-                block_dim: (CHUNK_THREADS, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            let (hk, hv, dv) = (key_heads as i32, value_heads as i32, value_dim as i32);
-            // Contract: the layout was checked (rows within mixed/g/beta/out, slots < slots), no
-            // sequence has snapshot slots, and the kernel's key_dim is `key_dim`.
-            launch!(
-                self,
+        let (hk, hv, dv) = (key_heads as i32, value_heads as i32, value_dim as i32);
+        let grid = |columns_per_block: usize| {
+            (
+                value_heads as u32,
+                batch.seqs.len() as u32,
+                value_dim.div_ceil(columns_per_block) as u32,
+            )
+        };
+        // Both kernels take (mixed, g, beta, ssm, out, seqs, [snaps,] key_heads, value_heads,
+        // value_dim); the chunked one has no snapshots (it only runs without them).
+        let fast = match (prefill, chunked_kernel(key_dim), register_kernel(key_dim)) {
+            (true, Some(kernel), _) => Some((kernel, grid(CHUNK_SLICE), CHUNK_THREADS, 0, false)),
+            (_, _, Some(kernel)) => Some((
                 kernel,
-                cfg,
-                &mixed.data,
-                &g.data,
-                &beta.data,
-                &mut pool.ssm.data,
-                &mut out.data,
-                &seqs,
-                &hk,
-                &hv,
-                &dv
-            );
-            return;
-        }
-        if let Some(kernel) = register_kernel(key_dim) {
-            let slices = value_dim.div_ceil(COLUMNS_PER_BLOCK as usize) as u32;
+                grid(COLUMNS_PER_BLOCK),
+                32,
+                2 * key_dim * std::mem::size_of::<f32>(),
+                true,
+            )),
+            _ => None,
+        };
+        if let Some((kernel, grid_dim, threads, shared, with_snapshots)) = fast {
             let cfg = LaunchConfig {
-                grid_dim: (value_heads as u32, batch.seqs.len() as u32, slices),
-                block_dim: (32, 1, 1),
-                shared_mem_bytes: (2 * key_dim * std::mem::size_of::<f32>()) as u32,
+                grid_dim,
+                block_dim: (threads, 1, 1),
+                shared_mem_bytes: shared as u32,
             };
-            let (hk, hv, dv) = (key_heads as i32, value_heads as i32, value_dim as i32);
-            // Contract: as below; the slices cover value_dim columns (threads past it only help
-            // stage q and k), and the kernel's key_dim is `key_dim`.
-            launch!(
-                self,
-                kernel,
-                cfg,
-                &mixed.data,
-                &g.data,
-                &beta.data,
-                &mut pool.ssm.data,
-                &mut out.data,
-                &seqs,
-                &snaps,
-                &hk,
-                &hv,
-                &dv
-            );
+            use cudarc::driver::PushKernelArg;
+            let mut builder = self.stream.launch_builder(self.function(kernel));
+            builder
+                .arg(&mixed.data)
+                .arg(&g.data)
+                .arg(&beta.data)
+                .arg(&mut pool.ssm.data)
+                .arg(&mut out.data)
+                .arg(&seqs);
+            if with_snapshots {
+                builder.arg(&snaps);
+            }
+            builder.arg(&hk).arg(&hv).arg(&dv);
+            // SAFETY: the layout was checked (rows within mixed/g/beta/out, slots and snapshot
+            // slots < slots); the blocks cover value_dim columns; the kernel was compiled for
+            // `key_dim` and takes exactly these arguments (the chunked one without snapshots, and
+            // only for batches without them).
+            if let Err(e) = unsafe { builder.launch(cfg) } {
+                device_failure(kernel, e);
+            }
             return;
         }
         let cfg = LaunchConfig {

@@ -11,21 +11,12 @@ static CHUNKED_GDN_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::ne
 
 /// The f32 backend with the chunked delta rule for prefill, or `None` after printing why not.
 pub fn cuda_chunked_gdn(test: &str) -> Option<&'static CudaBackend> {
-    let backend = CHUNKED_GDN_BACKEND.get_or_init(|| {
-        let options = CudaOptions {
-            gemm_precision: GemmPrecision::F32,
-            gdn_prefill: GdnPrefill::Chunked,
-            ..CudaOptions::default()
-        };
-        CudaBackend::with_options(0, options).map_err(|e| e.to_string())
-    });
-    match backend {
-        Ok(b) => Some(b),
-        Err(why) => {
-            println!("SKIP {test}: no usable CUDA device: {why}");
-            None
-        }
-    }
+    let options = CudaOptions {
+        gemm_precision: GemmPrecision::F32,
+        gdn_prefill: GdnPrefill::Chunked,
+        ..CudaOptions::default()
+    };
+    shared_backend(&CHUNKED_GDN_BACKEND, options, test)
 }
 
 /// The backend on GPU 0 with `precision`, or `None` after printing why the test is skipped.
@@ -34,14 +25,20 @@ pub fn cuda(precision: GemmPrecision, test: &str) -> Option<&'static CudaBackend
         GemmPrecision::F32 => &F32_BACKEND,
         GemmPrecision::Bf16 => &BF16_BACKEND,
     };
-    let backend = cell.get_or_init(|| {
-        let options = CudaOptions {
-            gemm_precision: precision,
-            ..CudaOptions::default()
-        };
-        CudaBackend::with_options(0, options).map_err(|e| e.to_string())
-    });
-    match backend {
+    let options = CudaOptions {
+        gemm_precision: precision,
+        ..CudaOptions::default()
+    };
+    shared_backend(cell, options, test)
+}
+
+/// The backend `cell` holds for the whole test binary, made with `options` on first use.
+fn shared_backend(
+    cell: &'static OnceLock<Result<CudaBackend, String>>,
+    options: CudaOptions,
+    test: &str,
+) -> Option<&'static CudaBackend> {
+    match cell.get_or_init(|| CudaBackend::with_options(0, options).map_err(|e| e.to_string())) {
         Ok(b) => Some(b),
         Err(why) => {
             println!("SKIP {test}: no usable CUDA device: {why}");
