@@ -1,0 +1,428 @@
+//! The engine's device-sampling path (used with the cuda backend) exercised without a GPU: a
+//! wrapper around the reference backend that claims a device sampler and implements it on the host
+//! exactly as the device must behave (greedy = argmax; otherwise the host sampler's kept tokens
+//! walked in id order with the given uniform number). Greedy replies, with and without MTP
+//! speculation, must equal the plain backend's token for token; requests that need their logits
+//! (logprobs, penalties, sampled speculation) must not reach the device sampler.
+
+mod common;
+
+use common::{collect, fixture_model};
+use deltaserve_engine::sampler::{processed_distribution, PenaltyHistory};
+use deltaserve_engine::*;
+use deltaserve_model::config::ModelConfig;
+use deltaserve_model::safetensors::SafetensorsSource;
+use deltaserve_model::weights::Weights;
+use deltaserve_model::Model;
+use deltaserve_tensor::reference::{RefMat, ReferenceBackend};
+use deltaserve_tensor::{
+    AttnShape, Backend, BatchLayout, GdnShape, HostTensor, KvLayerPool, RouteChoice, RowSampling,
+    StateLayerPool, TensorError,
+};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// The reference backend with a host stand-in for a device sampler; counts the rows it sampled.
+#[derive(Default)]
+struct HostSampled {
+    inner: ReferenceBackend,
+    sampled_rows: Arc<AtomicUsize>,
+}
+
+/// What a device sampler must return for one row (the contract crates/cuda/tests/sampling.rs
+/// checks the cuda kernel against).
+fn draw_like_the_device(logits: &[f32], r: &RowSampling) -> u32 {
+    let params = SamplingParams {
+        temperature: r.temperature,
+        top_k: r.top_k as usize,
+        top_p: r.top_p,
+        min_p: r.min_p,
+        ..Default::default()
+    };
+    let mut kept = processed_distribution(logits, &params, &PenaltyHistory::default());
+    kept.sort_by_key(|&(token, _)| token);
+    let total: f64 = kept.iter().map(|&(_, p)| p as f64).sum();
+    let target = r.uniform * total;
+    let mut cumulative = 0.0;
+    for &(token, p) in &kept {
+        cumulative += p as f64;
+        if target < cumulative {
+            return token;
+        }
+    }
+    kept.last().map_or(0, |&(token, _)| token)
+}
+
+impl Backend for HostSampled {
+    type Buf = Vec<f32>;
+    type Mat = RefMat;
+
+    fn name(&self) -> &'static str {
+        "host-sampled-reference"
+    }
+    fn zeros(&self, len: usize) -> Self::Buf {
+        self.inner.zeros(len)
+    }
+    fn upload(&self, data: &[f32]) -> Self::Buf {
+        self.inner.upload(data)
+    }
+    fn to_host(&self, buf: &Self::Buf) -> Vec<f32> {
+        self.inner.to_host(buf)
+    }
+    fn buf_len(&self, buf: &Self::Buf) -> usize {
+        self.inner.buf_len(buf)
+    }
+    fn load_mat(&self, t: &HostTensor) -> Result<Self::Mat, TensorError> {
+        self.inner.load_mat(t)
+    }
+    fn load_vec(&self, t: &HostTensor) -> Result<Self::Buf, TensorError> {
+        self.inner.load_vec(t)
+    }
+    fn mat_shape(&self, m: &Self::Mat) -> (usize, usize) {
+        self.inner.mat_shape(m)
+    }
+    fn embedding(&self, table: &Self::Mat, ids: &[u32], out: &mut Self::Buf) {
+        self.inner.embedding(table, ids, out)
+    }
+    fn matmul(&self, x: &Self::Buf, w: &Self::Mat, out: &mut Self::Buf, tokens: usize) {
+        self.inner.matmul(x, w, out, tokens)
+    }
+    fn rms_norm(&self, x: &Self::Buf, w: &Self::Buf, eps: f32, dim: usize, out: &mut Self::Buf) {
+        self.inner.rms_norm(x, w, eps, dim, out)
+    }
+    fn gated_rms_norm(
+        &self,
+        x: &Self::Buf,
+        z: &Self::Buf,
+        w: &Self::Buf,
+        eps: f32,
+        dim: usize,
+        out: &mut Self::Buf,
+    ) {
+        self.inner.gated_rms_norm(x, z, w, eps, dim, out)
+    }
+    fn add_inplace(&self, acc: &mut Self::Buf, x: &Self::Buf) {
+        self.inner.add_inplace(acc, x)
+    }
+    fn silu_mul(&self, gate: &Self::Buf, up: &Self::Buf, out: &mut Self::Buf) {
+        self.inner.silu_mul(gate, up, out)
+    }
+    fn sigmoid_mul_inplace(&self, x: &mut Self::Buf, gate: &Self::Buf) {
+        self.inner.sigmoid_mul_inplace(x, gate)
+    }
+    fn rope(
+        &self,
+        x: &mut Self::Buf,
+        positions: &[u32],
+        heads: usize,
+        head_dim: usize,
+        rotary_dim: usize,
+        theta: f32,
+    ) {
+        self.inner
+            .rope(x, positions, heads, head_dim, rotary_dim, theta)
+    }
+    fn concat_cols(
+        &self,
+        a: &Self::Buf,
+        b: &Self::Buf,
+        a_dim: usize,
+        b_dim: usize,
+        out: &mut Self::Buf,
+    ) {
+        self.inner.concat_cols(a, b, a_dim, b_dim, out)
+    }
+    fn gather_rows(&self, src: &Self::Buf, dim: usize, rows: &[u32]) -> Self::Buf {
+        self.inner.gather_rows(src, dim, rows)
+    }
+    fn scatter_add_rows(
+        &self,
+        acc: &mut Self::Buf,
+        src: &Self::Buf,
+        dim: usize,
+        rows: &[u32],
+        weights: &[f32],
+    ) {
+        self.inner.scatter_add_rows(acc, src, dim, rows, weights)
+    }
+    fn sigmoid_scale_rows(&self, x: &mut Self::Buf, gate: &Self::Buf, dim: usize) {
+        self.inner.sigmoid_scale_rows(x, gate, dim)
+    }
+
+    fn attention(
+        &self,
+        q: &Self::Buf,
+        k: &Self::Buf,
+        v: &Self::Buf,
+        pool: &mut KvLayerPool<Self>,
+        batch: &BatchLayout,
+        shape: AttnShape,
+        out: &mut Self::Buf,
+    ) {
+        let mut lent = KvLayerPool::<ReferenceBackend> {
+            k: std::mem::take(&mut pool.k),
+            v: std::mem::take(&mut pool.v),
+            num_blocks: pool.num_blocks,
+            block_size: pool.block_size,
+            kv_heads: pool.kv_heads,
+            head_dim: pool.head_dim,
+        };
+        self.inner.attention(q, k, v, &mut lent, batch, shape, out);
+        pool.k = lent.k;
+        pool.v = lent.v;
+    }
+
+    fn causal_conv1d(
+        &self,
+        x: &Self::Buf,
+        w: &Self::Buf,
+        pool: &mut StateLayerPool<Self>,
+        batch: &BatchLayout,
+        out: &mut Self::Buf,
+    ) {
+        with_inner_state(pool, |p| self.inner.causal_conv1d(x, w, p, batch, out))
+    }
+    fn gdn_gates(
+        &self,
+        a: &Self::Buf,
+        b: &Self::Buf,
+        a_log: &Self::Buf,
+        dt_bias: &Self::Buf,
+        g: &mut Self::Buf,
+        beta: &mut Self::Buf,
+    ) {
+        self.inner.gdn_gates(a, b, a_log, dt_bias, g, beta)
+    }
+    fn gated_delta_rule(
+        &self,
+        mixed: &Self::Buf,
+        g: &Self::Buf,
+        beta: &Self::Buf,
+        pool: &mut StateLayerPool<Self>,
+        batch: &BatchLayout,
+        shape: GdnShape,
+        out: &mut Self::Buf,
+    ) {
+        with_inner_state(pool, |p| {
+            self.inner
+                .gated_delta_rule(mixed, g, beta, p, batch, shape, out)
+        })
+    }
+    fn reset_state_slot(&self, pool: &mut StateLayerPool<Self>, slot: usize) {
+        with_inner_state(pool, |p| self.inner.reset_state_slot(p, slot))
+    }
+    fn copy_state_slot(&self, pool: &mut StateLayerPool<Self>, src: usize, dst: usize) {
+        with_inner_state(pool, |p| self.inner.copy_state_slot(p, src, dst))
+    }
+    fn route_top_k(
+        &self,
+        logits: &Self::Buf,
+        experts: usize,
+        top_k: usize,
+        renormalize: bool,
+    ) -> Vec<RouteChoice> {
+        self.inner.route_top_k(logits, experts, top_k, renormalize)
+    }
+    fn samples_on_device(&self) -> bool {
+        true
+    }
+    fn sample_rows(
+        &self,
+        logits: &Self::Buf,
+        vocab: usize,
+        rows: &[RowSampling],
+    ) -> Option<Vec<u32>> {
+        self.sampled_rows.fetch_add(rows.len(), Ordering::Relaxed);
+        Some(
+            rows.iter()
+                .map(|r| draw_like_the_device(&logits[r.row as usize * vocab..][..vocab], r))
+                .collect(),
+        )
+    }
+}
+
+/// Lends a state pool typed for the wrapper to the reference backend (same buffers, moved out and back).
+fn with_inner_state<R>(
+    pool: &mut StateLayerPool<HostSampled>,
+    f: impl FnOnce(&mut StateLayerPool<ReferenceBackend>) -> R,
+) -> R {
+    let mut lent = StateLayerPool::<ReferenceBackend> {
+        conv: std::mem::take(&mut pool.conv),
+        ssm: std::mem::take(&mut pool.ssm),
+        slots: pool.slots,
+        conv_dim: pool.conv_dim,
+        conv_history: pool.conv_history,
+        value_heads: pool.value_heads,
+        key_dim: pool.key_dim,
+        value_dim: pool.value_dim,
+    };
+    let result = f(&mut lent);
+    pool.conv = lent.conv;
+    pool.ssm = lent.ssm;
+    result
+}
+
+fn config(speculative: Option<SpecConfig>) -> EngineConfig {
+    EngineConfig {
+        max_running_requests: 8,
+        num_kv_blocks: 400,
+        block_size: 4,
+        state_slots: 48,
+        chunked_prefill_size: 64,
+        context_length: 256,
+        max_queued_requests: 256,
+        decode_log_interval: 0,
+        speculative,
+    }
+}
+
+fn mtp(k: usize) -> Option<SpecConfig> {
+    Some(SpecConfig {
+        num_steps: k,
+        disable_batch_size: None,
+        fault: DraftFault::None,
+    })
+}
+
+fn prompt(i: usize) -> Vec<u32> {
+    (0..(3 + 7 * i) as u32)
+        .map(|t| (t * 37 + i as u32 * 11 + 5) % 256)
+        .collect()
+}
+
+fn request(i: usize, sampling: SamplingParams) -> GenerationRequest {
+    GenerationRequest {
+        prompt_ids: prompt(i),
+        sampling,
+        max_new_tokens: 12,
+        stop_token_ids: vec![],
+        disable_speculation: false,
+    }
+}
+
+/// Every request's tokens (and logprobs) on `engine`, all submitted at once.
+fn run(engine: &LocalEngine, requests: Vec<GenerationRequest>) -> Vec<Vec<u32>> {
+    let receivers: Vec<_> = requests
+        .into_iter()
+        .map(|r| engine.submit(r).expect("submit").1)
+        .collect();
+    receivers.into_iter().map(|rx| collect(rx).tokens).collect()
+}
+
+/// A fixture on the wrapper, with the counter of rows its "device" sampled.
+fn wrapped_fixture(name: &str) -> (Model<HostSampled>, Arc<AtomicUsize>) {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures")
+        .join(name);
+    let config = ModelConfig::from_dir(&dir).unwrap();
+    let source = SafetensorsSource::open(&dir).unwrap();
+    let backend = HostSampled::default();
+    let counter = backend.sampled_rows.clone();
+    let weights = Weights::load(&backend, &config, &source, true, &mut |_, _| {}).unwrap();
+    (Model::new(config, backend, weights), counter)
+}
+
+const FIXTURE: &str = "qwen35_f32";
+
+#[test]
+fn greedy_on_the_device_path_equals_the_host_path_with_and_without_mtp() {
+    let greedy = SamplingParams::default();
+    let requests = || {
+        (0..6)
+            .map(|i| request(i, greedy.clone()))
+            .collect::<Vec<_>>()
+    };
+    let want = run(
+        &LocalEngine::spawn(fixture_model(FIXTURE), config(None)),
+        requests(),
+    );
+    for speculative in [None, mtp(1), mtp(3)] {
+        let (model, sampled) = wrapped_fixture(FIXTURE);
+        let label = format!("{speculative:?}");
+        let got = run(&LocalEngine::spawn(model, config(speculative)), requests());
+        assert_eq!(got, want, "device-path greedy replies ({label})");
+        assert!(
+            sampled.load(Ordering::Relaxed) > 0,
+            "the device sampler was never used ({label})"
+        );
+    }
+}
+
+#[test]
+fn requests_that_need_their_logits_stay_on_the_host_path() {
+    let needs_logits = [
+        SamplingParams {
+            logprobs: Some(2),
+            ..Default::default()
+        },
+        SamplingParams {
+            repetition_penalty: 1.3,
+            ..Default::default()
+        },
+    ];
+    for (i, params) in needs_logits.iter().enumerate() {
+        let (model, sampled) = wrapped_fixture(FIXTURE);
+        let got = run(
+            &LocalEngine::spawn(model, config(mtp(2))),
+            vec![request(i, params.clone())],
+        );
+        let want = run(
+            &LocalEngine::spawn(fixture_model(FIXTURE), config(mtp(2))),
+            vec![request(i, params.clone())],
+        );
+        assert_eq!(
+            got, want,
+            "{params:?}: the host path decides, as on the cpu backends"
+        );
+        assert_eq!(
+            sampled.load(Ordering::Relaxed),
+            0,
+            "{params:?} reached the device sampler"
+        );
+    }
+}
+
+#[test]
+fn sampled_speculation_verifies_and_drafts_on_the_host() {
+    let params = SamplingParams {
+        temperature: 0.8,
+        seed: Some(7),
+        ..Default::default()
+    };
+    let (model, sampled) = wrapped_fixture(FIXTURE);
+    let replies = run(
+        &LocalEngine::spawn(model, config(mtp(2))),
+        vec![request(1, params)],
+    );
+    assert_eq!(replies[0].len(), 12);
+    // Only the token after the prompt is a plain sampling step; every later one comes out of a
+    // verify step, which compares distributions on the host.
+    assert_eq!(sampled.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn sampled_requests_use_the_device_sampler_and_stay_seed_reproducible() {
+    let params = SamplingParams {
+        temperature: 0.9,
+        top_k: 20,
+        top_p: 0.9,
+        seed: Some(11),
+        ..Default::default()
+    };
+    let mut replies = Vec::new();
+    for _ in 0..2 {
+        let (model, sampled) = wrapped_fixture(FIXTURE);
+        replies.push(run(
+            &LocalEngine::spawn(model, config(None)),
+            (0..4).map(|i| request(i, params.clone())).collect(),
+        ));
+        assert!(
+            sampled.load(Ordering::Relaxed) >= 4 * 12,
+            "every sampled token went through the device sampler"
+        );
+    }
+    assert_eq!(
+        replies[0], replies[1],
+        "the same seeds give the same replies"
+    );
+}
