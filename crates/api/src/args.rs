@@ -421,8 +421,8 @@ impl ServeArgs {
     fn validate_backend(&self) -> Result<(), ArgsError> {
         if self.tp_size > 1 {
             return refuse(format!(
-                "--tp-size {} needs a multi-device backend; --backend {} runs on one CPU process (use \
-                 --threads for parallelism)",
+                "--tp-size {} is not supported: every backend runs on one device (cuda: one GPU; cpu: \
+                 one process, use --threads for parallelism); --backend is {}",
                 self.tp_size,
                 self.backend_name()
             ));
