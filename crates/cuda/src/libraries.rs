@@ -79,6 +79,7 @@ pub(crate) fn ensure(lib: &CudaLibrary, dirs: &[PathBuf]) -> Result<(), CudaErro
         .flat_map(|dir| lib.file_names.iter().map(move |name| dir.join(name)));
     for path in candidates {
         if path.is_file() && preload(&path) && (lib.present)() {
+            preload_companions(&path);
             return Ok(());
         }
     }
@@ -88,6 +89,28 @@ pub(crate) fn ensure(lib: &CudaLibrary, dirs: &[PathBuf]) -> Result<(), CudaErro
         searched: dirs.iter().map(|d| d.display().to_string()).collect(),
         hint: lib.hint,
     })
+}
+
+/// Some libraries open helpers by bare name when first used (NVRTC 13.0 opens
+/// `libnvrtc-builtins.so.13.0`), which a folder outside the system path would not satisfy: pre-load
+/// the helpers found beside the library.
+fn preload_companions(library: &Path) {
+    let (Some(dir), Some(name)) = (library.parent(), library.file_name()) else {
+        return;
+    };
+    let Some(stem) = name.to_str().and_then(|n| n.split(".so").next()) else {
+        return;
+    };
+    let prefix = format!("{stem}-builtins.so");
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let companion = entry.file_name();
+        if companion.to_str().is_some_and(|c| c.starts_with(&prefix)) {
+            preload(&entry.path());
+        }
+    }
 }
 
 /// Loads the library at `path` and keeps it loaded for the life of the process: the dynamic loader
