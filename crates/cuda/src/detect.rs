@@ -3,6 +3,7 @@
 
 use crate::error::CudaError;
 use crate::libraries;
+use crate::options::CudaOptions;
 use cudarc::driver::CudaContext;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
@@ -20,7 +21,8 @@ pub fn usable_gpu() -> Result<String, CudaError> {
 }
 
 fn probe() -> Result<String, CudaError> {
-    open_device(0, &[]).map(|device| device.name)
+    // The same folders the backend itself searches.
+    open_device(0, &CudaOptions::default().library_dirs).map(|device| device.name)
 }
 
 /// A context on GPU `ordinal`, checked to be new enough.
