@@ -131,13 +131,27 @@ impl SafetensorsFile {
     }
 }
 
+/// Validates a whole safetensors file held in `bytes` with the checks the loader runs on every file
+/// it opens (see `parse_header`) and returns its number of tensors; `path` only names the file in
+/// errors. For checking files without a checkpoint directory (the fuzz targets do).
+pub fn check_file_bytes(bytes: &[u8], path: &Path) -> Result<usize, LoadError> {
+    parse_header(bytes, path).map(|tensors| tensors.len())
+}
+
 /// Parses and validates the header of a whole safetensors file held in `bytes`: the 8-byte
 /// little-endian header length, the JSON header, and every tensor's dtype, shape and byte range
 /// (inside the data section, matching the shape, not overlapping another tensor).
 fn parse_header(bytes: &[u8], path: &Path) -> Result<HashMap<String, TensorEntry>, LoadError> {
-    let mut len_bytes = [0u8; 8];
-    len_bytes.copy_from_slice(&bytes[..8]);
-    let header_len = u64::from_le_bytes(len_bytes);
+    let Some(len_bytes) = bytes.first_chunk::<8>() else {
+        return Err(LoadError::format(
+            path,
+            format!(
+                "file is {} bytes long, too short for the 8-byte header length",
+                bytes.len()
+            ),
+        ));
+    };
+    let header_len = u64::from_le_bytes(*len_bytes);
     let after_len = (bytes.len() - 8) as u64;
     if header_len > MAX_HEADER_BYTES {
         return Err(LoadError::format(
@@ -907,6 +921,12 @@ mod tests {
 
         let err = open_err(&[("model.safetensors", vec![1, 2, 3])]).to_string();
         assert!(err.contains("too short"), "{err}");
+        // The in-memory entry point runs the same checks.
+        let path = Path::new("x.safetensors");
+        let err = check_file_bytes(&[1, 2, 3], path).unwrap_err().to_string();
+        assert!(err.contains("too short"), "{err}");
+        let whole = st_bytes(&[("a", "F32", &[2], f32_bytes(&[1.0, 2.0]))]);
+        assert_eq!(check_file_bytes(&whole, path).unwrap(), 1);
     }
 
     #[test]

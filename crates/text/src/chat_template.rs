@@ -4,6 +4,7 @@
 //! Owns template compilation and rendering; message types live in messages.rs.
 
 use std::io;
+use std::panic::{self, AssertUnwindSafe};
 use std::sync::Arc;
 
 use minijinja::value::{Kwargs, Value, ValueKind};
@@ -174,7 +175,14 @@ impl ChatTemplate {
             limit: self.max_rendered_bytes,
             overflowed: false,
         };
-        let rendered = template.render_captured_to(Value::from_serialize(&context), &mut out);
+        // minijinja can panic on some inputs (2.24 indexes out of bounds reversing an empty string or
+        // list, `''[::-1]`, found by fuzzing); a template must fail the render, not the request's task.
+        let rendered = panic::catch_unwind(AssertUnwindSafe(|| {
+            template.render_captured_to(Value::from_serialize(&context), &mut out)
+        }))
+        .map_err(|payload| TemplateError::Render {
+            message: format!("the template engine failed: {}", panic_text(&*payload)),
+        })?;
         let consumed = match rendered {
             Ok(captured) => captured.state().fuel_levels().map_or(0, |(used, _)| used),
             Err(_) if out.overflowed => {
@@ -226,6 +234,15 @@ impl io::Write for BoundedOutput {
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
     }
+}
+
+/// The message of a caught panic.
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> &str {
+    payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a panic without a message")
 }
 
 /// The marker a `raise_exception` error carries, so it can be told apart from engine errors.
@@ -444,6 +461,22 @@ mod tests {
             TemplateError::Raised {
                 message: "deep".into()
             }
+        );
+    }
+
+    #[test]
+    fn template_engine_panics_are_render_errors() {
+        // minijinja 2.24 panics reversing an empty string or list; the fuzzer found it.
+        for empty in [json!(""), json!([])] {
+            let err = render_str("{{ v[::-1] }}", json!({ "v": empty })).unwrap_err();
+            assert!(
+                matches!(&err, TemplateError::Render { message } if message.contains("template engine failed")),
+                "{err:?}"
+            );
+        }
+        assert_eq!(
+            render_str("{{ v[::-1] }}", json!({"v": "abc"})).unwrap(),
+            "cba"
         );
     }
 
