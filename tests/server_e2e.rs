@@ -407,14 +407,23 @@ fn sigterm_lets_in_flight_streams_finish_then_exits_zero() {
 }
 
 /// SIGTERM while streams too long for a 2 s grace period run: no stream hangs and none is ended before
-/// the grace period is over; the process exits 0 soon after it. Today a stream still running at the end
-/// of the grace period is cut (its connection closes mid-body, no error event); it may also end with an
-/// error event or, on a fast machine, finish.
+/// the grace period is over; each still running then ends with an error event (code
+/// `server_shutdown`), never a cut connection (or, on a fast machine, finishes); the process exits 0.
 #[test]
 fn sigterm_grace_period_expiry_ends_every_stream_and_exits_zero() {
     let grace = Duration::from_secs(2);
     let run = sigterm_with_streams_in_flight(grace.as_secs(), 4, 8000, Duration::from_secs(120));
     for (i, stream) in run.streams.iter().enumerate() {
+        match &stream.end {
+            StreamEnd::Finished(_) => {}
+            StreamEnd::ErrorEvent(error) => assert!(
+                error.contains("server_shutdown"),
+                "stream {i} ended with another error: {error}"
+            ),
+            StreamEnd::Cut(why) => {
+                panic!("stream {i} was cut without a final chunk or error: {why}")
+            }
+        }
         if !matches!(stream.end, StreamEnd::Finished(_)) {
             assert!(
                 stream.ended_after_signal + Duration::from_millis(100) >= grace,

@@ -93,6 +93,7 @@ pub fn start_choices(
                 reasoning_tags,
                 watch: state.watch_spec(prompt.opens_reasoning),
                 timeout: state.config.request_timeout,
+                cut: state.shutdown_cut.subscribe(),
             };
             ChoiceRun::start(engine.clone(), Arc::clone(tokenizer), spec, arrival).map_err(|e| {
                 let error = ApiError::from_submit(e);

@@ -80,6 +80,7 @@ pub fn finish_error(finish: &FinishKind) -> Option<ApiError> {
             Some(ApiError::internal(format!("generation failed: {message}")))
         }
         FinishKind::TimedOut(limit) => Some(ApiError::request_timeout(*limit)),
+        FinishKind::ShutDown => Some(ApiError::shutting_down()),
         FinishKind::Stop | FinishKind::Length | FinishKind::Abort => None,
     }
 }

@@ -128,6 +128,17 @@ impl ApiError {
         .with_code("request_timeout")
     }
 
+    /// 503 for a generation cut because the server's shutdown grace period ran out.
+    pub fn shutting_down() -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            "The server is shutting down and its grace period (--shutdown-grace-period) ran out before this \
+             generation finished; it was aborted. Retry against a running server.",
+        )
+        .with_code("server_shutdown")
+    }
+
     pub fn not_found(message: impl Into<String>) -> Self {
         Self::new(StatusCode::NOT_FOUND, "invalid_request_error", message).with_code("not_found")
     }

@@ -41,6 +41,9 @@ pub struct ChoiceSpec {
     pub watch: Option<WatchSpec>,
     /// `--request-timeout`: the choice is aborted this long after the request arrived.
     pub timeout: Option<Duration>,
+    /// Becomes true when the server's shutdown grace period runs out: the choice is aborted and
+    /// ends with an error instead of being cut off mid-stream.
+    pub cut: tokio::sync::watch::Receiver<bool>,
 }
 
 /// One alternative token in logprobs.
@@ -72,6 +75,8 @@ pub enum FinishKind {
     Error(String),
     /// `--request-timeout` (the limit it had) expired; the engine request was aborted.
     TimedOut(Duration),
+    /// The server's shutdown grace period ran out; the engine request was aborted.
+    ShutDown,
 }
 
 impl FinishKind {
@@ -80,7 +85,7 @@ impl FinishKind {
             FinishKind::Stop => "stop",
             FinishKind::Length => "length",
             FinishKind::Abort => "abort",
-            FinishKind::Error(_) | FinishKind::TimedOut(_) => "error",
+            FinishKind::Error(_) | FinishKind::TimedOut(_) | FinishKind::ShutDown => "error",
         }
     }
 }
@@ -203,22 +208,20 @@ impl ChoiceRun {
         if self.ended {
             return None;
         }
-        let event = match self.spec.timeout {
-            Some(limit) => {
-                let deadline = tokio::time::Instant::from_std(self.arrival + limit);
-                match tokio::time::timeout_at(deadline, self.events.recv()).await {
-                    Ok(event) => event,
-                    Err(_) => {
-                        // Frees the engine's slots now, not when the client goes away.
-                        self.engine.abort(self.id);
-                        self.engine_done = true;
-                        let item = self.finish(FinishKind::TimedOut(limit), None);
-                        self.ended |= matches!(item, ChoiceItem::Finished(_));
-                        return Some(item);
-                    }
-                }
+        let deadline = self
+            .spec
+            .timeout
+            .map(|limit| tokio::time::Instant::from_std(self.arrival + limit));
+        let mut cut = self.spec.cut.clone();
+        let event = tokio::select! {
+            event = self.events.recv() => event,
+            () = sleep_until_or_never(deadline) => {
+                let limit = self.spec.timeout.unwrap_or_default();
+                return Some(self.end_early(FinishKind::TimedOut(limit)));
             }
-            None => self.events.recv().await,
+            Ok(_) = cut.wait_for(|&cut| cut) => {
+                return Some(self.end_early(FinishKind::ShutDown));
+            }
         };
         let item = match event {
             Some(EngineEvent::Token { id, logprob }) => self.on_token(id, logprob).await,
@@ -243,6 +246,16 @@ impl ChoiceRun {
         };
         self.ended |= matches!(item, ChoiceItem::Finished(_));
         Some(item)
+    }
+
+    /// Ends the choice before the engine did (timeout, shutdown): frees the engine's slots now, not
+    /// when the client goes away.
+    fn end_early(&mut self, finish: FinishKind) -> ChoiceItem {
+        self.engine.abort(self.id);
+        self.engine_done = true;
+        let item = self.finish(finish, None);
+        self.ended |= matches!(item, ChoiceItem::Finished(_));
+        item
     }
 
     async fn on_token(&mut self, id: u32, logprob: Option<TokenLogprob>) -> ChoiceItem {
@@ -344,9 +357,10 @@ impl ChoiceRun {
         let stream_end = match finish {
             FinishKind::Stop => StreamEnd::Stop,
             FinishKind::Length => StreamEnd::Length,
-            FinishKind::Abort | FinishKind::Error(_) | FinishKind::TimedOut(_) => {
-                StreamEnd::Unknown
-            }
+            FinishKind::Abort
+            | FinishKind::Error(_)
+            | FinishKind::TimedOut(_)
+            | FinishKind::ShutDown => StreamEnd::Unknown,
         };
         let request_spec = spec.map(|(d, a)| Acceptance::new(d as u64, a as u64));
         let degeneration = self
@@ -450,5 +464,13 @@ impl Drop for ChoiceRun {
         if !self.engine_done {
             self.engine.abort(self.id);
         }
+    }
+}
+
+/// Sleeps until `deadline`, or forever without one.
+async fn sleep_until_or_never(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
     }
 }

@@ -48,6 +48,9 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
 /// Pause after a failed accept (e.g. out of file descriptors) before trying again.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
+/// After the grace period, how long cut generations get to send their final error to the client.
+const FINAL_WORDS: Duration = Duration::from_secs(2);
+
 /// Serves `state` on `listener` until `shutdown` completes, then drains within `state`'s grace period.
 pub async fn serve_until(
     listener: TcpListener,
@@ -55,6 +58,7 @@ pub async fn serve_until(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Shutdown, ServeError> {
     let grace = state.config.grace_period;
+    let state_cut = state.shutdown_cut.clone();
     let slots = Arc::new(Semaphore::new(state.config.max_connections.max(1)));
     let service = TowerToHyperService::new(router(state));
     let (stopping_tx, stopping_rx) = watch::channel(false);
@@ -114,6 +118,13 @@ pub async fn serve_until(
     match drained {
         Ok(()) => Ok(Shutdown::Graceful),
         Err(_) => {
+            // End every running generation with an error (an SSE error event and [DONE], or an
+            // error response), give those a moment to reach their clients, then cut what is left.
+            state_cut.send_replace(true);
+            let _ = tokio::time::timeout(FINAL_WORDS, async {
+                while connections.join_next().await.is_some() {}
+            })
+            .await;
             connections.abort_all();
             while connections.join_next().await.is_some() {}
             Ok(Shutdown::GracePeriodExpired)

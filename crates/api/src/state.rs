@@ -130,6 +130,9 @@ pub struct AppState {
     detector: Option<DegenerationDetector>,
     /// Unix time of start-up, reported as `created` by /v1/models.
     pub created: u64,
+    /// Set to true when the shutdown grace period runs out: every running choice then ends with an
+    /// error event (streams) or error response instead of a cut connection.
+    pub shutdown_cut: tokio::sync::watch::Sender<bool>,
 }
 
 impl AppState {
@@ -157,6 +160,7 @@ impl AppState {
             engine_metrics: RwLock::new(None),
             templates,
             detector,
+            shutdown_cut: tokio::sync::watch::channel(false).0,
             created: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map(|d| d.as_secs())

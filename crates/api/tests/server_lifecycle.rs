@@ -262,8 +262,10 @@ async fn graceful_shutdown_lets_requests_finish() {
     );
 }
 
+/// When the grace period runs out, a stream still running ends with an OpenAI error event
+/// (`server_shutdown`) and `[DONE]`, not a cut connection, and its engine request is aborted.
 #[tokio::test]
-async fn grace_period_expiry_cuts_and_aborts() {
+async fn grace_period_expiry_ends_streams_with_an_error_and_aborts() {
     let mut server =
         TestServer::start_with(endless(), |c| c.grace_period = Duration::from_millis(200)).await;
     let addr = server.addr;
@@ -273,13 +275,33 @@ async fn grace_period_expiry_cuts_and_aborts() {
             .send_request(build("POST", "/v1/chat/completions", Some(chat_body(true))))
             .await
             .unwrap();
-        response.into_body().collect().await.map(|_| ()).is_err()
+        let body = response.into_body().collect().await.map(|b| b.to_bytes());
+        body.map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
     });
     tokio::time::sleep(Duration::from_millis(100)).await;
     let id = server.engine.ids()[0];
     assert_eq!(server.stop().await.unwrap(), Shutdown::GracePeriodExpired);
     assert!(server.engine.wait_aborted(id).await);
-    assert!(pending.await.unwrap(), "the cut stream ends with an error");
+    let body = pending
+        .await
+        .unwrap()
+        .expect("the stream ends normally, not cut");
+    let tail: String = body
+        .chars()
+        .rev()
+        .take(400)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
+    assert!(
+        tail.contains("server_shutdown"),
+        "no shutdown error event: {tail}"
+    );
+    assert!(
+        tail.trim_end().ends_with("data: [DONE]"),
+        "no [DONE]: {tail}"
+    );
 }
 
 /// Runs tests/openai_client.py (the official `openai` package) against this server and the fake engine.
