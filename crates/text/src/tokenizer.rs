@@ -112,6 +112,8 @@ pub struct Tokenizer {
     chat_templates: BTreeMap<String, String>,
     generation: GenerationDefaults,
     stop_ids: Vec<u32>,
+    /// Counted once: the tokenizers crate builds its whole vocabulary map to count it.
+    vocab_size: usize,
 }
 
 impl Tokenizer {
@@ -174,6 +176,7 @@ impl Tokenizer {
             }
         }
         Ok(Self {
+            vocab_size: inner.get_vocab_size(true),
             inner,
             special_strings,
             special_ids,
@@ -223,7 +226,7 @@ impl Tokenizer {
 
     /// Number of ids, added tokens included.
     pub fn vocab_size(&self) -> usize {
-        self.inner.get_vocab_size(true)
+        self.vocab_size
     }
 
     pub fn special_token_strings(&self) -> &SpecialTokenStrings {
