@@ -2,7 +2,6 @@
 //! tests/fixtures/ must reproduce transformers' prefill logits, token-by-token logits, decode
 //! logits, greedy continuation and MTP head, as crates/model/tests/golden.rs checks the CPU
 //! backends, plus batch invariance. Skipped (with a printed reason) where no CUDA device can be used.
-//! `DELTASERVE_FIXTURES` (test-only) points at the fixtures when the binary runs from another tree.
 //!
 //! Tolerances: with `GemmPrecision::F32` the GPU computes in f32 like transformers, so the CPU
 //! backends' bound (2e-3 on logits) applies unchanged, and so does the greedy continuation. With
@@ -17,16 +16,19 @@
 //! continuation is reported, not asserted, in this mode.
 
 mod common;
+#[path = "../../model/tests/support/fixtures.rs"]
+mod fixtures;
 
 use common::cuda;
 use deltaserve_cuda::{CudaBackend, GemmPrecision};
-use deltaserve_model::config::ModelConfig;
-use deltaserve_model::safetensors::SafetensorsSource;
-use deltaserve_model::weights::Weights;
-use deltaserve_model::{npy, ForwardInput, HybridCache, Model, MtpInput};
+use deltaserve_model::{npy, ForwardInput, Model, MtpInput};
 use deltaserve_tensor::{Backend, BatchLayout};
+use fixtures::{
+    blocks_of, check_batch_invariance, fixture_dirs, full_cache, ids, load, max_abs_diff,
+    BatchEquality,
+};
 use serde_json::Value;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 const F32_LOGIT_TOLERANCE: f32 = 2e-3;
 /// `||ours - theirs|| / ||theirs||` over a checked tensor, bf16 mode.
@@ -37,50 +39,6 @@ const BF16_MIN_TOP1_AGREEMENT: f32 = 0.75;
 /// kernel, and so another summation order, for another number of rows: a relative change of ~1e-7
 /// that these models amplify about 1000-fold (see above); a batching bug changes logits by O(1).
 const BATCH_TOLERANCE: f32 = 1e-3;
-
-fn fixtures_dir() -> PathBuf {
-    std::env::var_os("DELTASERVE_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures"))
-}
-
-fn fixture_dirs() -> Vec<PathBuf> {
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(fixtures_dir())
-        .expect("tests/fixtures exists")
-        .map(|e| e.expect("readable dir entry").path())
-        .filter(|p| p.join("expected.json").is_file() && p.join("config.json").is_file())
-        .collect();
-    dirs.sort();
-    assert!(
-        dirs.len() >= 6,
-        "expected the six fixture models, found {dirs:?}"
-    );
-    dirs
-}
-
-fn ids(expected: &Value, key: &str) -> Vec<u32> {
-    expected[key]
-        .as_array()
-        .unwrap_or_else(|| panic!("expected.json has no array `{key}`"))
-        .iter()
-        .map(|v| v.as_u64().expect("token id") as u32)
-        .collect()
-}
-
-fn load(backend: &CudaBackend, dir: &Path) -> Model<CudaBackend> {
-    let config = ModelConfig::from_dir(dir).unwrap();
-    let source = SafetensorsSource::open(dir).unwrap();
-    let weights = Weights::load(backend, &config, &source, true, &mut |_, _| {}).unwrap();
-    Model::new(config, backend.clone(), weights)
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len(), "length mismatch");
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-}
 
 /// How closely a backend must follow transformers.
 enum Checker {
@@ -149,20 +107,6 @@ fn argmax(row: &[f32]) -> usize {
 }
 
 type M = Model<CudaBackend>;
-
-fn full_cache(m: &M, slots: usize, tokens: usize) -> HybridCache<CudaBackend> {
-    let geometry = deltaserve_model::CacheGeometry {
-        num_blocks: slots * tokens.div_ceil(16),
-        block_size: 16,
-        state_slots: slots,
-        mtp: m.has_mtp(),
-    };
-    HybridCache::new(&m.backend, &m.config, geometry)
-}
-
-fn blocks_of(s: usize, per_seq: usize, seqs: usize) -> Vec<u32> {
-    (0..per_seq).map(|i| (i * seqs + s) as u32).collect()
-}
 
 fn check_fixture(m: &M, dir: &Path, checker: &mut Checker, assert_greedy: bool) {
     let expected: Value =
@@ -334,100 +278,6 @@ fn check_fixture(m: &M, dir: &Path, checker: &mut Checker, assert_greedy: bool) 
     }
 }
 
-/// A prefill, a continued prefill and a decode in one ragged batch: each must get the logits it
-/// gets alone (within `BATCH_TOLERANCE`; whether they are bitwise equal is printed).
-fn check_batch_invariance(m: &M, dir: &Path) {
-    let expected: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
-    let ids = ids(&expected, "prefill_ids");
-    let per_seq = ids.len().div_ceil(16);
-    let seqs: [(&[u32], usize); 3] = [(&ids[..70], 0), (&ids[10..90], 30), (&ids[50..51], 40)];
-    let contexts: [&[u32]; 3] = [&[], &ids[..30], &ids[..40]];
-    let run_alone = |s: usize| -> Vec<f32> {
-        let mut cache = full_cache(m, 3, ids.len());
-        let blocks = blocks_of(s, per_seq, 3);
-        let (new, pos) = seqs[s];
-        if pos > 0 {
-            let batch = BatchLayout::packed(16, [(pos, 0, blocks.clone(), s)]);
-            m.forward(
-                &ForwardInput {
-                    tokens: contexts[s],
-                    batch: &batch,
-                    logit_rows: &[0],
-                    hidden_rows: &[],
-                },
-                &mut cache,
-            );
-        }
-        let batch = BatchLayout::packed(16, [(new.len(), pos, blocks, s)]);
-        let rows: Vec<u32> = (0..new.len() as u32).collect();
-        m.backend.to_host(
-            &m.forward(
-                &ForwardInput {
-                    tokens: new,
-                    batch: &batch,
-                    logit_rows: &rows,
-                    hidden_rows: &[],
-                },
-                &mut cache,
-            )
-            .logits,
-        )
-    };
-    let alone: Vec<Vec<f32>> = (0..3).map(run_alone).collect();
-    let mut cache = full_cache(m, 3, ids.len());
-    for s in 1..3 {
-        let batch = BatchLayout::packed(16, [(seqs[s].1, 0, blocks_of(s, per_seq, 3), s)]);
-        m.forward(
-            &ForwardInput {
-                tokens: contexts[s],
-                batch: &batch,
-                logit_rows: &[0],
-                hidden_rows: &[],
-            },
-            &mut cache,
-        );
-    }
-    let batch = BatchLayout::packed(
-        16,
-        (0..3).map(|s| (seqs[s].0.len(), seqs[s].1, blocks_of(s, per_seq, 3), s)),
-    );
-    let tokens: Vec<u32> = seqs
-        .iter()
-        .flat_map(|(new, _)| new.iter().copied())
-        .collect();
-    let rows: Vec<u32> = (0..tokens.len() as u32).collect();
-    let together = m.backend.to_host(
-        &m.forward(
-            &ForwardInput {
-                tokens: &tokens,
-                batch: &batch,
-                logit_rows: &rows,
-                hidden_rows: &[],
-            },
-            &mut cache,
-        )
-        .logits,
-    );
-    let vocab = m.config.vocab_size;
-    let mut offset = 0;
-    for (s, solo) in alone.iter().enumerate() {
-        let part = &together[offset * vocab..(offset + seqs[s].0.len()) * vocab];
-        let diff = max_abs_diff(part, solo);
-        println!(
-            "{}: sequence {s} batched vs alone: max |diff| = {diff:.2e} (bitwise equal: {})",
-            dir.file_name().unwrap().to_string_lossy(),
-            part == solo.as_slice()
-        );
-        assert!(
-            diff <= BATCH_TOLERANCE,
-            "{}: sequence {s} logits change by {diff} when batched",
-            dir.display()
-        );
-        offset += seqs[s].0.len();
-    }
-}
-
 #[test]
 fn cuda_f32_gemm_matches_transformers() {
     let Some(be) = cuda(GemmPrecision::F32, "cuda_f32_gemm_matches_transformers") else {
@@ -438,7 +288,7 @@ fn cuda_f32_gemm_matches_transformers() {
         worst: 0.0,
     };
     for dir in fixture_dirs() {
-        check_fixture(&load(be, &dir), &dir, &mut checker, true);
+        check_fixture(&load(be.clone(), &dir), &dir, &mut checker, true);
     }
     if let Checker::Absolute { worst, .. } = checker {
         println!("f32 GEMMs: worst |diff| from transformers over all fixtures: {worst:.2e}");
@@ -458,7 +308,7 @@ fn cuda_bf16_gemm_agrees_with_transformers() {
         worst_top1: 1.0,
     };
     for dir in fixture_dirs() {
-        check_fixture(&load(be, &dir), &dir, &mut checker, false);
+        check_fixture(&load(be.clone(), &dir), &dir, &mut checker, false);
     }
     if let Checker::Agreement {
         worst_rms,
@@ -475,6 +325,10 @@ fn cuda_backend_is_batch_invariant() {
         return;
     };
     for dir in fixture_dirs() {
-        check_batch_invariance(&load(be, &dir), &dir);
+        check_batch_invariance(
+            &load(be.clone(), &dir),
+            &dir,
+            BatchEquality::Within(BATCH_TOLERANCE),
+        );
     }
 }
