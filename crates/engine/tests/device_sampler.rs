@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{collect, fixture_model};
+use common::{collect, config, fixture_model, spec};
 use deltaserve_engine::sampler::{processed_distribution, PenaltyHistory};
 use deltaserve_engine::*;
 use deltaserve_model::config::ModelConfig;
@@ -262,26 +262,8 @@ fn with_inner_state<R>(
     result
 }
 
-fn config(speculative: Option<SpecConfig>) -> EngineConfig {
-    EngineConfig {
-        max_running_requests: 8,
-        num_kv_blocks: 400,
-        block_size: 4,
-        state_slots: 48,
-        chunked_prefill_size: 64,
-        context_length: 256,
-        max_queued_requests: 256,
-        decode_log_interval: 0,
-        speculative,
-    }
-}
-
 fn mtp(k: usize) -> Option<SpecConfig> {
-    Some(SpecConfig {
-        num_steps: k,
-        disable_batch_size: None,
-        fault: DraftFault::None,
-    })
+    spec(k, DraftFault::None)
 }
 
 fn prompt(i: usize) -> Vec<u32> {

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::fixture_model;
+use common::{config, fixture_model, spec};
 use deltaserve_engine::*;
 use deltaserve_model::{CacheGeometry, ForwardInput, HybridCache, Model};
 use deltaserve_tensor::reference::ReferenceBackend;
@@ -14,28 +14,6 @@ use std::collections::HashMap;
 
 fn model(fixture: &str) -> Model<ReferenceBackend> {
     fixture_model(fixture)
-}
-
-fn config(speculative: Option<SpecConfig>) -> EngineConfig {
-    EngineConfig {
-        max_running_requests: 8,
-        num_kv_blocks: 400,
-        block_size: 4,
-        state_slots: 48,
-        chunked_prefill_size: 64,
-        context_length: 256,
-        max_queued_requests: 256,
-        decode_log_interval: 0,
-        speculative,
-    }
-}
-
-fn spec(k: usize, fault: DraftFault) -> Option<SpecConfig> {
-    Some(SpecConfig {
-        num_steps: k,
-        disable_batch_size: None,
-        fault,
-    })
 }
 
 fn prompt(i: usize) -> Vec<u32> {
