@@ -1,4 +1,5 @@
-// Row norms (one block per row of `dim`): zero-centred RMSNorm `x * rsqrt(mean(x^2) + eps) * (1 + w)`
+// Row norms (one block per row of `dim`): zero-centred RMSNorm `x * rsqrt(mean(x^2) + eps) * (1 + w)`,
+// the same fused with the residual add before it,
 // and the GDN output's gated RMSNorm `w * x * rsqrt(mean(x^2) + eps) * silu(z)`.
 
 extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, int dim, float eps) {
@@ -9,6 +10,22 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, 
     for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
     const float inv = 1.0f / sqrtf(block_sum(ss, scratch) / (float)dim + eps);
     for (int i = threadIdx.x; i < dim; i += blockDim.x) orow[i] = xr[i] * inv * (1.0f + w[i]);
+}
+
+// The residual add fused with the next norm: acc += x, then out = rms_norm(acc). Each thread reads
+// back only what it wrote, and the sums run in rms_norm's order, so the result is bit for bit the
+// two ops one after the other.
+extern "C" __global__ void add_rms_norm(float* acc, const float* x, const float* w, float* out, int dim, float eps) {
+    __shared__ float scratch[32];
+    const i64 base = (i64)blockIdx.x * dim;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        const float v = acc[base + i] + x[base + i];
+        acc[base + i] = v;
+        ss += v * v;
+    }
+    const float inv = 1.0f / sqrtf(block_sum(ss, scratch) / (float)dim + eps);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) out[base + i] = acc[base + i] * inv * (1.0f + w[i]);
 }
 
 extern "C" __global__ void gated_rms_norm(const float* x, const float* z, const float* w, float* out, int dim, float eps) {

@@ -74,9 +74,9 @@ impl CudaBackend {
             return;
         }
         let table = attention_table(batch, |blocks, position| pool.offset(blocks, position));
-        let offsets = self.upload("attention offsets", &table.offsets);
-        let rows = self.upload("attention rows", &table.rows);
-        let blocks = self.upload("attention block tables", &table.blocks);
+        let offsets = self.upload_cached("attention offsets", &table.offsets);
+        let rows = self.upload_cached("attention rows", &table.rows);
+        let blocks = self.upload_cached("attention block tables", &table.blocks);
 
         let (t64, kv_row32) = (tokens as i64, kv_row as i32);
         // Contract: every offset + kv_row lies in the pool (the layout was checked against
@@ -89,7 +89,7 @@ impl CudaBackend {
             &v.data,
             &mut pool.k.data,
             &mut pool.v.data,
-            &offsets,
+            offsets.as_ref(),
             &t64,
             &kv_row32
         );
@@ -126,8 +126,8 @@ impl CudaBackend {
                 &mut out.data,
                 &mut stats,
                 &mut acc,
-                &rows,
-                &blocks,
+                rows.as_ref(),
+                blocks.as_ref(),
                 &qh,
                 &kvh,
                 &bs,
@@ -149,7 +149,7 @@ impl CudaBackend {
                     &stats,
                     &acc,
                     &mut out.data,
-                    &rows,
+                    rows.as_ref(),
                     &qh,
                     &hd,
                     &splits32
@@ -174,8 +174,8 @@ impl CudaBackend {
             &pool.k.data,
             &pool.v.data,
             &mut out.data,
-            &rows,
-            &blocks,
+            rows.as_ref(),
+            blocks.as_ref(),
             &qh,
             &kvh,
             &hd,

@@ -10,6 +10,7 @@ use crate::libraries;
 use crate::mat::CudaMat;
 use crate::options::{CudaOptions, GdnPrefill, GemmPrecision};
 use crate::profile::OpProfiler;
+use crate::upload_cache::UploadCache;
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, ValidAsZeroBits,
@@ -44,6 +45,8 @@ pub struct CudaBackend {
     pub(crate) rope_tables: Arc<Mutex<RopeTables>>,
     /// Per-op device timing, off unless `bench --profile` turns it on.
     pub(crate) profiler: Arc<OpProfiler>,
+    /// The step's metadata tables on the device, uploaded once per step instead of once per layer.
+    pub(crate) upload_cache: Arc<Mutex<UploadCache>>,
     device_name: String,
     compute_capability: (i32, i32),
     ptx_from_cache: usize,
@@ -151,6 +154,7 @@ impl CudaBackend {
             gdn_prefill: options.gdn_prefill,
             rope_tables: Arc::new(Mutex::new(HashMap::new())),
             profiler: Arc::new(OpProfiler::default()),
+            upload_cache: Arc::new(Mutex::new(UploadCache::default())),
             device_name: name,
             compute_capability: (major, minor),
             ptx_from_cache,
@@ -180,6 +184,15 @@ impl CudaBackend {
         if let Err(e) = self.stream.synchronize() {
             device_failure("synchronize", e);
         }
+    }
+
+    /// `(free, total)` bytes of device memory.
+    fn device_memory(&self) -> (usize, usize) {
+        if let Err(e) = self.ctx.bind_to_thread() {
+            device_failure("reading free memory (binding the context)", e);
+        }
+        cudarc::driver::result::mem_get_info()
+            .unwrap_or_else(|e| device_failure("reading free memory", e))
     }
 
     pub(crate) fn function(&self, name: &'static str) -> &CudaFunction {
@@ -253,6 +266,14 @@ impl Backend for CudaBackend {
         }
     }
 
+    fn scratch(&self, len: usize) -> CudaBuf {
+        CudaBuf {
+            // Every op writes its whole output; `scratch` is only asked for such outputs.
+            data: self.alloc_for_overwrite("scratch", len),
+            len,
+        }
+    }
+
     fn upload(&self, data: &[f32]) -> CudaBuf {
         CudaBuf {
             data: self.upload("upload", data),
@@ -303,10 +324,38 @@ impl Backend for CudaBackend {
         )
     }
 
+    fn matmul_group(&self, x: &CudaBuf, ws: &[&CudaMat], outs: &mut [&mut CudaBuf], tokens: usize) {
+        self.timed(
+            || {
+                let shapes: Vec<String> = ws
+                    .iter()
+                    .map(|w| format!("{}x{}", w.rows, w.cols))
+                    .collect();
+                format!("matmul {}", shapes.join("+"))
+            },
+            || self.matmul_group_op(x, ws, outs, tokens),
+        )
+    }
+
     fn rms_norm(&self, x: &CudaBuf, w: &CudaBuf, eps: f32, dim: usize, out: &mut CudaBuf) {
         self.timed(
             || "rms_norm".to_string(),
             || self.rms_norm_op(x, w, eps, dim, out),
+        )
+    }
+
+    fn add_rms_norm(
+        &self,
+        acc: &mut CudaBuf,
+        x: &CudaBuf,
+        w: &CudaBuf,
+        eps: f32,
+        dim: usize,
+        out: &mut CudaBuf,
+    ) {
+        self.timed(
+            || "add_rms_norm".to_string(),
+            || self.add_rms_norm_op(acc, x, w, eps, dim, out),
         )
     }
 
@@ -506,13 +555,11 @@ impl Backend for CudaBackend {
     }
 
     fn free_device_memory(&self) -> Option<usize> {
-        if let Err(e) = self.ctx.bind_to_thread() {
-            device_failure("reading free memory (binding the context)", e);
-        }
-        match cudarc::driver::result::mem_get_info() {
-            Ok((free, _total)) => Some(free),
-            Err(e) => device_failure("reading free memory", e),
-        }
+        Some(self.device_memory().0)
+    }
+
+    fn total_device_memory(&self) -> Option<usize> {
+        Some(self.device_memory().1)
     }
 
     fn set_op_profiling(&self, on: bool) -> bool {

@@ -96,6 +96,46 @@ impl CudaBackend {
         );
     }
 
+    pub(crate) fn add_rms_norm_op(
+        &self,
+        acc: &mut CudaBuf,
+        x: &CudaBuf,
+        w: &CudaBuf,
+        eps: f32,
+        dim: usize,
+        out: &mut CudaBuf,
+    ) {
+        let rows = acc.len / dim.max(1);
+        assert!(
+            x.len >= rows * dim && w.len >= dim && out.len >= rows * dim,
+            "add_rms_norm: x {} / weight {} / out {} too short for {rows} rows of {dim}",
+            x.len,
+            w.len,
+            out.len
+        );
+        if rows == 0 || dim == 0 {
+            return;
+        }
+        let dim32 = dim as i32;
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (row_threads(dim), 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // Contract: one block per row of `dim` within acc, x and out; w holds dim values (checked).
+        launch!(
+            self,
+            "add_rms_norm",
+            cfg,
+            &mut acc.data,
+            &x.data,
+            &w.data,
+            &mut out.data,
+            &dim32,
+            &eps
+        );
+    }
+
     pub(crate) fn gated_rms_norm_op(
         &self,
         x: &CudaBuf,
@@ -346,7 +386,7 @@ impl CudaBackend {
             return;
         }
         let table = self.inv_freq(rotary_dim, theta);
-        let positions_dev = self.upload("rope positions", positions);
+        let positions_dev = self.upload_cached("rope positions", positions);
         let (t64, h32, d32, r32) = (
             tokens as i64,
             heads as i32,
@@ -359,7 +399,7 @@ impl CudaBackend {
             "rope",
             Self::elementwise_config(tokens * heads * half),
             &mut x.data,
-            &positions_dev,
+            positions_dev.as_ref(),
             table.as_ref(),
             &t64,
             &h32,

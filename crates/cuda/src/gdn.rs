@@ -85,8 +85,8 @@ impl CudaBackend {
             return;
         }
         let table = seq_table(batch);
-        let seqs = self.upload("conv sequences", &table.seqs);
-        let snaps = self.upload("conv snapshot slots", &table.snaps);
+        let seqs = self.upload_cached("conv sequences", &table.seqs);
+        let snaps = self.upload_cached("conv snapshot slots", &table.snaps);
         let (cd, hist) = (conv_dim as i32, history as i32);
         let window_grid = (
             (conv_dim as u32).div_ceil(CONV_THREADS),
@@ -100,7 +100,7 @@ impl CudaBackend {
                 .enumerate()
                 .flat_map(|(i, s)| std::iter::repeat_n(i as i32, s.len))
                 .collect();
-            let row_seqs = self.upload("conv row sequences", &row_seqs);
+            let row_seqs = self.upload_cached("conv row sequences", &row_seqs);
             let t64 = tokens as i64;
             // Contract: the layout was checked (rows within x/out, slots and snapshot slots <
             // slots); row_seqs names each row's sequence; snapshot slots differ from the slots
@@ -113,9 +113,9 @@ impl CudaBackend {
                 &w.data,
                 &mut pool.conv.data,
                 &mut out.data,
-                &seqs,
-                &snaps,
-                &row_seqs,
+                seqs.as_ref(),
+                snaps.as_ref(),
+                row_seqs.as_ref(),
                 &t64,
                 &cd,
                 &hist
@@ -132,7 +132,7 @@ impl CudaBackend {
                 cfg,
                 &x.data,
                 &mut pool.conv.data,
-                &seqs,
+                seqs.as_ref(),
                 &cd,
                 &hist
             );
@@ -156,8 +156,8 @@ impl CudaBackend {
             &w.data,
             &mut pool.conv.data,
             &mut out.data,
-            &seqs,
-            &snaps,
+            seqs.as_ref(),
+            snaps.as_ref(),
             &cd,
             &hist
         );
@@ -259,8 +259,8 @@ impl CudaBackend {
             return;
         }
         let table = seq_table(batch);
-        let seqs = self.upload("delta rule sequences", &table.seqs);
-        let snaps = self.upload("delta rule snapshot slots", &table.snaps);
+        let seqs = self.upload_cached("delta rule sequences", &table.seqs);
+        let snaps = self.upload_cached("delta rule snapshot slots", &table.snaps);
         let prefill = self.gdn_prefill == GdnPrefill::Chunked
             && batch.seqs.iter().any(|s| s.len >= CHUNKED_MIN_TOKENS)
             && batch.seqs.iter().all(|s| s.snapshot_slots.is_empty());
@@ -299,9 +299,9 @@ impl CudaBackend {
                 .arg(&beta.data)
                 .arg(&mut pool.ssm.data)
                 .arg(&mut out.data)
-                .arg(&seqs);
+                .arg(seqs.as_ref());
             if with_snapshots {
-                builder.arg(&snaps);
+                builder.arg(snaps.as_ref());
             }
             builder.arg(&hk).arg(&hv).arg(&dv);
             // SAFETY: the layout was checked (rows within mixed/g/beta/out, slots and snapshot
@@ -335,8 +335,8 @@ impl CudaBackend {
             &beta.data,
             &mut pool.ssm.data,
             &mut out.data,
-            &seqs,
-            &snaps,
+            seqs.as_ref(),
+            snaps.as_ref(),
             &hk,
             &hv,
             &dk,

@@ -1,4 +1,5 @@
-//! `matmul` (`out [T, N] = x [T, K] @ w[N, K]^T`) through cuBLAS `gemmEx`: bf16 weights with
+//! `matmul` (`out [T, N] = x [T, K] @ w[N, K]^T`): a few rows of bf16 weights go to the GEMV kernel
+//! (`gemv`), everything else through cuBLAS `gemmEx`: bf16 weights with
 //! activations cast to bf16 (tensor cores, f32 accumulation and output), or f32 weights in pedantic
 //! f32. Row-major `out^T = w x^T` is cuBLAS's column-major `C [N, T] = op(A) B` with A = w transposed.
 
@@ -13,18 +14,66 @@ use std::ffi::c_void;
 
 impl CudaBackend {
     pub(crate) fn matmul_op(&self, x: &CudaBuf, w: &CudaMat, out: &mut CudaBuf, tokens: usize) {
+        self.matmul_group_op(x, &[w], &mut [out], tokens);
+    }
+
+    /// `outs[i] = x @ ws[i]^T` for matrices that share the input: the GEMV kernel for a few rows
+    /// of bf16 weights (one launch for the group), else one cast of x and a cuBLAS GEMM each.
+    pub(crate) fn matmul_group_op(
+        &self,
+        x: &CudaBuf,
+        ws: &[&CudaMat],
+        outs: &mut [&mut CudaBuf],
+        tokens: usize,
+    ) {
+        assert_eq!(
+            ws.len(),
+            outs.len(),
+            "matmul_group: {} matrices but {} outputs",
+            ws.len(),
+            outs.len()
+        );
+        for (w, out) in ws.iter().zip(outs.iter()) {
+            let (n, k) = (w.rows, w.cols);
+            assert_eq!(
+                k, ws[0].cols,
+                "matmul_group: matrices sharing an input must have as many columns"
+            );
+            assert!(
+                x.len >= tokens * k,
+                "matmul: x holds {} values, {tokens} tokens x {k} need more",
+                x.len
+            );
+            assert!(
+                out.len >= tokens * n,
+                "matmul: out holds {} values, {tokens} tokens x {n} need more",
+                out.len
+            );
+        }
+        if tokens == 0 || ws.is_empty() {
+            return;
+        }
+        if Self::gemv_applies(ws, tokens) {
+            self.gemv_op(x, ws, outs, tokens);
+            return;
+        }
+        let mut x_bf16: Option<CudaSlice<u16>> = None;
+        for (w, out) in ws.iter().zip(outs.iter_mut()) {
+            self.gemm_op(x, &mut x_bf16, w, out, tokens);
+        }
+    }
+
+    /// One cuBLAS GEMM; `x_bf16` caches the bf16 cast of `x` across the matrices of a group.
+    fn gemm_op(
+        &self,
+        x: &CudaBuf,
+        x_bf16: &mut Option<CudaSlice<u16>>,
+        w: &CudaMat,
+        out: &mut CudaBuf,
+        tokens: usize,
+    ) {
         let (n, k) = (w.rows, w.cols);
-        assert!(
-            x.len >= tokens * k,
-            "matmul: x holds {} values, {tokens} tokens x {k} need more",
-            x.len
-        );
-        assert!(
-            out.len >= tokens * n,
-            "matmul: out holds {} values, {tokens} tokens x {n} need more",
-            out.len
-        );
-        if tokens == 0 || n == 0 {
+        if n == 0 {
             return;
         }
         if k == 0 {
@@ -37,22 +86,25 @@ impl CudaBackend {
         }
         match &w.data {
             MatData::Bf16(weights) => {
-                // Overwritten whole by the cast below.
-                let mut x_bf16: CudaSlice<u16> =
-                    self.alloc_for_overwrite("matmul bf16 activations", tokens * k);
-                let len = (tokens * k) as i64;
-                // Contract: x holds tokens * k values (checked), x_bf16 was allocated that long.
-                launch!(
-                    self,
-                    "cast_f32_to_bf16",
-                    Self::elementwise_config(tokens * k),
-                    &x.data,
-                    &mut x_bf16,
-                    &len
-                );
+                let x_bf16 = x_bf16.get_or_insert_with(|| {
+                    // Overwritten whole by the cast below.
+                    let mut cast: CudaSlice<u16> =
+                        self.alloc_for_overwrite("matmul bf16 activations", tokens * k);
+                    let len = (tokens * k) as i64;
+                    // Contract: x holds tokens * k values (checked), cast was allocated that long.
+                    launch!(
+                        self,
+                        "cast_f32_to_bf16",
+                        Self::elementwise_config(tokens * k),
+                        &x.data,
+                        &mut cast,
+                        &len
+                    );
+                    cast
+                });
                 self.gemm_ex(
                     weights,
-                    &x_bf16,
+                    x_bf16,
                     cudaDataType_t::CUDA_R_16BF,
                     out,
                     n,

@@ -12,7 +12,7 @@ pub struct KernelFile {
 /// Helpers prepended to every file (`#line` keeps NVRTC's line numbers those of the file).
 pub const COMMON: &str = include_str!("../kernels/common.cuh");
 
-pub const FILES: [KernelFile; 10] = [
+pub const FILES: [KernelFile; 11] = [
     KernelFile {
         name: "elementwise.cu",
         source: include_str!("../kernels/elementwise.cu"),
@@ -30,9 +30,19 @@ pub const FILES: [KernelFile; 10] = [
         ],
     },
     KernelFile {
+        name: "gemv.cu",
+        source: include_str!("../kernels/gemv.cu"),
+        functions: &[
+            "gemv_bf16_t1",
+            "gemv_bf16_t2",
+            "gemv_bf16_t3",
+            "gemv_bf16_t4",
+        ],
+    },
+    KernelFile {
         name: "norm.cu",
         source: include_str!("../kernels/norm.cu"),
-        functions: &["rms_norm", "gated_rms_norm"],
+        functions: &["rms_norm", "add_rms_norm", "gated_rms_norm"],
     },
     KernelFile {
         name: "rope.cu",

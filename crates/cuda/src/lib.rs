@@ -12,6 +12,7 @@ mod detect;
 mod error;
 mod gdn;
 mod gemm;
+mod gemv;
 mod generate;
 pub mod kernels;
 mod layout;
@@ -20,6 +21,7 @@ mod mat;
 mod options;
 mod profile;
 mod sampling;
+mod upload_cache;
 
 pub use backend::CudaBackend;
 pub use buffer::CudaBuf;

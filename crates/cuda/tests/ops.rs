@@ -135,6 +135,139 @@ fn matmul_bf16_is_the_exact_product_of_bf16_rounded_inputs() {
     );
 }
 
+/// The grouped matmul (the GEMV kernel for up to 8 rows, cuBLAS beyond) equals the reference on
+/// bf16-rounded inputs for every matrix of the group: 5 matrices (more than one launch holds),
+/// row counts that are not multiples of a warp's 16 rows, every token count from 1 to 9 and the
+/// edges of the kernel's 8-token tiles and its 32-token limit,
+/// and outputs poisoned with NaN first so an unwritten element fails.
+#[test]
+fn matmul_group_equals_the_reference_for_each_matrix() {
+    let Some(be) = cuda(
+        GemmPrecision::Bf16,
+        "matmul_group_equals_the_reference_for_each_matrix",
+    ) else {
+        return;
+    };
+    let mut rng = Rng(21);
+    for k in [8, 1000, 5120] {
+        let rows = [37, 1, 300, 8, 129];
+        let host: Vec<HostTensor> = rows
+            .iter()
+            .map(|&n| HostTensor::from_f32_as_bf16("w", vec![n, k], &rng.vec(n * k, 1.0)))
+            .collect();
+        let ws: Vec<_> = host.iter().map(|t| be.load_mat(t).unwrap()).collect();
+        let w_refs: Vec<_> = host
+            .iter()
+            .map(|t| ReferenceBackend.load_mat(t).unwrap())
+            .collect();
+        for tokens in (1..=9).chain([16, 17, 32, 33]) {
+            let x = rng.vec(tokens * k, 1.0);
+            let mut outs: Vec<_> = rows
+                .iter()
+                .map(|&n| be.upload(&vec![f32::NAN; tokens * n]))
+                .collect();
+            let w_list: Vec<_> = ws.iter().collect();
+            let mut out_list: Vec<_> = outs.iter_mut().collect();
+            be.matmul_group(&be.upload(&x), &w_list, &mut out_list, tokens);
+            for (m, (&n, out)) in rows.iter().zip(&outs).enumerate() {
+                let mut want = vec![0.0; tokens * n];
+                ReferenceBackend.matmul(&round_bf16(&x), &w_refs[m], &mut want, tokens);
+                check(
+                    &format!("matmul_group matrix {m} [{tokens}x{k}] @ [{n}x{k}]^T"),
+                    &be.to_host(out),
+                    &want,
+                    TOL_MATMUL,
+                );
+            }
+        }
+    }
+}
+
+/// A row's product does not depend on how many rows share the launch (the GEMV kernel sums each
+/// row in one fixed order whatever the row count).
+#[test]
+fn gemv_rows_are_batch_invariant_bitwise() {
+    let Some(be) = cuda(GemmPrecision::Bf16, "gemv_rows_are_batch_invariant_bitwise") else {
+        return;
+    };
+    let mut rng = Rng(22);
+    let (n, k) = (257, 4096);
+    let w = be
+        .load_mat(&HostTensor::from_f32_as_bf16(
+            "w",
+            vec![n, k],
+            &rng.vec(n * k, 1.0),
+        ))
+        .unwrap();
+    let x = rng.vec(32 * k, 1.0);
+    let mut all = be.zeros(32 * n);
+    be.matmul(&be.upload(&x), &w, &mut all, 32);
+    let all = be.to_host(&all);
+    for tokens in 1..32 {
+        let mut part = be.zeros(tokens * n);
+        be.matmul(&be.upload(&x[..tokens * k]), &w, &mut part, tokens);
+        assert_eq!(
+            be.to_host(&part),
+            all[..tokens * n],
+            "GEMV rows differ between a batch of {tokens} and a batch of 32"
+        );
+    }
+}
+
+/// The fused residual add + RMSNorm is bit for bit the two ops one after the other.
+#[test]
+fn add_rms_norm_equals_add_then_norm_bitwise() {
+    let Some(be) = cuda(
+        GemmPrecision::Bf16,
+        "add_rms_norm_equals_add_then_norm_bitwise",
+    ) else {
+        return;
+    };
+    let mut rng = Rng(23);
+    for (rows, dim) in [(1, 5120), (3, 1000), (7, 64), (2, 33)] {
+        let (h, x, w) = (
+            rng.vec(rows * dim, 2.0),
+            rng.vec(rows * dim, 2.0),
+            rng.vec(dim, 0.5),
+        );
+        let w = be.upload(&w);
+        let mut acc_fused = be.upload(&h);
+        let mut out_fused = be.upload(&vec![f32::NAN; rows * dim]);
+        be.add_rms_norm(
+            &mut acc_fused,
+            &be.upload(&x),
+            &w,
+            1e-6,
+            dim,
+            &mut out_fused,
+        );
+        let mut acc = be.upload(&h);
+        be.add_inplace(&mut acc, &be.upload(&x));
+        let mut out = be.zeros(rows * dim);
+        be.rms_norm(&acc, &w, 1e-6, dim, &mut out);
+        assert_eq!(
+            be.to_host(&acc_fused),
+            be.to_host(&acc),
+            "residual [{rows}x{dim}]"
+        );
+        assert_eq!(
+            be.to_host(&out_fused),
+            be.to_host(&out),
+            "norm [{rows}x{dim}]"
+        );
+        let mut want = vec![0.0; rows * dim];
+        let mut h_ref = h.clone();
+        ReferenceBackend.add_inplace(&mut h_ref, &x);
+        ReferenceBackend.rms_norm(&h_ref, &be.to_host(&w), 1e-6, dim, &mut want);
+        check(
+            &format!("add_rms_norm [{rows}x{dim}]"),
+            &be.to_host(&out_fused),
+            &want,
+            TOL_DENSE,
+        );
+    }
+}
+
 #[test]
 fn embedding_gathers_rows_exactly() {
     for precision in [GemmPrecision::F32, GemmPrecision::Bf16] {

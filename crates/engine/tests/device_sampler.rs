@@ -63,6 +63,9 @@ impl Backend for HostSampled {
     fn zeros(&self, len: usize) -> Self::Buf {
         self.inner.zeros(len)
     }
+    fn scratch(&self, len: usize) -> Self::Buf {
+        self.inner.scratch(len)
+    }
     fn upload(&self, data: &[f32]) -> Self::Buf {
         self.inner.upload(data)
     }
@@ -86,6 +89,26 @@ impl Backend for HostSampled {
     }
     fn matmul(&self, x: &Self::Buf, w: &Self::Mat, out: &mut Self::Buf, tokens: usize) {
         self.inner.matmul(x, w, out, tokens)
+    }
+    fn matmul_group(
+        &self,
+        x: &Self::Buf,
+        ws: &[&Self::Mat],
+        outs: &mut [&mut Self::Buf],
+        tokens: usize,
+    ) {
+        self.inner.matmul_group(x, ws, outs, tokens)
+    }
+    fn add_rms_norm(
+        &self,
+        acc: &mut Self::Buf,
+        x: &Self::Buf,
+        w: &Self::Buf,
+        eps: f32,
+        dim: usize,
+        out: &mut Self::Buf,
+    ) {
+        self.inner.add_rms_norm(acc, x, w, eps, dim, out)
     }
     fn rms_norm(&self, x: &Self::Buf, w: &Self::Buf, eps: f32, dim: usize, out: &mut Self::Buf) {
         self.inner.rms_norm(x, w, eps, dim, out)

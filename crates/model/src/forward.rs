@@ -35,6 +35,15 @@ impl<B: Backend> LayerObserver<B> for () {
     fn after_layer(&mut self, _: usize, _: &B::Buf) {}
 }
 
+/// Where one decoder layer runs in the step: its rows, positions, batch and cache pool.
+struct LayerStep<'a> {
+    t: usize,
+    positions: &'a [u32],
+    batch: &'a BatchLayout,
+    /// The layer's index among the layers of its kind; `None` selects the MTP KV pool.
+    pool: Option<usize>,
+}
+
 /// A loaded model: its config, its backend and its weights on that backend.
 pub struct Model<B: Backend> {
     pub config: ModelConfig,
@@ -81,11 +90,23 @@ impl<B: Backend> Model<B> {
         let t = input.tokens.len();
         debug_assert_eq!(t, input.batch.total_tokens());
         let positions = input.batch.positions();
-        let mut h = be.zeros(t * c.hidden_size);
+        let mut h = be.scratch(t * c.hidden_size);
         be.embedding(&self.weights.embed, input.tokens, &mut h);
-        for (i, layer) in self.weights.layers.iter().enumerate() {
-            let pool = self.pool_index[i];
-            self.decoder_layer(layer, &mut h, t, &positions, input.batch, cache, Some(pool));
+        let layers = &self.weights.layers;
+        let mut x = match layers.first() {
+            Some(first) => self.norm(&h, &first.input_norm),
+            None => be.scratch(0),
+        };
+        for (i, layer) in layers.iter().enumerate() {
+            let step = LayerStep {
+                t,
+                positions: &positions,
+                batch: input.batch,
+                pool: Some(self.pool_index[i]),
+            };
+            // The next layer's input norm is fused into this layer's last residual add.
+            let next_norm = layers.get(i + 1).map(|next| &next.input_norm);
+            x = self.layer_from_normed(layer, &x, &mut h, &step, cache, next_norm);
             observer.after_layer(i, &h);
         }
         self.head(&h, &self.weights.norm, input.logit_rows, input.hidden_rows)
@@ -103,7 +124,7 @@ impl<B: Backend> Model<B> {
         let (be, c) = (&self.backend, &self.config);
         let normed = self.norm(&be.gather_rows(h, c.hidden_size, logit_rows), norm);
         let head = self.weights.lm_head.as_ref().unwrap_or(&self.weights.embed);
-        let mut logits = be.zeros(logit_rows.len() * c.vocab_size);
+        let mut logits = be.scratch(logit_rows.len() * c.vocab_size);
         be.matmul(&normed, head, &mut logits, logit_rows.len());
         let hidden = if hidden_rows == logit_rows {
             normed
@@ -115,7 +136,7 @@ impl<B: Backend> Model<B> {
 
     pub(crate) fn norm(&self, x: &B::Buf, w: &B::Buf) -> B::Buf {
         let be = &self.backend;
-        let mut out = be.zeros(be.buf_len(x));
+        let mut out = be.scratch(be.buf_len(x));
         be.rms_norm(
             x,
             w,
@@ -126,15 +147,22 @@ impl<B: Backend> Model<B> {
         out
     }
 
-    fn linear(&self, x: &B::Buf, w: &B::Mat, tokens: usize) -> B::Buf {
+    /// `x @ w^T` for each matrix of `ws` (they share the input): one backend op.
+    fn linears<const N: usize>(&self, x: &B::Buf, ws: [&B::Mat; N], tokens: usize) -> [B::Buf; N] {
         let be = &self.backend;
-        let mut out = be.zeros(tokens * be.mat_shape(w).0);
-        be.matmul(x, w, &mut out, tokens);
+        let mut outs = ws.map(|w| be.scratch(tokens * be.mat_shape(w).0));
+        let mut out_refs: Vec<&mut B::Buf> = outs.iter_mut().collect();
+        be.matmul_group(x, &ws, &mut out_refs, tokens);
+        outs
+    }
+
+    fn linear(&self, x: &B::Buf, w: &B::Mat, tokens: usize) -> B::Buf {
+        let [out] = self.linears(x, [w], tokens);
         out
     }
 
-    /// One decoder layer in place on the residual stream `h`. `pool` is the layer's index among the
-    /// layers of its kind; `None` selects the MTP KV pool.
+    /// One decoder layer in place on the residual stream `h` (its input norm included). `pool` is
+    /// the layer's index among the layers of its kind; `None` selects the MTP KV pool.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn decoder_layer(
         &self,
@@ -146,30 +174,61 @@ impl<B: Backend> Model<B> {
         cache: &mut HybridCache<B>,
         pool: Option<usize>,
     ) {
-        let be = &self.backend;
         let x = self.norm(h, &layer.input_norm);
+        let step = LayerStep {
+            t,
+            positions,
+            batch,
+            pool,
+        };
+        self.layer_from_normed(layer, &x, h, &step, cache, None);
+    }
+
+    /// One decoder layer on the residual stream `h` whose input norm `x` is already computed.
+    /// With `next_norm`, returns that norm of the updated `h` (the next layer's input, computed in
+    /// the same op as the last residual add); otherwise only adds and returns an empty buffer.
+    fn layer_from_normed(
+        &self,
+        layer: &Layer<B>,
+        x: &B::Buf,
+        h: &mut B::Buf,
+        step: &LayerStep<'_>,
+        cache: &mut HybridCache<B>,
+        next_norm: Option<&B::Buf>,
+    ) -> B::Buf {
+        let (be, c) = (&self.backend, &self.config);
+        let (t, hidden, eps) = (step.t, c.hidden_size, c.rms_norm_eps);
         let mixed = match &layer.mixer {
             Mixer::Attention(w) => {
-                let kv = match pool {
+                let kv = match step.pool {
                     Some(i) => &mut cache.kv[i],
                     // Invariant: the MTP layer only runs when the cache was built with an MTP pool
                     // (checked by `Model::mtp_forward` before it gets here).
                     None => cache.mtp_kv.as_mut().expect("MTP KV pool present"),
                 };
-                self.attention(w, &x, t, positions, batch, kv)
+                self.attention(w, x, t, step.positions, step.batch, kv)
             }
             Mixer::Gdn(w) => {
-                let i = pool.expect("GDN layers are never the MTP layer");
-                self.gdn(w, &x, t, batch, &mut cache.state[i])
+                let i = step.pool.expect("GDN layers are never the MTP layer");
+                self.gdn(w, x, t, step.batch, &mut cache.state[i])
             }
         };
-        be.add_inplace(h, &mixed);
-        let x = self.norm(h, &layer.post_norm);
+        let mut x = be.scratch(t * hidden);
+        be.add_rms_norm(h, &mixed, &layer.post_norm, eps, hidden, &mut x);
         let mlp_out = match &layer.mlp {
             Mlp::Dense(w) => self.dense_mlp(w, &x, t),
             Mlp::Moe(w) => self.moe(w, &x, t),
         };
-        be.add_inplace(h, &mlp_out);
+        match next_norm {
+            Some(norm) => {
+                be.add_rms_norm(h, &mlp_out, norm, eps, hidden, &mut x);
+                x
+            }
+            None => {
+                be.add_inplace(h, &mlp_out);
+                be.scratch(0)
+            }
+        }
     }
 
     fn attention(
@@ -185,18 +244,15 @@ impl<B: Backend> Model<B> {
         let shape = c.attn_shape();
         let d = shape.head_dim;
         let eps = c.rms_norm_eps;
-        let q_raw = self.linear(x, &w.q, t);
-        let gate = self.linear(x, &w.gate, t);
-        let k_raw = self.linear(x, &w.k, t);
-        let v = self.linear(x, &w.v, t);
-        let mut q = be.zeros(be.buf_len(&q_raw));
+        let [q_raw, gate, k_raw, v] = self.linears(x, [&w.q, &w.gate, &w.k, &w.v], t);
+        let mut q = be.scratch(be.buf_len(&q_raw));
         be.rms_norm(&q_raw, &w.q_norm, eps, d, &mut q);
-        let mut k = be.zeros(be.buf_len(&k_raw));
+        let mut k = be.scratch(be.buf_len(&k_raw));
         be.rms_norm(&k_raw, &w.k_norm, eps, d, &mut k);
         let theta = c.rope_theta as f32;
         be.rope(&mut q, positions, shape.q_heads, d, c.rotary_dim, theta);
         be.rope(&mut k, positions, shape.kv_heads, d, c.rotary_dim, theta);
-        let mut attn = be.zeros(be.buf_len(&q));
+        let mut attn = be.scratch(be.buf_len(&q));
         be.attention(&q, &k, &v, kv, batch, shape, &mut attn);
         be.sigmoid_mul_inplace(&mut attn, &gate);
         self.linear(&attn, &w.o, t)
@@ -212,18 +268,15 @@ impl<B: Backend> Model<B> {
     ) -> B::Buf {
         let (be, c) = (&self.backend, &self.config);
         let shape = c.gdn_shape();
-        let mixed = self.linear(x, &w.qkv, t);
-        let z = self.linear(x, &w.z, t);
-        let b = self.linear(x, &w.b, t);
-        let a = self.linear(x, &w.a, t);
-        let mut conv_out = be.zeros(be.buf_len(&mixed));
+        let [mixed, z, b, a] = self.linears(x, [&w.qkv, &w.z, &w.b, &w.a], t);
+        let mut conv_out = be.scratch(be.buf_len(&mixed));
         be.causal_conv1d(&mixed, &w.conv, state, batch, &mut conv_out);
-        let mut g = be.zeros(be.buf_len(&a));
-        let mut beta = be.zeros(be.buf_len(&b));
+        let mut g = be.scratch(be.buf_len(&a));
+        let mut beta = be.scratch(be.buf_len(&b));
         be.gdn_gates(&a, &b, &w.a_log, &w.dt_bias, &mut g, &mut beta);
-        let mut core = be.zeros(t * shape.value_heads * shape.value_dim);
+        let mut core = be.scratch(t * shape.value_heads * shape.value_dim);
         be.gated_delta_rule(&conv_out, &g, &beta, state, batch, shape, &mut core);
-        let mut normed = be.zeros(be.buf_len(&core));
+        let mut normed = be.scratch(be.buf_len(&core));
         be.gated_rms_norm(
             &core,
             &z,
@@ -237,9 +290,8 @@ impl<B: Backend> Model<B> {
 
     fn dense_mlp(&self, w: &DenseMlp<B>, x: &B::Buf, t: usize) -> B::Buf {
         let be = &self.backend;
-        let gate = self.linear(x, &w.gate, t);
-        let up = self.linear(x, &w.up, t);
-        let mut act = be.zeros(be.buf_len(&gate));
+        let [gate, up] = self.linears(x, [&w.gate, &w.up], t);
+        let mut act = be.scratch(be.buf_len(&gate));
         be.silu_mul(&gate, &up, &mut act);
         self.linear(&act, &w.down, t)
     }

@@ -59,6 +59,11 @@ pub trait Backend: Send + Sync {
 
     // ---- memory -------------------------------------------------------------------------------
     fn zeros(&self, len: usize) -> Self::Buf;
+    /// A buffer of `len` values that the caller overwrites completely before reading any: a
+    /// backend may leave it uninitialised (saves a memset per intermediate on a GPU).
+    fn scratch(&self, len: usize) -> Self::Buf {
+        self.zeros(len)
+    }
     fn upload(&self, data: &[f32]) -> Self::Buf;
     fn to_host(&self, buf: &Self::Buf) -> Vec<f32>;
     fn buf_len(&self, buf: &Self::Buf) -> usize;
@@ -76,8 +81,37 @@ pub trait Backend: Send + Sync {
     fn embedding(&self, table: &Self::Mat, ids: &[u32], out: &mut Self::Buf);
     /// `out [T, out] = x [T, in] @ w^T`.
     fn matmul(&self, x: &Self::Buf, w: &Self::Mat, out: &mut Self::Buf, tokens: usize);
+    /// `outs[i] [T, rows_i] = x [T, in] @ ws[i]^T` for matrices that share their input (q/k/v,
+    /// gate/up): one op, so a backend can read `x` once and launch once. Same result as `matmul`
+    /// on each.
+    fn matmul_group(
+        &self,
+        x: &Self::Buf,
+        ws: &[&Self::Mat],
+        outs: &mut [&mut Self::Buf],
+        tokens: usize,
+    ) {
+        assert_eq!(ws.len(), outs.len(), "matmul_group: one output per matrix");
+        for (w, out) in ws.iter().zip(outs.iter_mut()) {
+            self.matmul(x, w, out, tokens);
+        }
+    }
     /// Zero-centred RMSNorm over rows of `dim`: `x * rsqrt(mean(x^2) + eps) * (1 + w)`.
     fn rms_norm(&self, x: &Self::Buf, w: &Self::Buf, eps: f32, dim: usize, out: &mut Self::Buf);
+    /// The residual add and the next norm in one op: `acc += x`, then `out = rms_norm(acc)`.
+    #[allow(clippy::too_many_arguments)]
+    fn add_rms_norm(
+        &self,
+        acc: &mut Self::Buf,
+        x: &Self::Buf,
+        w: &Self::Buf,
+        eps: f32,
+        dim: usize,
+        out: &mut Self::Buf,
+    ) {
+        self.add_inplace(acc, x);
+        self.rms_norm(acc, w, eps, dim, out);
+    }
     /// Plain gated RMSNorm over rows of `dim`: `w * x * rsqrt(mean(x^2) + eps) * silu(z)`.
     fn gated_rms_norm(
         &self,
@@ -224,6 +258,12 @@ pub trait Backend: Send + Sync {
     /// Free bytes of the backend's own device memory (what the cache pools are planned from);
     /// `None` for backends that run from host memory.
     fn free_device_memory(&self) -> Option<usize> {
+        None
+    }
+
+    /// Total bytes of the backend's own device memory; `None` for backends that run from host
+    /// memory.
+    fn total_device_memory(&self) -> Option<usize> {
         None
     }
 

@@ -33,6 +33,9 @@ impl<B: Backend> Backend for BrokenAttention<B> {
     fn zeros(&self, len: usize) -> Self::Buf {
         self.inner.zeros(len)
     }
+    fn scratch(&self, len: usize) -> Self::Buf {
+        self.inner.scratch(len)
+    }
     fn upload(&self, data: &[f32]) -> Self::Buf {
         self.inner.upload(data)
     }
@@ -56,6 +59,26 @@ impl<B: Backend> Backend for BrokenAttention<B> {
     }
     fn matmul(&self, x: &Self::Buf, w: &Self::Mat, out: &mut Self::Buf, tokens: usize) {
         self.inner.matmul(x, w, out, tokens)
+    }
+    fn matmul_group(
+        &self,
+        x: &Self::Buf,
+        ws: &[&Self::Mat],
+        outs: &mut [&mut Self::Buf],
+        tokens: usize,
+    ) {
+        self.inner.matmul_group(x, ws, outs, tokens)
+    }
+    fn add_rms_norm(
+        &self,
+        acc: &mut Self::Buf,
+        x: &Self::Buf,
+        w: &Self::Buf,
+        eps: f32,
+        dim: usize,
+        out: &mut Self::Buf,
+    ) {
+        self.inner.add_rms_norm(acc, x, w, eps, dim, out)
     }
     fn rms_norm(&self, x: &Self::Buf, w: &Self::Buf, eps: f32, dim: usize, out: &mut Self::Buf) {
         self.inner.rms_norm(x, w, eps, dim, out)
@@ -242,6 +265,9 @@ impl<B: Backend> Backend for BrokenAttention<B> {
     }
     fn free_device_memory(&self) -> Option<usize> {
         self.inner.free_device_memory()
+    }
+    fn total_device_memory(&self) -> Option<usize> {
+        self.inner.total_device_memory()
     }
     fn set_op_profiling(&self, on: bool) -> bool {
         self.inner.set_op_profiling(on)

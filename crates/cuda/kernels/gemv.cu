@@ -1,0 +1,144 @@
+// Skinny GEMM for decode: out_m [T, N_m] = xb [T, K] @ W_m [N_m, K]^T for up to GEMV_MATRICES bf16
+// weight matrices that share the input, in one launch, for T <= 8 * GEMV_MAX_TOKEN_TILES rows. xb
+// is the activations already rounded to bf16 (`cast_f32_to_bf16`, as the cuBLAS path does).
+//
+// Decode reads every weight once per step, so this is a bandwidth kernel; it runs on the tensor
+// cores only so that the multiply-adds cost almost no instructions. A block owns 16 consecutive
+// output rows (of the group's concatenated rows); its GEMV_WARPS warps split K in interleaved
+// GEMV_CHUNK-column pieces and stream them with 16-byte loads, a whole piece's weight and
+// activation loads in flight before the first `mma.m16n8k16` (bf16 in, f32 accumulate). Each piece
+// is summed on the tensor cores from zero and added to the warp's f32 total (the tensor cores'
+// accumulation is exact enough over 128 columns, not over 17k); the warps' totals are added in warp
+// order through shared memory. Nothing in that order depends on T (more tokens only fill more
+// columns of the same products), so a row's result does not depend on what else is batched.
+//
+// K order inside a 32-column step: thread (group g = lane / 4, c = lane % 4) loads columns
+// 8c .. 8c+7 of rows g and g + 8 (and of token g). The mma's k index j in {2c, 2c+1, 2c+8, 2c+9} is
+// mapped to columns 8c + {0, 1, 2, 3} in the first mma and 8c + {4, 5, 6, 7} in the second, for the
+// weights and the activations alike: the sum over k is the same sum, each column once.
+
+#define GEMV_MATRICES 4
+#define GEMV_MAX_TOKEN_TILES 4
+#ifndef GEMV_WARPS
+#define GEMV_WARPS 8
+#endif
+// 32-column mma steps per piece, and the piece's width. Measured on the H200 (gate/up 2x17408x5120,
+// down 5120x17408, one token): 1 step 3.27 / 3.07 TB/s, 2 steps 3.08 / 2.97, 4 steps 2.41 / 2.20;
+// 4, 8 or 16 warps per block change it by less (docs/benchmarks.md).
+#ifndef GEMV_UNROLL
+#define GEMV_UNROLL 1
+#endif
+#define GEMV_CHUNK (32 * GEMV_UNROLL)
+
+struct GemvGroup {
+    const bf16_bits* w[GEMV_MATRICES];
+    float* out[GEMV_MATRICES];
+    // First global row of matrix m; first_row[count] is the total number of rows.
+    int first_row[GEMV_MATRICES + 1];
+    int count;
+};
+
+// Weights are read once per step: stream them past L1 so that the activations stay there.
+__device__ __forceinline__ uint4 load_streaming(const bf16_bits* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+// d += a (16x16, rows of W) * b (16x8, tokens), bf16 inputs, f32 accumulators.
+__device__ __forceinline__ void mma_bf16(float* d, unsigned int a0, unsigned int a1, unsigned int a2,
+                                         unsigned int a3, unsigned int b0, unsigned int b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// The matrix holding global row `row` of the group and the row's index in it; -1 past the end.
+__device__ __forceinline__ int group_row(const GemvGroup& group, int row, int* local) {
+    if (row >= group.first_row[group.count]) return -1;
+    int m = 0;
+    while (m + 1 < group.count && row >= group.first_row[m + 1]) ++m;
+    *local = row - group.first_row[m];
+    return m;
+}
+
+template <int TILES>
+__device__ __forceinline__ void gemv_block(const GemvGroup& group, const bf16_bits* __restrict__ xb, int tokens, int k) {
+    __shared__ float totals[GEMV_WARPS][TILES * 4][32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+    const int first = blockIdx.x * 16;
+    int local_lo = 0, local_hi = 0;
+    const int m_lo = group_row(group, first + g, &local_lo);
+    const int m_hi = group_row(group, first + g + 8, &local_hi);
+    const bf16_bits* w_lo = m_lo >= 0 ? group.w[m_lo] + (i64)local_lo * k : nullptr;
+    const bf16_bits* w_hi = m_hi >= 0 ? group.w[m_hi] + (i64)local_hi * k : nullptr;
+
+    float acc[TILES][4];
+#pragma unroll
+    for (int t = 0; t < TILES; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
+
+    for (int base = warp * GEMV_CHUNK; base < k; base += GEMV_WARPS * GEMV_CHUNK) {
+        uint4 wa[GEMV_UNROLL], wb[GEMV_UNROLL], xv[TILES][GEMV_UNROLL];
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; ++u) {
+            const int col = base + 32 * u + 8 * c;
+            const bool in = col < k;
+            wa[u] = (in && w_lo) ? load_streaming(w_lo + col) : make_uint4(0u, 0u, 0u, 0u);
+            wb[u] = (in && w_hi) ? load_streaming(w_hi + col) : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+            for (int t = 0; t < TILES; ++t) {
+                const int token = 8 * t + g;
+                xv[t][u] = (in && token < tokens) ? *(const uint4*)(xb + (i64)token * k + col)
+                                                  : make_uint4(0u, 0u, 0u, 0u);
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < TILES; ++t) {
+            float piece[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int u = 0; u < GEMV_UNROLL; ++u) {
+                mma_bf16(piece, wa[u].x, wb[u].x, wa[u].y, wb[u].y, xv[t][u].x, xv[t][u].y);
+                mma_bf16(piece, wa[u].z, wb[u].z, wa[u].w, wb[u].w, xv[t][u].z, xv[t][u].w);
+            }
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[t][i] += piece[i];
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < TILES; ++t)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) totals[warp][4 * t + i][lane] = acc[t][i];
+    __syncthreads();
+    if (warp != 0) return;
+    // acc[t]: rows g (0, 1) and g + 8 (2, 3) of the block's 16, tokens 8t + 2c and 8t + 2c + 1.
+#pragma unroll
+    for (int t = 0; t < TILES; ++t) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            float sum = 0.0f;
+            for (int w = 0; w < GEMV_WARPS; ++w) sum += totals[w][4 * t + i][lane];
+            const int token = 8 * t + 2 * c + (i & 1);
+            const int m = i < 2 ? m_lo : m_hi;
+            if (m < 0 || token >= tokens) continue;
+            const int n = group.first_row[m + 1] - group.first_row[m];
+            group.out[m][(i64)token * n + (i < 2 ? local_lo : local_hi)] = sum;
+        }
+    }
+}
+
+// Grid: ceil(first_row[count] / 16) blocks of 32 * GEMV_WARPS threads. Requires k % 8 == 0 and
+// 16-byte aligned weights and activations (checked by the launcher). One kernel per 8-token tile
+// count, so that the one-token kernel is not held to the registers of the 32-token one.
+#define GEMV_KERNEL(TILES)                                                                              \
+    extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)                                      \
+        gemv_bf16_t##TILES(const GemvGroup group, const bf16_bits* __restrict__ xb, int tokens, int k) { \
+        gemv_block<TILES>(group, xb, tokens, k);                                                        \
+    }
+GEMV_KERNEL(1)
+GEMV_KERNEL(2)
+GEMV_KERNEL(3)
+GEMV_KERNEL(4)

@@ -1,0 +1,114 @@
+//! The skinny-GEMM path of `matmul` for decode and verify (gemv.cu): up to `GEMV_MAX_TOKENS` rows
+//! against up to `GEMV_MATRICES` bf16 weight matrices that share their input, in one launch. cuBLAS
+//! picks GEMM tilings that leave bandwidth unused on these shapes and needs a separate cast of the
+//! activations per matrix; this path rounds the activations once per group and streams each weight
+//! byte once with 16-byte loads into tensor-core multiply-adds, K split over a block's warps.
+//! Larger batches and f32 weights go to cuBLAS (`gemm`).
+
+use crate::backend::{launch, CudaBackend};
+use crate::buffer::CudaBuf;
+use crate::mat::{CudaMat, MatData};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig};
+
+/// `8 * GEMV_MAX_TOKEN_TILES`, `GEMV_MATRICES` and `GEMV_WARPS` of gemv.cu; each block owns 16 rows.
+pub(crate) const GEMV_MAX_TOKENS: usize = 32;
+const GEMV_MATRICES: usize = 4;
+const GEMV_WARPS: usize = 8;
+const ROWS_PER_BLOCK: usize = 16;
+
+/// `GemvGroup` of gemv.cu, field for field.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct GemvGroup {
+    w: [u64; GEMV_MATRICES],
+    out: [u64; GEMV_MATRICES],
+    first_row: [i32; GEMV_MATRICES + 1],
+    count: i32,
+}
+
+// SAFETY: `GemvGroup` is `repr(C)` with the field types and order of the CUDA struct (8-byte
+// pointers, then 32-bit ints), so its bytes are what the kernel expects as a by-value parameter.
+unsafe impl DeviceRepr for GemvGroup {}
+
+impl CudaBackend {
+    /// Whether `matmul_group` can take the GEMV path for these matrices and this many rows: bf16
+    /// weights whose rows are whole 16-byte vectors, one shared input width, few rows.
+    pub(crate) fn gemv_applies(ws: &[&CudaMat], tokens: usize) -> bool {
+        let Some(first) = ws.first() else {
+            return false;
+        };
+        let k = first.cols;
+        (1..=GEMV_MAX_TOKENS).contains(&tokens)
+            && k > 0
+            && k % 8 == 0
+            && ws
+                .iter()
+                .all(|w| w.cols == k && w.rows > 0 && matches!(w.data, MatData::Bf16(_)))
+            && ws.iter().map(|w| w.rows).sum::<usize>() < i32::MAX as usize
+    }
+
+    /// `outs[i] [tokens, rows_i] = bf16(x) @ ws[i]^T`; the caller checked `gemv_applies` and the
+    /// buffer lengths.
+    pub(crate) fn gemv_op(
+        &self,
+        x: &CudaBuf,
+        ws: &[&CudaMat],
+        outs: &mut [&mut CudaBuf],
+        tokens: usize,
+    ) {
+        let k = ws[0].cols;
+        // The activations rounded to bf16 once for the whole group (as the cuBLAS path does).
+        let mut x_bf16: CudaSlice<u16> =
+            self.alloc_for_overwrite("gemv bf16 activations", tokens * k);
+        let len = (tokens * k) as i64;
+        // Contract: x holds tokens * k values (checked by the callers); x_bf16 is that long.
+        launch!(
+            self,
+            "cast_f32_to_bf16",
+            Self::elementwise_config(tokens * k),
+            &x.data,
+            &mut x_bf16,
+            &len
+        );
+        for (chunk_w, chunk_out) in ws.chunks(GEMV_MATRICES).zip(outs.chunks_mut(GEMV_MATRICES)) {
+            let mut group = GemvGroup {
+                count: chunk_w.len() as i32,
+                ..GemvGroup::default()
+            };
+            let mut guards = Vec::with_capacity(2 * chunk_w.len());
+            let mut rows = 0usize;
+            for (m, (w, out)) in chunk_w.iter().zip(chunk_out.iter_mut()).enumerate() {
+                let MatData::Bf16(data) = &w.data else {
+                    unreachable!("gemv_applies admits bf16 matrices only")
+                };
+                let (w_ptr, w_guard) = data.device_ptr(&self.stream);
+                let (out_ptr, out_guard) = out.data.device_ptr_mut(&self.stream);
+                guards.push(w_guard);
+                guards.push(out_guard);
+                group.w[m] = w_ptr;
+                group.out[m] = out_ptr;
+                group.first_row[m] = rows as i32;
+                rows += w.rows;
+            }
+            group.first_row[chunk_w.len()] = rows as i32;
+            let cfg = LaunchConfig {
+                grid_dim: (rows.div_ceil(ROWS_PER_BLOCK) as u32, 1, 1),
+                block_dim: (32 * GEMV_WARPS as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let (t32, k32) = (tokens as i32, k as i32);
+            // Contract: every matrix is bf16 [rows_m, k] with k % 8 == 0 (gemv_applies), so each
+            // row starts 16-byte aligned (and each x_bf16 row too); tokens <= GEMV_MAX_TOKENS;
+            // x_bf16 holds tokens * k bf16 and each out tokens * rows_m f32
+            // (checked by the callers); first_row partitions the grid's rows among the matrices.
+            let kernel = match tokens.div_ceil(8) {
+                1 => "gemv_bf16_t1",
+                2 => "gemv_bf16_t2",
+                3 => "gemv_bf16_t3",
+                _ => "gemv_bf16_t4",
+            };
+            launch!(self, kernel, cfg, &group, &x_bf16, &t32, &k32);
+            drop(guards);
+        }
+    }
+}
