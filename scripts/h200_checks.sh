@@ -3,7 +3,7 @@
 # directory holding the release binary and the cuda test binaries built on another machine
 # (`cargo build --release` + `cargo test -p deltaserve-cuda --release --no-run`, copied there), and a
 # folder for the logs. Part `checks`: every GPU test, doctor on the demo model and the fixtures, serve
-# with MTP + smoke + bench serve. Part `bench`: the Qwen3.6-27B-shaped dummy model, with and without
+# with MTP + smoke + bench serve. Part `perf`: issue 12's decode figures against same-run floors. Part `bench`: the Qwen3.6-27B-shaped dummy model, with and without
 # MTP, profiled, with the device's read bandwidth; then transformers on the same GPU as the peer.
 set -u
 bins=${1:?binary directory}
@@ -53,4 +53,22 @@ if [ "$part" = bench ]; then
   python3 scripts/bench_transformers.py --device cuda --config $m/config.json --prefill-len 512 \
     --decode-len 32 >"$out/transformers-27b.json" 2>"$out/transformers-27b.err"
   echo "transformers 27b: rc=$?"
+fi
+
+if [ "$part" = perf ]; then
+  # Issue 12's figures, each against a floor measured in the same run: the cuBLAS GEMV sweep + CUDA
+  # graph (scripts/gemv_floor.py) and the device's read bandwidth, for the 27B and 9B shapes; batched
+  # decode (batch 1 vs 16 through the same path); MTP k=3 with forced acceptance.
+  for shape in qwen3.6-27b qwen3.5-9b; do
+    m=examples/$shape
+    python3 scripts/gemv_floor.py --config $m/config.json >"$out/floor-$shape.json" 2>"$out/floor-$shape.err"
+    echo "gemv floor $shape: rc=$? $(cat "$out/floor-$shape.json")"
+    "$ds" bench --backend cuda --model-path $m --load-format dummy --prefill-len 512 --decode-len 64 \
+      --measure-bandwidth --batch 16 --json >"$out/bench-$shape.json" 2>"$out/bench-$shape.err"
+    echo "bench $shape: rc=$?"
+  done
+  m=examples/qwen3.6-27b
+  "$ds" bench --backend cuda --model-path $m --load-format dummy --prefill-len 512 --decode-len 32 \
+    --speculative-num-steps 3 --profile --json >"$out/bench-qwen3.6-27b-mtp3-profile.json" 2>"$out/bench-27b-mtp3.err"
+  echo "bench 27b mtp3 + profile: rc=$?"
 fi

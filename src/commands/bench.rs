@@ -65,6 +65,11 @@ pub struct BenchArgs {
     /// selection and first-touch allocation stay out of the numbers.
     #[arg(long, default_value_t = 1)]
     pub warmup: usize,
+    /// Also run batched decode: for each B (comma-separated), B sequences each prefilled with
+    /// --prefill-len tokens, then --decode-len steps that decode all of them at once; reports each
+    /// step time and its ratio to a batch-1 step through the same path.
+    #[arg(long = "batch", value_delimiter = ',')]
+    pub batch: Vec<usize>,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -233,6 +238,10 @@ fn print_profile(name: &str, phase: &Phase) {
 pub fn run(mut args: BenchArgs) -> Result<()> {
     args.model = args.model.resolved()?;
     anyhow::ensure!(args.prefill_len > 0, "--prefill-len must be at least 1");
+    anyhow::ensure!(
+        args.batch.iter().all(|&b| b > 0),
+        "--batch: every batch size must be at least 1"
+    );
     let k = args.speculative_num_steps;
     let config = ModelConfig::from_dir(&args.model.model_path)
         .with_context(|| format!("--model-path {}", args.model.model_path.display()))?;
@@ -252,6 +261,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
         warmup: args.warmup,
         profile: args.profile,
         measure_bandwidth: args.measure_bandwidth,
+        batches: args.batch.clone(),
     };
     let measured = with_model!(&model, m => measure(m, &plan))?;
     drop(model);
@@ -322,10 +332,31 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
         }
         (Value::Object(ops), Value::Object(summaries))
     });
+    let batch1_step = measured
+        .batched
+        .iter()
+        .find(|(b, _)| *b == 1)
+        .map(|(_, p)| p.median_s());
+    let batched: Vec<Value> = measured
+        .batched
+        .iter()
+        .map(|(b, phase)| {
+            let step = phase.median_s();
+            json!({
+                "batch": b,
+                "steps": phase.step_s.len(),
+                "step_ms_median": step * 1e3,
+                "tokens_per_s": *b as f64 / step,
+                "step_ratio_to_batch_1": batch1_step.map(|one| step / one),
+            })
+        })
+        .collect();
     let report = json!({
         "model": args.model.model_path,
         "load_format": format!("{:?}", args.model.load_format).to_lowercase(),
         "backend": backend,
+        "batch": 1,
+        "tp_size": 1,
         "threads": threads,
         "load_seconds": load_s,
         "timings": "un-profiled run after the warm-up; profile numbers come from a separate run",
@@ -343,6 +374,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
         "roofline_fraction": bandwidth.map(|b| decode_bandwidth / b),
         "decode_tokens_per_s_at_roofline": bandwidth.map(|b| b / weight_bytes as f64),
         "speculative": speculative,
+        "batched_decode": batched,
         "profile_supported": profiled.map(Option::is_some),
         "profile": profile.as_ref().map(|p| &p.0),
         "profile_phases": profile.as_ref().map(|p| &p.1),
@@ -404,6 +436,17 @@ fn print_table(args: &BenchArgs, r: &Value, measured: &Measured, threads: usize)
             g("weight_bytes_per_step") / 1e9,
             g("mtp_forward_weight_bytes") / 1e9,
             g("weight_gb_per_s")
+        );
+    }
+    for b in r["batched_decode"].as_array().into_iter().flatten() {
+        let g = |key: &str| b[key].as_f64().unwrap_or(f64::NAN);
+        println!(
+            "batch {:<9} step {:.2} ms (median of {}), {:.1} tok/s, {:.2}x the batch-1 step",
+            b["batch"],
+            g("step_ms_median"),
+            b["steps"],
+            g("tokens_per_s"),
+            g("step_ratio_to_batch_1")
         );
     }
     if let Some(source) = r["read_bandwidth_source"].as_str() {

@@ -5,7 +5,7 @@
 use deltaserve_model::{
     argmax, CacheGeometry, ForwardInput, HybridCache, Model, MtpError, MtpInput,
 };
-use deltaserve_tensor::{Backend, BatchLayout, OpTiming, SeqLayout};
+use deltaserve_tensor::{Backend, BatchLayout, OpTiming, RowSampling, SeqLayout};
 use std::time::Instant;
 
 /// Tokens per paged-KV block of the bench's private caches.
@@ -148,6 +148,80 @@ pub fn plain_run<B: Backend>(
     bar.finish_and_clear();
     profiler.take_into(&mut decode);
     PlainRun { prefill, decode }
+}
+
+/// Decode steps of `batch` sequences at once, as a serving engine runs them: each sequence is
+/// prefilled with `prefill_len` tokens (one forward each, untimed), then every step feeds all of
+/// them one token and picks each next token greedily (on the device when the backend samples
+/// there, so the logits stay put as in `serve`).
+pub fn batched_decode_run<B: Backend>(
+    m: &Model<B>,
+    batch: usize,
+    prefill_len: usize,
+    decode_len: usize,
+) -> Phase {
+    let blocks_per_seq = (prefill_len + decode_len + 1).div_ceil(BLOCK_SIZE);
+    let geometry = CacheGeometry {
+        num_blocks: (batch * blocks_per_seq).max(1),
+        block_size: BLOCK_SIZE,
+        state_slots: batch,
+        mtp: false,
+    };
+    let mut cache = HybridCache::new(&m.backend, &m.config, geometry);
+    let seq_blocks = |i: usize| -> Vec<u32> {
+        ((i * blocks_per_seq) as u32..((i + 1) * blocks_per_seq) as u32).collect()
+    };
+    let vocab = m.config.vocab_size;
+    let pick = |logits: &B::Buf, rows: usize| -> Vec<u32> {
+        let requests: Vec<RowSampling> = (0..rows as u32).map(RowSampling::greedy).collect();
+        m.backend
+            .sample_rows(logits, vocab, &requests)
+            .unwrap_or_else(|| {
+                m.backend
+                    .to_host(logits)
+                    .chunks_exact(vocab)
+                    .map(argmax)
+                    .collect()
+            })
+    };
+    let mut next = Vec::with_capacity(batch);
+    for i in 0..batch {
+        cache.reset_slot(&m.backend, i);
+        // Each sequence its own prompt, so the batch does not compute one row B times.
+        let prompt: Vec<u32> = prompt_tokens(vocab, prefill_len + i)[i..].to_vec();
+        let layout = BatchLayout::packed(BLOCK_SIZE, [(prefill_len, 0, seq_blocks(i), i)]);
+        let out = m.forward(
+            &ForwardInput {
+                tokens: &prompt,
+                batch: &layout,
+                logit_rows: &[prefill_len as u32 - 1],
+                hidden_rows: &[],
+            },
+            &mut cache,
+        );
+        next.push(pick(&out.logits, 1)[0]);
+    }
+    let rows: Vec<u32> = (0..batch as u32).collect();
+    let mut phase = Phase::default();
+    for step in 0..decode_len {
+        let t0 = Instant::now();
+        let layout = BatchLayout::packed(
+            BLOCK_SIZE,
+            (0..batch).map(|i| (1, prefill_len + step, seq_blocks(i), i)),
+        );
+        let out = m.forward(
+            &ForwardInput {
+                tokens: &next,
+                batch: &layout,
+                logit_rows: &rows,
+                hidden_rows: &[],
+            },
+            &mut cache,
+        );
+        next = pick(&out.logits, batch);
+        phase.step_s.push(t0.elapsed().as_secs_f64());
+    }
+    phase
 }
 
 /// The single sequence of a speculative run: its cache, block table and snapshot slots.
@@ -336,6 +410,8 @@ pub struct RunPlan {
     pub warmup: usize,
     pub profile: bool,
     pub measure_bandwidth: bool,
+    /// Batch sizes of the batched decode runs (empty: none).
+    pub batches: Vec<usize>,
 }
 
 /// The runs of the profiled pass (`--profile` on a backend that can time its ops).
@@ -352,6 +428,8 @@ pub struct Measured {
     /// `None`: not asked; `Some(None)`: asked, the backend cannot profile.
     pub profiled: Option<Option<Profiled>>,
     pub device_bandwidth: Option<f64>,
+    /// `(batch size, its decode steps)` for each batched run, batch 1 first.
+    pub batched: Vec<(usize, Phase)>,
 }
 
 /// Warm-up, then the un-profiled runs whose timings are reported, then (with `--profile`) the same
@@ -389,6 +467,17 @@ pub fn measure<B: Backend>(m: &Model<B>, plan: &RunPlan) -> anyhow::Result<Measu
     } else {
         Some(None)
     };
+    let mut batches: Vec<usize> = plan.batches.clone();
+    if !batches.is_empty() {
+        // Batch 1 through the same path is the baseline each batch size is compared with.
+        batches.push(1);
+    }
+    batches.sort_unstable();
+    batches.dedup();
+    let batched = batches
+        .into_iter()
+        .map(|b| (b, batched_decode_run(m, b, prefill, steps)))
+        .collect();
     let device_bandwidth = if plan.measure_bandwidth {
         m.backend.measure_device_read_bandwidth()
     } else {
@@ -400,5 +489,6 @@ pub fn measure<B: Backend>(m: &Model<B>, plan: &RunPlan) -> anyhow::Result<Measu
         speculative,
         profiled,
         device_bandwidth,
+        batched,
     })
 }
