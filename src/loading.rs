@@ -5,7 +5,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 /// The same backend and load-format choices as `serve` (one definition, in the api crate).
 pub use deltaserve_api::{BackendKind, CpuMatmulPrecision as CpuPrecision, LoadFormat};
-use deltaserve_cuda::CudaBackend;
+use deltaserve_cuda::{CudaBackend, CudaOptions, GemmPrecision};
 use deltaserve_model::config::ModelConfig;
 use deltaserve_model::dummy::DummySource;
 use deltaserve_model::safetensors::SafetensorsSource;
@@ -37,6 +37,11 @@ pub struct ModelArgs {
     /// twice the prefill throughput, ~1.5e-3 relative error; still batch-invariant).
     #[arg(long = "cpu-matmul-precision", value_enum, default_value_t = CpuPrecision::F32)]
     pub cpu_matmul_precision: CpuPrecision,
+    /// How the cuda backend multiplies: `bf16` (weights and activations in bf16, f32 accumulation;
+    /// the serving default) or `f32` (f32 weights and pedantic f32 GEMMs: twice the memory, for
+    /// checking the backend against transformers without bf16 rounding in the way).
+    #[arg(long = "cuda-matmul-precision", value_enum, default_value_t = CpuPrecision::Bf16)]
+    pub cuda_matmul_precision: CpuPrecision,
     /// Attention implementation. The CPU backends have one (`native`); `diagnostic-broken-attention`
     /// deliberately computes attention wrongly, to show doctor, the canary and the detector at work.
     #[arg(long = "attention-backend", default_value = "native")]
@@ -155,8 +160,15 @@ pub fn load_model(args: &ModelArgs) -> Result<AnyModel> {
                 AnyModel::Cpu(build(cpu_backend(args)?, config, source.as_ref(), dir)?)
             }
             BackendKind::Cuda => {
-                let backend =
-                    CudaBackend::new(0).map_err(|e| anyhow::anyhow!("--backend cuda: {e}"))?;
+                let options = CudaOptions {
+                    gemm_precision: match args.cuda_matmul_precision {
+                        CpuPrecision::F32 => GemmPrecision::F32,
+                        CpuPrecision::Bf16 => GemmPrecision::Bf16,
+                    },
+                    ..CudaOptions::default()
+                };
+                let backend = CudaBackend::with_options(0, options)
+                    .map_err(|e| anyhow::anyhow!("--backend cuda: {e}"))?;
                 eprintln!(
                     "cuda: {} (compute capability {:?})",
                     backend.device_name(),

@@ -5,7 +5,7 @@ use crate::loading::{load_model, with_model, AnyModel, ModelArgs};
 use anyhow::{Context, Result};
 use deltaserve_api::{AppState, HealthStatus, ServeArgs, ServerConfig};
 use deltaserve_doctor::canary::{judge, CanaryOutcome, CanarySpec};
-use deltaserve_engine::pool_plan::{plan_pools, PoolPlan, PoolRequest};
+use deltaserve_engine::pool_plan::{plan_pools, Memory, PoolPlan, PoolRequest};
 use deltaserve_engine::{
     EngineConfig, EngineEvent, EngineHandle, GenerationRequest, LocalEngine, SamplingParams,
     SharedEngine, SpecConfig,
@@ -39,6 +39,7 @@ fn model_args(args: &ServeArgs) -> ModelArgs {
         load_format: args.load_format,
         threads: args.threads.unwrap_or(0),
         cpu_matmul_precision: args.cpu_matmul_precision,
+        cuda_matmul_precision: args.cuda_matmul_precision,
         attention_backend: match args.attention_backend.as_deref() {
             None | Some("auto") => "native".to_string(),
             Some(name) => name.to_string(),
@@ -187,10 +188,15 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
             mem_fraction_static: args.mem_fraction_static.map(f64::from),
             page_size: args.page_size.unwrap_or(DEFAULT_PAGE_SIZE),
             speculative_steps: spec.as_ref().map_or(0, |s| s.num_steps),
+            kv_element_bytes: std::mem::size_of::<f32>(),
         };
-        // GPU backends plan from the device's free memory (after the weights), CPU ones from the host's.
-        let free = with_model!(&model, m => m.backend.free_device_memory()).unwrap_or_else(available_memory_bytes);
-        let plan = plan_pools(&config, &request, free)?;
+        // GPU backends plan from the device's memory (SGLang's rules), CPU ones from the host's.
+        let device = with_model!(&model, m => m.backend.free_device_memory().zip(m.backend.total_device_memory()));
+        let memory = match device {
+            Some((free, total)) => Memory::Device { free, total },
+            None => Memory::Host { available: available_memory_bytes() },
+        };
+        let plan = plan_pools(&config, &request, memory)?;
         let chunk = args.chunked_prefill_tokens().unwrap_or(DEFAULT_CHUNKED_PREFILL).max(1);
         let engine_config = EngineConfig {
             max_running_requests: plan.max_running_requests,

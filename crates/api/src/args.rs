@@ -104,6 +104,10 @@ pub struct ServeArgs {
     /// (activations rounded to bf16, AVX512_BF16 dot products: faster prefill, ~1.5e-3 relative error).
     #[arg(long = "cpu-matmul-precision", value_enum, default_value_t = CpuMatmulPrecision::F32)]
     pub cpu_matmul_precision: CpuMatmulPrecision,
+    /// How the cuda backend multiplies: `bf16` (the default) or `f32` (f32 weights, pedantic f32
+    /// GEMMs: for checking against transformers without bf16 rounding).
+    #[arg(long = "cuda-matmul-precision", value_enum, default_value_t = CpuMatmulPrecision::Bf16)]
+    pub cuda_matmul_precision: CpuMatmulPrecision,
     /// /health runs a one-token generation when none finished in this many seconds.
     #[arg(long, default_value_t = 30)]
     pub health_generate_interval: u64,

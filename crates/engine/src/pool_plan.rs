@@ -1,7 +1,15 @@
 //! Sizing the two cache pools at start-up from the flags and the memory left after loading weights:
 //! paged KV blocks for the full-attention layers (MTP layer included) and state slots for the GDN
 //! layers (plus snapshot slots for speculative decoding). Memory is planned, not discovered: the plan
-//! is printed, and impossible combinations are errors that name the flags.
+//! is printed with how each number was derived, and impossible combinations are errors that name
+//! the flags.
+//!
+//! On a device (the GPU) the rules are SGLang's: `--mem-fraction-static` is the share of the
+//! device's *total* memory for everything static (weights and both pools), the rest is left for
+//! activations and the runtime; the pool budget is split between state slots and KV by
+//! `--mamba-full-memory-ratio`, and unless `--max-running-requests` says otherwise the number of
+//! running requests is what the state slots hold. On the host (cpu backends) the defaults stay
+//! modest: 30 % of the available memory and 16 running requests.
 
 use deltaserve_model::config::ModelConfig;
 
@@ -16,12 +24,24 @@ pub struct PoolRequest {
     pub max_mamba_cache_size: Option<usize>,
     /// `--mamba-full-memory-ratio`: state-pool bytes / KV-pool bytes when both are derived from memory.
     pub mamba_full_memory_ratio: Option<f64>,
-    /// `--mem-fraction-static`: fraction of the memory left after the weights given to the pools.
+    /// `--mem-fraction-static`: on a device, the fraction of its total memory for weights and pools;
+    /// on the host, the fraction of the available memory given to the pools.
     pub mem_fraction_static: Option<f64>,
     /// `--page-size`: tokens per KV block.
     pub page_size: usize,
     /// Speculative draft steps k (0 = off); each running sequence then needs k + 1 snapshot slots.
     pub speculative_steps: usize,
+    /// Bytes of one KV element as the backend stores the cache (4 for f32, 2 for bf16).
+    pub kv_element_bytes: usize,
+}
+
+/// The memory the pools are planned from, measured after the weights were loaded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Memory {
+    /// A device of `total` bytes with `free` bytes left after the weights (SGLang's rules).
+    Device { free: usize, total: usize },
+    /// Host memory with `available` bytes (modest defaults).
+    Host { available: usize },
 }
 
 /// The decided sizes.
@@ -71,14 +91,14 @@ fn flag_error(flag: &'static str, value: impl ToString, why: impl Into<String>) 
     }
 }
 
-/// Bytes of KV per token over the full-attention layers (and the MTP layer when speculating), f32
-/// as the CPU backends store it.
-pub fn kv_bytes_per_token(config: &ModelConfig, with_mtp: bool) -> usize {
+/// Bytes of KV per token over the full-attention layers (and the MTP layer when speculating), with
+/// `element_bytes` per stored value.
+pub fn kv_bytes_per_token(config: &ModelConfig, with_mtp: bool, element_bytes: usize) -> usize {
     let layers = (0..config.num_hidden_layers)
         .filter(|&i| config.is_full_attention(i))
         .count()
         + usize::from(with_mtp);
-    layers * 2 * config.num_key_value_heads * config.head_dim * 4
+    layers * 2 * config.num_key_value_heads * config.head_dim * element_bytes
 }
 
 /// Bytes of one state slot over all GDN layers: the conv window and the f32 recurrent state.
@@ -92,14 +112,23 @@ pub fn state_bytes_per_slot(config: &ModelConfig) -> usize {
     layers * (conv + ssm) * 4
 }
 
-const DEFAULT_MAX_RUNNING: usize = 16;
-const DEFAULT_MEM_FRACTION: f64 = 0.3;
+/// Host defaults: a modest share of the machine, a modest concurrency.
+const HOST_MAX_RUNNING: usize = 16;
+const HOST_MEM_FRACTION: f64 = 0.3;
+/// Device defaults. SGLang leaves ~10-15 % of a large GPU for activations and CUDA graphs; our
+/// activations at the default prefill chunk fit well inside 15 % of an 80-141 GB device.
+const DEVICE_MEM_FRACTION: f64 = 0.85;
+/// SGLang's default split of a hybrid model's pool budget: state bytes / KV bytes.
+const DEVICE_MAMBA_FULL_MEMORY_RATIO: f64 = 0.9;
+/// Running requests derived from memory are capped here (the scheduler's batch, not the pools,
+/// becomes the limit beyond it).
+const DEVICE_MAX_RUNNING_CAP: usize = 512;
 
-/// Plans the pools given `free_bytes` of memory left after the weights.
+/// Plans the pools given the memory measured after the weights were loaded.
 pub fn plan_pools(
     config: &ModelConfig,
     request: &PoolRequest,
-    free_bytes: usize,
+    memory: Memory,
 ) -> Result<PoolPlan, PlanError> {
     let block_size = request.page_size;
     if block_size == 0 {
@@ -110,11 +139,21 @@ pub fn plan_pools(
     } else {
         0
     };
-    let kv_per_token = kv_bytes_per_token(config, request.speculative_steps > 0);
+    let kv_per_token = kv_bytes_per_token(
+        config,
+        request.speculative_steps > 0,
+        request.kv_element_bytes.max(1),
+    );
     let state_per_slot = state_bytes_per_slot(config);
     let mut notes = Vec::new();
 
-    let fraction = request.mem_fraction_static.unwrap_or(DEFAULT_MEM_FRACTION);
+    let on_device = matches!(memory, Memory::Device { .. });
+    let default_fraction = if on_device {
+        DEVICE_MEM_FRACTION
+    } else {
+        HOST_MEM_FRACTION
+    };
+    let fraction = request.mem_fraction_static.unwrap_or(default_fraction);
     if !(fraction > 0.0 && fraction <= 1.0) {
         return Err(flag_error(
             "--mem-fraction-static",
@@ -122,7 +161,72 @@ pub fn plan_pools(
             "must be in (0, 1]",
         ));
     }
-    let budget = (free_bytes as f64 * fraction) as usize;
+    let budget = match memory {
+        Memory::Device { free, total } => {
+            let reserved = ((1.0 - fraction) * total as f64) as usize;
+            let budget = free.saturating_sub(reserved);
+            if budget == 0 {
+                return Err(flag_error(
+                    "--mem-fraction-static",
+                    fraction,
+                    format!(
+                        "{fraction} x {} device total leaves nothing for the cache pools: the weights and runtime already use {} (raise it, SGLang's meaning: the share of the whole device for weights and pools)",
+                        human(total),
+                        human(total.saturating_sub(free))
+                    ),
+                ));
+            }
+            notes.push(format!(
+                "pools get {} = {} free after the weights - {} reserved ((1 - --mem-fraction-static {fraction}) x {} device total)",
+                human(budget), human(free), human(reserved), human(total)
+            ));
+            budget
+        }
+        Memory::Host { available } => {
+            let budget = (available as f64 * fraction) as usize;
+            notes.push(format!(
+                "pools get {} = --mem-fraction-static {fraction} x {} available host memory",
+                human(budget),
+                human(available)
+            ));
+            budget
+        }
+    };
+    // On a device with neither concurrency flag, the state pool's share of the budget decides how
+    // many requests run (SGLang's rule), instead of a constant.
+    let derive_running = on_device
+        && request.max_running_requests.is_none()
+        && request.max_mamba_cache_size.is_none()
+        && request.max_total_tokens.is_none();
+    let ratio = match request.mamba_full_memory_ratio {
+        Some(r) if r > 0.0 => Some(r),
+        Some(r) => {
+            return Err(flag_error(
+                "--mamba-full-memory-ratio",
+                r,
+                "must be positive",
+            ))
+        }
+        None if derive_running => Some(DEVICE_MAMBA_FULL_MEMORY_RATIO),
+        None => None,
+    };
+    let derived_running = if derive_running {
+        let ratio = ratio.unwrap_or(DEVICE_MAMBA_FULL_MEMORY_RATIO);
+        let state_budget = (budget as f64 * ratio / (1.0 + ratio)) as usize;
+        let per_request = state_per_slot * (1 + snapshots);
+        let fit = state_budget / per_request.max(1);
+        let running = fit.clamp(1, DEVICE_MAX_RUNNING_CAP);
+        notes.push(format!(
+            "max running {running}: the state pool's share {} (--mamba-full-memory-ratio {ratio}: state/KV) holds {fit} requests of {} ({} slot(s) each){}",
+            human(state_budget),
+            human(per_request),
+            1 + snapshots,
+            if fit > DEVICE_MAX_RUNNING_CAP { format!(", capped at {DEVICE_MAX_RUNNING_CAP}") } else { String::new() }
+        ));
+        Some(running)
+    } else {
+        None
+    };
 
     let max_running = match (request.max_running_requests, request.max_mamba_cache_size) {
         (Some(0), _) => {
@@ -134,7 +238,7 @@ pub fn plan_pools(
         }
         (Some(n), _) => n,
         (None, Some(slots)) => slots,
-        (None, None) => DEFAULT_MAX_RUNNING,
+        (None, None) => derived_running.unwrap_or(HOST_MAX_RUNNING),
     };
     let running_slots = match request.max_mamba_cache_size {
         Some(0) => {
@@ -157,18 +261,11 @@ pub fn plan_pools(
     let kv_tokens = match request.max_total_tokens {
         Some(tokens) => tokens,
         None => {
-            let kv_budget = match request.mamba_full_memory_ratio {
-                Some(ratio) if ratio > 0.0 => (budget as f64 / (1.0 + ratio)) as usize,
-                Some(ratio) => {
-                    return Err(flag_error(
-                        "--mamba-full-memory-ratio",
-                        ratio,
-                        "must be positive",
-                    ))
-                }
+            let kv_budget = match ratio {
+                Some(ratio) => (budget as f64 / (1.0 + ratio)) as usize,
                 None => budget.saturating_sub(state_bytes),
             };
-            if request.mamba_full_memory_ratio.is_none() && state_bytes > budget {
+            if ratio.is_none() && state_bytes > budget {
                 return Err(flag_error(
                     "--max-running-requests",
                     max_running,
@@ -214,6 +311,16 @@ pub fn plan_pools(
     })
 }
 
+/// Bytes in GiB (or MiB below one GiB) for the plan's notes.
+fn human(bytes: usize) -> String {
+    let gib = bytes as f64 / (1u64 << 30) as f64;
+    if gib >= 1.0 {
+        format!("{gib:.1} GiB")
+    } else {
+        format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -236,8 +343,9 @@ mod tests {
         let ssm = 48 * 48 * 128 * 128 * 4;
         assert_eq!(ssm, 144 << 20);
         assert_eq!(state_bytes_per_slot(&c), ssm + 48 * 3 * 10240 * 4);
+        assert_eq!(kv_bytes_per_token(&c, false, 2), 64 << 10);
         assert_eq!(
-            kv_bytes_per_token(&c, false),
+            kv_bytes_per_token(&c, false, 4),
             2 * (64 << 10),
             "f32 KV is twice the bf16 64 KiB"
         );
@@ -248,11 +356,19 @@ mod tests {
         let c = qwen35_27b();
         let req = PoolRequest {
             page_size: 16,
+            kv_element_bytes: 4,
             max_running_requests: Some(4),
             speculative_steps: 3,
             ..Default::default()
         };
-        let plan = plan_pools(&c, &req, 100 << 30).unwrap();
+        let plan = plan_pools(
+            &c,
+            &req,
+            Memory::Host {
+                available: 100 << 30,
+            },
+        )
+        .unwrap();
         assert_eq!(
             plan.state_slots,
             4 * (1 + 4),
@@ -264,10 +380,13 @@ mod tests {
             &c,
             &PoolRequest {
                 page_size: 16,
+                kv_element_bytes: 4,
                 max_running_requests: Some(400),
                 ..Default::default()
             },
-            10 << 30,
+            Memory::Host {
+                available: 10 << 30,
+            },
         );
         assert!(matches!(
             too_small,
@@ -280,11 +399,14 @@ mod tests {
             &c,
             &PoolRequest {
                 page_size: 16,
+                kv_element_bytes: 4,
                 max_total_tokens: Some(1000),
                 context_length: Some(4096),
                 ..Default::default()
             },
-            100 << 30,
+            Memory::Host {
+                available: 100 << 30,
+            },
         );
         assert!(matches!(
             ctx,
@@ -297,14 +419,115 @@ mod tests {
             &c,
             &PoolRequest {
                 page_size: 16,
+                kv_element_bytes: 4,
                 max_running_requests: Some(8),
                 max_mamba_cache_size: Some(2),
                 ..Default::default()
             },
-            100 << 30,
+            Memory::Host {
+                available: 100 << 30,
+            },
         )
         .unwrap();
         assert_eq!(bounded.max_running_requests, 2);
-        assert!(bounded.notes[0].contains("--max-mamba-cache-size"));
+        assert!(bounded
+            .notes
+            .iter()
+            .any(|n| n.contains("--max-mamba-cache-size")));
+    }
+
+    /// An H200 after loading the 27B's bf16 weights: 139 GiB total, 85 GiB free.
+    const H200: Memory = Memory::Device {
+        free: 85 << 30,
+        total: 139 << 30,
+    };
+
+    #[test]
+    fn device_defaults_follow_sglang() {
+        let c = qwen35_27b();
+        let req = PoolRequest {
+            page_size: 16,
+            kv_element_bytes: 2,
+            ..Default::default()
+        };
+        let plan = plan_pools(&c, &req, H200).unwrap();
+        let budget =
+            (85usize << 30) - ((1.0 - DEVICE_MEM_FRACTION) * (139u64 << 30) as f64) as usize;
+        assert!(plan.kv_bytes() + plan.state_bytes() <= budget);
+        // The state pool's share (0.9 / 1.9 of the budget) in 150 MB slots, one per request.
+        let state_share = (budget as f64 * 0.9 / 1.9) as usize;
+        assert_eq!(
+            plan.max_running_requests,
+            state_share / plan.state_bytes_per_slot
+        );
+        assert!(plan.max_running_requests > 64, "{plan:?}");
+        assert_eq!(plan.state_slots, plan.max_running_requests);
+        assert!(plan
+            .notes
+            .iter()
+            .any(|n| n.contains("--mamba-full-memory-ratio")));
+        assert!(plan.notes.iter().any(|n| n.contains("reserved")));
+
+        // With MTP k=3 every request holds 1 + 4 slots, so fewer run.
+        let spec = plan_pools(
+            &c,
+            &PoolRequest {
+                speculative_steps: 3,
+                ..req.clone()
+            },
+            H200,
+        )
+        .unwrap();
+        assert_eq!(
+            spec.max_running_requests,
+            state_share / (5 * spec.state_bytes_per_slot)
+        );
+        assert_eq!(spec.state_slots, 5 * spec.max_running_requests);
+
+        // A flag wins over the derivation.
+        let fixed = plan_pools(
+            &c,
+            &PoolRequest {
+                max_running_requests: Some(8),
+                ..req.clone()
+            },
+            H200,
+        )
+        .unwrap();
+        assert_eq!(fixed.max_running_requests, 8);
+    }
+
+    #[test]
+    fn device_fraction_counts_the_weights() {
+        let c = qwen35_27b();
+        let req = PoolRequest {
+            page_size: 16,
+            kv_element_bytes: 2,
+            mem_fraction_static: Some(0.3),
+            ..Default::default()
+        };
+        // 30 % of 139 GiB is less than the 54 GiB the weights already use: nothing is left.
+        let err = plan_pools(&c, &req, H200).unwrap_err();
+        assert!(err.to_string().contains("--"), "{err}");
+    }
+
+    #[test]
+    fn host_defaults_stay_modest() {
+        let c = qwen35_27b();
+        let req = PoolRequest {
+            page_size: 16,
+            kv_element_bytes: 4,
+            ..Default::default()
+        };
+        let plan = plan_pools(
+            &c,
+            &req,
+            Memory::Host {
+                available: 100 << 30,
+            },
+        )
+        .unwrap();
+        assert_eq!(plan.max_running_requests, HOST_MAX_RUNNING);
+        assert!(plan.kv_bytes() + plan.state_bytes() <= (30 << 30) + plan.kv_bytes_per_token * 16);
     }
 }
