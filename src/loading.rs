@@ -42,11 +42,21 @@ pub struct ModelArgs {
     /// checking the backend against transformers without bf16 rounding in the way).
     #[arg(long = "cuda-matmul-precision", value_enum, default_value_t = CpuPrecision::Bf16)]
     pub cuda_matmul_precision: CpuPrecision,
+    /// Largest decode batch the cuda backend records as a CUDA graph and replays (SGLang's flag).
+    #[arg(long = "cuda-graph-max-bs", default_value_t = DEFAULT_CUDA_GRAPH_MAX_BS)]
+    pub cuda_graph_max_bs: usize,
+    /// Launch every op of every step one by one (no CUDA graphs).
+    #[arg(long = "disable-cuda-graph")]
+    pub disable_cuda_graph: bool,
     /// Attention implementation. The CPU backends have one (`native`); `diagnostic-broken-attention`
     /// deliberately computes attention wrongly, to show doctor, the canary and the detector at work.
     #[arg(long = "attention-backend", default_value = "native")]
     pub attention_backend: String,
 }
+
+/// Decode batches up to this size are replayed as CUDA graphs by default: all of their matmuls run
+/// on the skinny-GEMM kernel (32 rows at most), none on cuBLAS.
+pub const DEFAULT_CUDA_GRAPH_MAX_BS: usize = 32;
 
 /// A model on whichever backend the flags chose. Made once per process, so the size difference
 /// between variants costs nothing worth a box.
@@ -174,7 +184,11 @@ pub fn load_model(args: &ModelArgs) -> Result<AnyModel> {
                     backend.device_name(),
                     backend.compute_capability()
                 );
-                AnyModel::Cuda(build(backend, config, source.as_ref(), dir)?)
+                let model = build(backend, config, source.as_ref(), dir)?;
+                if !args.disable_cuda_graph {
+                    model.enable_step_graphs(args.cuda_graph_max_bs);
+                }
+                AnyModel::Cuda(model)
             }
         },
     )

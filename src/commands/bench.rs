@@ -375,6 +375,11 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
         "decode_tokens_per_s_at_roofline": bandwidth.map(|b| b / weight_bytes as f64),
         "speculative": speculative,
         "batched_decode": batched,
+        "cuda_graphs": measured.step_graphs.map(|c| json!({
+            "recorded": c.recorded,
+            "replayed_steps": c.replayed,
+            "failed": c.failed,
+        })),
         "profile_supported": profiled.map(Option::is_some),
         "profile": profile.as_ref().map(|p| &p.0),
         "profile_phases": profile.as_ref().map(|p| &p.1),

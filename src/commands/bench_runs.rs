@@ -3,7 +3,7 @@
 //! each optionally with the backend's per-op profile per phase. Reporting stays in `bench.rs`.
 
 use deltaserve_model::{
-    argmax, CacheGeometry, ForwardInput, HybridCache, Model, MtpError, MtpInput,
+    argmax, CacheGeometry, ForwardInput, HybridCache, Model, MtpError, MtpInput, StepGraphCounts,
 };
 use deltaserve_tensor::{Backend, BatchLayout, OpTiming, RowSampling, SeqLayout};
 use std::time::Instant;
@@ -430,6 +430,8 @@ pub struct Measured {
     pub device_bandwidth: Option<f64>,
     /// `(batch size, its decode steps)` for each batched run, batch 1 first.
     pub batched: Vec<(usize, Phase)>,
+    /// Recorded-step (CUDA graph) counts over the timed runs; `None` when recording is off.
+    pub step_graphs: Option<StepGraphCounts>,
 }
 
 /// Warm-up, then the un-profiled runs whose timings are reported, then (with `--profile`) the same
@@ -478,6 +480,8 @@ pub fn measure<B: Backend>(m: &Model<B>, plan: &RunPlan) -> anyhow::Result<Measu
         .into_iter()
         .map(|b| (b, batched_decode_run(m, b, prefill, steps)))
         .collect();
+    // Over every run above; profiled runs cannot record (their shapes count as failed).
+    let step_graphs = m.step_graph_counts();
     let device_bandwidth = if plan.measure_bandwidth {
         m.backend.measure_device_read_bandwidth()
     } else {
@@ -490,5 +494,6 @@ pub fn measure<B: Backend>(m: &Model<B>, plan: &RunPlan) -> anyhow::Result<Measu
         profiled,
         device_bandwidth,
         batched,
+        step_graphs,
     })
 }

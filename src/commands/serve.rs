@@ -40,6 +40,8 @@ fn model_args(args: &ServeArgs) -> ModelArgs {
         threads: args.threads.unwrap_or(0),
         cpu_matmul_precision: args.cpu_matmul_precision,
         cuda_matmul_precision: args.cuda_matmul_precision,
+        cuda_graph_max_bs: args.cuda_graph_max_bs,
+        disable_cuda_graph: args.disable_cuda_graph,
         attention_backend: match args.attention_backend.as_deref() {
             None | Some("auto") => "native".to_string(),
             Some(name) => name.to_string(),

@@ -108,6 +108,12 @@ pub struct ServeArgs {
     /// GEMMs: for checking against transformers without bf16 rounding).
     #[arg(long = "cuda-matmul-precision", value_enum, default_value_t = CpuMatmulPrecision::Bf16)]
     pub cuda_matmul_precision: CpuMatmulPrecision,
+    /// Largest decode batch recorded as a CUDA graph and replayed.
+    #[arg(long = "cuda-graph-max-bs", default_value_t = 32)]
+    pub cuda_graph_max_bs: usize,
+    /// Launch every op one by one (no CUDA graphs).
+    #[arg(long = "disable-cuda-graph")]
+    pub disable_cuda_graph: bool,
     /// /health runs a one-token generation when none finished in this many seconds.
     #[arg(long, default_value_t = 30)]
     pub health_generate_interval: u64,

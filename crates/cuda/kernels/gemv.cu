@@ -130,6 +130,101 @@ __device__ __forceinline__ void gemv_block(const GemvGroup& group, const bf16_bi
     }
 }
 
+// Up to GEMV_LANE_TOKENS tokens on the CUDA cores: each warp owns GEMV_LANE_ROWS rows and reads
+// each row in 512-byte sweeps (lane l takes 16-byte vector l, l + 32, ...; whole cache lines per
+// instruction, as the memory system likes best), GEMV_LANE_UNROLL sweeps in flight; the bf16
+// activations come from L1, shared by the warps of an SM. Each lane sums its vectors in order and
+// the warp reduces by butterfly: the same order for every token count up to GEMV_LANE_TOKENS, so a
+// one-token decode and a four-token verify compute a row bit for bit alike.
+#define GEMV_LANE_TOKENS 4
+#define GEMV_LANE_ROWS 2
+#ifndef GEMV_LANE_UNROLL
+#define GEMV_LANE_UNROLL 4
+#endif
+
+__device__ __forceinline__ void bf16x8_to_f32(const uint4 v, float* f) {
+    const unsigned int parts[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        f[2 * i] = __uint_as_float(parts[i] << 16);
+        f[2 * i + 1] = __uint_as_float(parts[i] & 0xffff0000u);
+    }
+}
+
+template <int T>
+__device__ __forceinline__ void gemv_lanes(const GemvGroup& group, const bf16_bits* __restrict__ xb, int k) {
+    const int lane = threadIdx.x & 31;
+    const int first = (blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * GEMV_LANE_ROWS;
+    int local[GEMV_LANE_ROWS], mat[GEMV_LANE_ROWS];
+    const bf16_bits* w[GEMV_LANE_ROWS];
+#pragma unroll
+    for (int r = 0; r < GEMV_LANE_ROWS; ++r) {
+        mat[r] = group_row(group, first + r, &local[r]);
+        w[r] = mat[r] >= 0 ? group.w[mat[r]] + (i64)local[r] * k : nullptr;
+    }
+    if (mat[0] < 0) return;  // every row of this warp is past the end (rows are in order)
+    float acc[GEMV_LANE_ROWS][T];
+#pragma unroll
+    for (int r = 0; r < GEMV_LANE_ROWS; ++r)
+#pragma unroll
+        for (int t = 0; t < T; ++t) acc[r][t] = 0.0f;
+    const int vecs = k / 8;
+    for (int base = lane; base < vecs; base += 32 * GEMV_LANE_UNROLL) {
+        uint4 wv[GEMV_LANE_ROWS][GEMV_LANE_UNROLL], xv[T][GEMV_LANE_UNROLL];
+#pragma unroll
+        for (int u = 0; u < GEMV_LANE_UNROLL; ++u) {
+            const int v = base + 32 * u;
+#pragma unroll
+            for (int r = 0; r < GEMV_LANE_ROWS; ++r)
+                wv[r][u] = (v < vecs && w[r]) ? load_streaming(w[r] + 8 * v) : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+            for (int t = 0; t < T; ++t)
+                xv[t][u] = v < vecs ? *(const uint4*)(xb + (i64)t * k + 8 * v) : make_uint4(0u, 0u, 0u, 0u);
+        }
+#pragma unroll
+        for (int u = 0; u < GEMV_LANE_UNROLL; ++u) {
+            float xf[T][8];
+#pragma unroll
+            for (int t = 0; t < T; ++t) bf16x8_to_f32(xv[t][u], xf[t]);
+#pragma unroll
+            for (int r = 0; r < GEMV_LANE_ROWS; ++r) {
+                float wf[8];
+                bf16x8_to_f32(wv[r][u], wf);
+#pragma unroll
+                for (int t = 0; t < T; ++t) {
+                    float s = acc[r][t];
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) s = fmaf(wf[j], xf[t][j], s);
+                    acc[r][t] = s;
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < GEMV_LANE_ROWS; ++r) {
+#pragma unroll
+        for (int t = 0; t < T; ++t) {
+            float s = acc[r][t];
+            for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+            if (lane == 0 && mat[r] >= 0) {
+                const int n = group.first_row[mat[r] + 1] - group.first_row[mat[r]];
+                group.out[mat[r]][(i64)t * n + local[r]] = s;
+            }
+        }
+    }
+}
+
+// Grid: ceil(first_row[count] / (GEMV_WARPS * GEMV_LANE_ROWS)) blocks of 32 * GEMV_WARPS threads.
+#define GEMV_LANE_KERNEL(T)                                                                             \
+    extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)                                      \
+        gemv_bf16_lanes_t##T(const GemvGroup group, const bf16_bits* __restrict__ xb, int tokens, int k) { \
+        gemv_lanes<T>(group, xb, k);                                                                    \
+    }
+GEMV_LANE_KERNEL(1)
+GEMV_LANE_KERNEL(2)
+GEMV_LANE_KERNEL(3)
+GEMV_LANE_KERNEL(4)
+
 // Grid: ceil(first_row[count] / 16) blocks of 32 * GEMV_WARPS threads. Requires k % 8 == 0 and
 // 16-byte aligned weights and activations (checked by the launcher). One kernel per 8-token tile
 // count, so that the one-token kernel is not held to the registers of the 32-token one.

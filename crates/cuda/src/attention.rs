@@ -101,7 +101,13 @@ impl CudaBackend {
         let (qh, kvh, bs) = (q_heads as i32, kv_heads as i32, pool.block_size as i32);
         if let Some(kernel) = warp_kernel(head_dim) {
             let max_visible = table.rows.iter().step_by(2).copied().max().unwrap_or(0) as usize;
-            let splits = max_visible.div_ceil(SPLIT_POSITIONS).max(1);
+            // A power of two, so the launch grid (and a recorded step) stays the same while the
+            // context grows; blocks past a row's positions return at once, and the combine reads
+            // only the splits a row used, so the result is the same for any count that covers it.
+            let splits = max_visible
+                .div_ceil(SPLIT_POSITIONS)
+                .max(1)
+                .next_power_of_two();
             let partials = if splits > 1 {
                 tokens * q_heads * splits
             } else {

@@ -17,7 +17,7 @@ use cudarc::driver::{
 };
 use deltaserve_tensor::{
     AttnShape, Backend, BatchLayout, GdnShape, GeneratedMatrix, HostTensor, KvLayerPool, OpTiming,
-    RouteChoice, RowSampling, StateLayerPool, TensorError,
+    RouteChoice, RowSampling, StateLayerPool, StepGraph, StepInputs, TensorError,
 };
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -560,6 +560,26 @@ impl Backend for CudaBackend {
 
     fn total_device_memory(&self) -> Option<usize> {
         Some(self.device_memory().1)
+    }
+
+    fn prepare_step(&self, inputs: &StepInputs<'_>) -> Option<u64> {
+        Some(self.prepare_step_op(inputs))
+    }
+
+    fn begin_capture(&self) -> bool {
+        self.begin_capture_op()
+    }
+
+    fn end_capture(&self) -> Option<StepGraph> {
+        self.end_capture_op()
+    }
+
+    fn replay(&self, graph: &StepGraph) -> bool {
+        self.replay_op(graph)
+    }
+
+    fn copy_buf(&self, src: &CudaBuf) -> CudaBuf {
+        self.copy_buf_op(src)
     }
 
     fn set_op_profiling(&self, on: bool) -> bool {

@@ -31,7 +31,7 @@ impl CudaBackend {
         if n * hidden == 0 {
             return;
         }
-        let ids_dev = self.upload("embedding ids", ids);
+        let ids_dev = self.upload_cached("embedding ids", ids);
         let (n64, hidden32) = (n as i64, hidden as i32);
         let cfg = Self::elementwise_config(n * hidden);
         // Contract: ids < rows (checked), out >= n * hidden (checked), table is rows x hidden.
@@ -41,7 +41,7 @@ impl CudaBackend {
                 "embedding_bf16",
                 cfg,
                 t,
-                &ids_dev,
+                ids_dev.as_ref(),
                 &mut out.data,
                 &n64,
                 &hidden32
@@ -51,7 +51,7 @@ impl CudaBackend {
                 "embedding_f32",
                 cfg,
                 t,
-                &ids_dev,
+                ids_dev.as_ref(),
                 &mut out.data,
                 &n64,
                 &hidden32
@@ -291,7 +291,7 @@ impl CudaBackend {
         if out.len == 0 {
             return out;
         }
-        let rows_dev = self.upload("gather_rows rows", rows);
+        let rows_dev = self.upload_cached("gather_rows rows", rows);
         let (n64, dim32) = (rows.len() as i64, dim as i32);
         // Contract: every row index is within src (checked); out has rows.len() * dim values.
         launch!(
@@ -299,7 +299,7 @@ impl CudaBackend {
             "gather_rows",
             Self::elementwise_config(out.len),
             &src.data,
-            &rows_dev,
+            rows_dev.as_ref(),
             &mut out.data,
             &n64,
             &dim32

@@ -15,6 +15,10 @@ pub(crate) const GEMV_MAX_TOKENS: usize = 32;
 const GEMV_MATRICES: usize = 4;
 const GEMV_WARPS: usize = 8;
 const ROWS_PER_BLOCK: usize = 16;
+/// `GEMV_LANE_TOKENS` and `GEMV_LANE_ROWS` of gemv.cu: token counts of the CUDA-core kernel, and
+/// rows per warp there.
+const LANE_TOKENS: usize = 4;
+const LANE_ROWS_PER_BLOCK: usize = GEMV_WARPS * 2;
 
 /// `GemvGroup` of gemv.cu, field for field.
 #[repr(C)]
@@ -91,8 +95,13 @@ impl CudaBackend {
                 rows += w.rows;
             }
             group.first_row[chunk_w.len()] = rows as i32;
+            let rows_per_block = if tokens <= LANE_TOKENS {
+                LANE_ROWS_PER_BLOCK
+            } else {
+                ROWS_PER_BLOCK
+            };
             let cfg = LaunchConfig {
-                grid_dim: (rows.div_ceil(ROWS_PER_BLOCK) as u32, 1, 1),
+                grid_dim: (rows.div_ceil(rows_per_block) as u32, 1, 1),
                 block_dim: (32 * GEMV_WARPS as u32, 1, 1),
                 shared_mem_bytes: 0,
             };
@@ -101,10 +110,14 @@ impl CudaBackend {
             // row starts 16-byte aligned (and each x_bf16 row too); tokens <= GEMV_MAX_TOKENS;
             // x_bf16 holds tokens * k bf16 and each out tokens * rows_m f32
             // (checked by the callers); first_row partitions the grid's rows among the matrices.
-            let kernel = match tokens.div_ceil(8) {
-                1 => "gemv_bf16_t1",
-                2 => "gemv_bf16_t2",
-                3 => "gemv_bf16_t3",
+            let kernel = match tokens {
+                1 => "gemv_bf16_lanes_t1",
+                2 => "gemv_bf16_lanes_t2",
+                3 => "gemv_bf16_lanes_t3",
+                4 => "gemv_bf16_lanes_t4",
+                5..=8 => "gemv_bf16_t1",
+                9..=16 => "gemv_bf16_t2",
+                17..=24 => "gemv_bf16_t3",
                 _ => "gemv_bf16_t4",
             };
             launch!(self, kernel, cfg, &group, &x_bf16, &t32, &k32);

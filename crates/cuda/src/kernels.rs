@@ -37,6 +37,10 @@ pub const FILES: [KernelFile; 11] = [
             "gemv_bf16_t2",
             "gemv_bf16_t3",
             "gemv_bf16_t4",
+            "gemv_bf16_lanes_t1",
+            "gemv_bf16_lanes_t2",
+            "gemv_bf16_lanes_t3",
+            "gemv_bf16_lanes_t4",
         ],
     },
     KernelFile {

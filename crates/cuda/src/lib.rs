@@ -14,6 +14,7 @@ mod gdn;
 mod gemm;
 mod gemv;
 mod generate;
+mod graphs;
 pub mod kernels;
 mod layout;
 mod libraries;

@@ -63,6 +63,10 @@ impl CudaBackend {
         result
     }
 
+    pub(crate) fn profiler_on(&self) -> bool {
+        self.profiler.on.load(Ordering::Relaxed)
+    }
+
     pub(crate) fn set_op_profiling_op(&self, on: bool) -> bool {
         self.profiler.on.store(on, Ordering::Relaxed);
         true

@@ -1,47 +1,104 @@
-//! Per-step metadata uploads, made once: every layer of a step asks for the same tables (sequence
-//! table, attention rows and block tables, RoPE positions), built from the same `BatchLayout`. The
-//! cache keeps the last host copy of each named table with its device copy and hands the device
-//! copy back while the contents are unchanged, so a step uploads each table once instead of once
-//! per layer. Everything runs on the backend's one stream, so a table replaced here is freed only
-//! after the kernels queued before it.
+//! Per-step metadata tables on the device, uploaded once per step and kept at fixed addresses.
+//!
+//! Every layer of a step asks for the same tables (sequence table, attention rows and block tables,
+//! RoPE positions), built from the same `BatchLayout`: the cache keeps the last host copy of each
+//! named table beside its device copy and hands the device copy back while the contents are
+//! unchanged. New contents are copied into the same allocation while they fit, so the tables stay
+//! where a recorded step (CUDA graph) reads them; `generation` counts the times a table had to move
+//! to a larger allocation, which makes such recordings stale. Everything runs on the backend's one
+//! stream, so an in-place copy lands after the kernels queued before it.
+//!
+//! While a step is being recorded nothing may be uploaded (a recorded host copy would read freed
+//! host memory on replay): a table that `prepare_step` did not put in place marks the recording as
+//! missed, and the recording is discarded.
 
-use crate::backend::CudaBackend;
-use cudarc::driver::{CudaSlice, DeviceRepr};
+use crate::backend::{device_failure, CudaBackend};
+use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
 use std::any::Any;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// The last upload under each name: `(host copy, device copy)` of some element type.
+/// Smallest allocation of a table, in elements (tables grow by doubling).
+const MIN_CAPACITY: usize = 64;
+
 #[derive(Default)]
 pub(crate) struct UploadCache {
     tables: HashMap<&'static str, Box<dyn Any + Send + Sync>>,
+    /// Times a table moved to a new allocation.
+    pub generation: u64,
+    /// A step is being recorded: no uploads.
+    pub capturing: bool,
+    /// The recording needed a table that was not in place.
+    pub capture_missed: bool,
 }
 
-type Entry<T> = (Vec<T>, Arc<CudaSlice<T>>);
+struct Table<T> {
+    host: Vec<T>,
+    device: Arc<CudaSlice<T>>,
+    capacity: usize,
+}
 
 impl CudaBackend {
-    /// The device copy of `data`, uploaded only when it differs from the last table under `name`.
+    /// The device copy of `data` under `name`: the same allocation as before when the contents
+    /// are unchanged or fit in it.
     pub(crate) fn upload_cached<T>(&self, name: &'static str, data: &[T]) -> Arc<CudaSlice<T>>
     where
-        T: DeviceRepr + Default + Clone + PartialEq + Send + Sync + 'static,
+        T: DeviceRepr + ValidAsZeroBits + Default + Clone + PartialEq + Send + Sync + 'static,
     {
-        let mut cache = self
+        let mut guard = self
             .upload_cache
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some((host, device)) = cache
+        let cache = &mut *guard;
+        let capturing = cache.capturing;
+        let entry = cache
             .tables
-            .get(name)
-            .and_then(|entry| entry.downcast_ref::<Entry<T>>())
-        {
-            if host.as_slice() == data {
-                return device.clone();
+            .get_mut(name)
+            .and_then(|entry| entry.downcast_mut::<Table<T>>());
+        match entry {
+            Some(table) if table.host.as_slice() == data => return table.device.clone(),
+            Some(table) if capturing => {
+                cache.capture_missed = true;
+                return table.device.clone();
+            }
+            Some(table) if data.len() <= table.capacity => {
+                if let Some(device) = Arc::get_mut(&mut table.device) {
+                    if !data.is_empty() {
+                        let mut view = device.slice_mut(0..data.len());
+                        if let Err(e) = self.stream.memcpy_htod(data, &mut view) {
+                            device_failure(name, e);
+                        }
+                    }
+                    table.host.clear();
+                    table.host.extend_from_slice(data);
+                    return table.device.clone();
+                }
+            }
+            _ => {}
+        }
+        let capacity = data.len().next_power_of_two().max(MIN_CAPACITY);
+        let mut device = self.alloc_zeros::<T>(name, capacity);
+        if capturing {
+            // The recording is discarded; the cache keeps nothing it did not fill.
+            cache.capture_missed = true;
+            return Arc::new(device);
+        }
+        if !data.is_empty() {
+            let mut view = device.slice_mut(0..data.len());
+            if let Err(e) = self.stream.memcpy_htod(data, &mut view) {
+                device_failure(name, e);
             }
         }
-        let device = Arc::new(self.upload(name, data));
-        cache
-            .tables
-            .insert(name, Box::new((data.to_vec(), device.clone())));
+        let device = Arc::new(device);
+        cache.generation += 1;
+        cache.tables.insert(
+            name,
+            Box::new(Table {
+                host: data.to_vec(),
+                device: device.clone(),
+                capacity,
+            }),
+        );
         device
     }
 }

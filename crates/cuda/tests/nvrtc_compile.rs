@@ -69,6 +69,16 @@ fn every_kernel_compiles_for_sm90() {
                 unit.file.name
             );
         }
+        // The other direction: a kernel the file defines but `FILES` does not list is never
+        // loaded, and launching it panics at run time.
+        for entry in unit.ptx.split(".entry ").skip(1) {
+            let name = entry.split('(').next().unwrap_or_default().trim();
+            assert!(
+                unit.file.functions.contains(&name),
+                "kernels/{}: `{name}` is defined but not listed in kernels::FILES",
+                unit.file.name
+            );
+        }
         if let Some(dir) = &dump {
             std::fs::create_dir_all(dir).unwrap();
             std::fs::write(dir.join(unit.file.name.replace(".cu", ".ptx")), &unit.ptx).unwrap();

@@ -4,6 +4,7 @@
 
 use crate::config::ModelConfig;
 use deltaserve_tensor::{Backend, KvLayerPool, StateLayerPool};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// How big the pools are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -23,7 +24,12 @@ pub struct HybridCache<B: Backend> {
     pub state: Vec<StateLayerPool<B>>,
     pub mtp_kv: Option<KvLayerPool<B>>,
     pub geometry: CacheGeometry,
+    /// Unique per cache made in this process (recorded steps are bound to one cache's pools).
+    pub id: u64,
 }
+
+/// The next `HybridCache::id`.
+static NEXT_CACHE_ID: AtomicU64 = AtomicU64::new(1);
 
 impl<B: Backend> HybridCache<B> {
     pub fn new(backend: &B, config: &ModelConfig, geometry: CacheGeometry) -> Self {
@@ -59,6 +65,7 @@ impl<B: Backend> HybridCache<B> {
                 .collect(),
             mtp_kv: geometry.mtp.then(kv_pool),
             geometry,
+            id: NEXT_CACHE_ID.fetch_add(1, Ordering::Relaxed),
         }
     }
 

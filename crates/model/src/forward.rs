@@ -4,6 +4,7 @@
 
 use crate::cache::HybridCache;
 use crate::config::ModelConfig;
+use crate::step_graphs::StepGraphs;
 use crate::weights::{AttentionWeights, DenseMlp, GdnWeights, Layer, Mixer, Mlp, MoeMlp, Weights};
 use deltaserve_tensor::{Backend, BatchLayout};
 
@@ -51,6 +52,8 @@ pub struct Model<B: Backend> {
     pub weights: Weights<B>,
     /// For each layer, its index among the layers of its kind (KV pool or state pool index).
     pool_index: Vec<usize>,
+    /// Recorded decode steps (off unless enabled).
+    pub(crate) step_graphs: StepGraphs<B>,
 }
 
 impl<B: Backend> Model<B> {
@@ -68,10 +71,23 @@ impl<B: Backend> Model<B> {
             backend,
             weights,
             pool_index,
+            step_graphs: StepGraphs::default(),
         }
     }
 
     pub fn forward(
+        &self,
+        input: &ForwardInput<'_>,
+        cache: &mut HybridCache<B>,
+    ) -> ForwardOutput<B> {
+        if let Some(out) = self.forward_recorded(input, cache) {
+            return out;
+        }
+        self.forward_plain(input, cache)
+    }
+
+    /// The step with every op launched one by one (never a recording).
+    pub(crate) fn forward_plain(
         &self,
         input: &ForwardInput<'_>,
         cache: &mut HybridCache<B>,

@@ -12,9 +12,11 @@ pub mod mtp;
 pub mod npy;
 pub mod safetensors;
 pub mod source;
+pub mod step_graphs;
 pub mod weights;
 
 pub use cache::{CacheGeometry, HybridCache};
 pub use forward::{ForwardInput, ForwardOutput, LayerObserver, Model};
 pub use greedy::argmax;
 pub use mtp::{MtpError, MtpInput};
+pub use step_graphs::StepGraphCounts;

@@ -11,6 +11,7 @@ use crate::device_sampling::RowSampling;
 use crate::generated::GeneratedMatrix;
 use crate::host::{HostTensor, TensorError};
 use crate::op_profile::OpTiming;
+use crate::step_graph::{StepGraph, StepInputs};
 
 /// Geometry of a gated full-attention layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -265,6 +266,35 @@ pub trait Backend: Send + Sync {
     /// memory.
     fn total_device_memory(&self) -> Option<usize> {
         None
+    }
+
+    /// Puts the device tables of a step (token ids, positions, sequence and attention tables,
+    /// logit rows) in place at addresses that stay fixed while their sizes do, so that recorded
+    /// ops read the new step's values on replay. Returns a key of the step's shape as the
+    /// backend's ops see it (launch grids, table addresses): a recording is valid for steps with
+    /// the same key. `None`: this backend cannot record steps.
+    fn prepare_step(&self, _inputs: &StepInputs<'_>) -> Option<u64> {
+        None
+    }
+
+    /// Starts recording ops instead of running them; false when this backend cannot.
+    fn begin_capture(&self) -> bool {
+        false
+    }
+
+    /// Ends the recording. `None` when it failed; the recorded ops never ran either way.
+    fn end_capture(&self) -> Option<StepGraph> {
+        None
+    }
+
+    /// Runs a recording again, on the tables `prepare_step` put in place.
+    fn replay(&self, _graph: &StepGraph) -> bool {
+        false
+    }
+
+    /// A copy of `src` in a new buffer.
+    fn copy_buf(&self, src: &Self::Buf) -> Self::Buf {
+        self.upload(&self.to_host(src))
     }
 
     /// Starts (or stops) timing every op on the device; false when this backend cannot.

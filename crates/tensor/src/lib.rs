@@ -13,6 +13,7 @@ pub mod generated;
 pub mod host;
 pub mod op_profile;
 pub mod reference;
+pub mod step_graph;
 
 pub use backend::{AttnShape, Backend, GdnShape, RouteChoice};
 pub use batch::{BatchLayout, SeqLayout};
@@ -23,3 +24,4 @@ pub use dtype::DType;
 pub use generated::GeneratedMatrix;
 pub use host::{ByteOwner, HostTensor, TensorError};
 pub use op_profile::OpTiming;
+pub use step_graph::{StepGraph, StepInputs};
