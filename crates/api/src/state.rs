@@ -16,6 +16,7 @@ use crate::health::HealthMonitor;
 use crate::limits::RequestLimits;
 use crate::metrics::HttpMetrics;
 use crate::output_watch::WatchSpec;
+use crate::server_seed::SeedSequence;
 
 /// Produces the engine's Prometheus text for /metrics.
 pub type MetricsSource = Arc<dyn Fn() -> String + Send + Sync>;
@@ -55,6 +56,8 @@ pub struct ServerConfig {
     pub request_timeout: Option<Duration>,
     /// `--max-concurrent-connections`: open connections beyond this wait to be accepted (0 counts as 1).
     pub max_connections: usize,
+    /// `--random-seed`: requests without a `seed` get seeds derived from it (`None`: fresh seeds).
+    pub random_seed: Option<u64>,
 }
 
 /// Default request body limit: generous for long prompts, small enough to refuse abuse.
@@ -84,6 +87,7 @@ impl ServerConfig {
             limits: args.request_limits(),
             request_timeout: args.request_timeout(),
             max_connections: args.max_concurrent_connections,
+            random_seed: args.random_seed,
         }
     }
 
@@ -105,6 +109,7 @@ impl ServerConfig {
             limits: RequestLimits::default(),
             request_timeout: Some(Duration::from_secs(DEFAULT_REQUEST_TIMEOUT_SECS)),
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            random_seed: None,
         }
     }
 }
@@ -133,6 +138,8 @@ pub struct AppState {
     /// Set to true when the shutdown grace period runs out: every running choice then ends with an
     /// error event (streams) or error response instead of a cut connection.
     pub shutdown_cut: tokio::sync::watch::Sender<bool>,
+    /// Seeds of requests that bring none, with `--random-seed`.
+    default_seeds: Option<SeedSequence>,
 }
 
 impl AppState {
@@ -144,6 +151,7 @@ impl AppState {
             with_tools: ChatTemplate::from_tokenizer(&tokenizer, true),
         };
         let health = HealthMonitor::new(config.health_interval, config.health_probe_timeout);
+        let default_seeds = config.random_seed.map(SeedSequence::new);
         let detector = match DegenerationDetector::new(config.degeneration.clone()) {
             Ok(detector) => Some(detector),
             Err(error) => {
@@ -161,6 +169,7 @@ impl AppState {
             templates,
             detector,
             shutdown_cut: tokio::sync::watch::channel(false).0,
+            default_seeds,
             created: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map(|d| d.as_secs())
@@ -208,6 +217,12 @@ impl AppState {
             action: self.config.degeneration_action,
             starts_in_reasoning,
         })
+    }
+
+    /// The seed for a choice whose request brought none: derived from `--random-seed`, or `None`
+    /// (the engine then picks a fresh one).
+    pub fn default_seed(&self) -> Option<u64> {
+        self.default_seeds.as_ref().map(SeedSequence::next_seed)
     }
 
     /// The chat template for a request with or without tools.
