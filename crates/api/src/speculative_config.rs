@@ -59,7 +59,7 @@ pub fn parse(json: &str) -> Result<VllmSpeculation, ArgsError> {
         ));
     }
     match object.get("method").map(|m| (m, m.as_str())) {
-        None => return refuse(format!(r#"no "method"; use {{"method": "mtp", ...}}"#)),
+        None => return refuse(r#"no "method"; use {"method": "mtp", ...}"#.to_string()),
         Some((_, Some(method))) if MTP_METHODS.contains(&method) => {}
         Some((_, Some(method))) if OTHER_METHODS.contains(&method) => {
             return refuse(format!(
