@@ -233,6 +233,20 @@ fn command_lines(template: &str) -> Vec<DropIn> {
             ],
             &["--enable-expert-parallel"],
         ),
+        // vLLM's Qwen3.5-9B recipe, thinking off by default as its troubleshooting section suggests.
+        line(
+            "vllm recipe: Qwen3.5-9B, thinking off",
+            &[
+                "demo",
+                "--max-model-len",
+                "262144",
+                "--reasoning-parser",
+                "qwen3",
+                "--default-chat-template-kwargs",
+                r#"{"enable_thinking": false}"#,
+            ],
+            &[],
+        ),
         // vLLM's dotted speculative keys and underscore spellings.
         line(
             "vllm: dotted --speculative-config keys, underscores",

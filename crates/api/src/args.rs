@@ -10,12 +10,15 @@ use clap::{Args, ValueEnum};
 
 use crate::auth::ApiKey;
 use crate::compat::CompatArgs;
-use crate::flag_values::{KvCacheDtype, LogLevel, ModelDtype, SchedulePolicy};
+use crate::flag_values::{
+    parse_template_kwargs, KvCacheDtype, LogLevel, ModelDtype, SchedulePolicy,
+};
 use crate::limits::{
     RequestLimits, DEFAULT_MAX_MESSAGES, DEFAULT_MAX_N, DEFAULT_MAX_STOP_STRINGS,
     DEFAULT_MAX_TOKENS_CAP, DEFAULT_MAX_TOP_LOGPROBS,
 };
 use crate::state::{DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CONNECTIONS, DEFAULT_REQUEST_TIMEOUT_SECS};
+use serde_json::{Map, Value};
 
 /// Flags of `deltaserve serve`.
 #[derive(Args, Debug, Clone, PartialEq)]
@@ -32,6 +35,10 @@ pub struct ServeArgs {
     /// model's own templates).
     #[arg(long, value_name = "FILE|TEMPLATE")]
     pub chat_template: Option<String>,
+    /// Template variables every chat request starts from, as a JSON object (vLLM's flag), e.g.
+    /// '{"enable_thinking": false}'; a request's own `chat_template_kwargs` win.
+    #[arg(long, value_name = "JSON", value_parser = parse_template_kwargs)]
+    pub default_chat_template_kwargs: Option<Map<String, Value>>,
     /// The dtype the weights run in: `auto` or the checkpoint's own (weights are never converted).
     #[arg(long, value_name = "DTYPE", value_parser = ModelDtype::parse, default_value = "auto")]
     pub dtype: ModelDtype,

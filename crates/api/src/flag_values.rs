@@ -3,6 +3,7 @@
 //! deltaserve cannot honour are refused while parsing, with a message that says why and what to use.
 
 use clap::ValueEnum;
+use serde_json::{Map, Value};
 
 use crate::args::ArgsError;
 
@@ -152,9 +153,41 @@ impl SchedulePolicy {
     }
 }
 
+/// `--default-chat-template-kwargs` (vLLM): a JSON object of template variables every chat request
+/// starts from (`{"enable_thinking": false}`); a request's own `chat_template_kwargs` win.
+pub fn parse_template_kwargs(value: &str) -> Result<Map<String, Value>, String> {
+    let object = match serde_json::from_str::<Value>(value) {
+        Ok(Value::Object(object)) => object,
+        Ok(other) => return Err(format!("expected a JSON object, found {other}")),
+        Err(e) => return Err(format!("{value:?} is not JSON ({e})")),
+    };
+    if let Some(name) = object
+        .keys()
+        .find(|k| deltaserve_text::RESERVED_VARIABLES.contains(&k.as_str()))
+    {
+        return Err(format!(
+            "{name:?} is set by the server itself and cannot be a template kwarg"
+        ));
+    }
+    Ok(object)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn template_kwargs_are_an_object_without_reserved_names() {
+        let kwargs = parse_template_kwargs(r#"{"enable_thinking": false}"#).unwrap();
+        assert_eq!(kwargs["enable_thinking"], Value::Bool(false));
+        assert!(parse_template_kwargs("[1]").unwrap_err().contains("object"));
+        assert!(parse_template_kwargs("{enable_thinking}")
+            .unwrap_err()
+            .contains("not JSON"));
+        assert!(parse_template_kwargs(r#"{"messages": []}"#)
+            .unwrap_err()
+            .contains("\"messages\""));
+    }
 
     #[test]
     fn dtype_spellings_and_checkpoint_check() {

@@ -58,6 +58,8 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// `--random-seed`: requests without a `seed` get seeds derived from it (`None`: fresh seeds).
     pub random_seed: Option<u64>,
+    /// `--default-chat-template-kwargs`: template variables under every chat request's own.
+    pub default_template_kwargs: serde_json::Map<String, serde_json::Value>,
 }
 
 /// Default request body limit: generous for long prompts, small enough to refuse abuse.
@@ -88,6 +90,10 @@ impl ServerConfig {
             request_timeout: args.request_timeout(),
             max_connections: args.max_concurrent_connections,
             random_seed: args.random_seed,
+            default_template_kwargs: args
+                .default_chat_template_kwargs
+                .clone()
+                .unwrap_or_default(),
         }
     }
 
@@ -110,6 +116,7 @@ impl ServerConfig {
             request_timeout: Some(Duration::from_secs(DEFAULT_REQUEST_TIMEOUT_SECS)),
             max_connections: DEFAULT_MAX_CONNECTIONS,
             random_seed: None,
+            default_template_kwargs: serde_json::Map::new(),
         }
     }
 }

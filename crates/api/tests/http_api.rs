@@ -310,6 +310,33 @@ async fn thinking_disabled_by_kwargs_or_top_level_field() {
     assert!(rendered("q", json!({"enable_thinking": false})).ends_with("<think>\n\n</think>\n\n"));
 }
 
+#[tokio::test]
+async fn server_default_template_kwargs_sit_under_the_request_ones() {
+    let server = TestServer::start_with(FakeEngine::replying("Just 4.<|im_end|>"), |config| {
+        config.default_template_kwargs = json!({"enable_thinking": false})
+            .as_object()
+            .cloned()
+            .unwrap();
+    })
+    .await;
+    for body in [
+        json!({"messages": user("q")}),
+        json!({"messages": user("q"), "chat_template_kwargs": {"enable_thinking": true}}),
+    ] {
+        let reply = server.post("/v1/chat/completions", &body).await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+    }
+    let requests = server.engine.requests();
+    assert_eq!(
+        requests[0].prompt_ids,
+        ids(&rendered("q", json!({"enable_thinking": false})))
+    );
+    assert_eq!(
+        requests[1].prompt_ids,
+        ids(&rendered("q", json!({"enable_thinking": true})))
+    );
+}
+
 fn weather_tools() -> Value {
     json!([{
         "type": "function",
