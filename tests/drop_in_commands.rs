@@ -278,6 +278,7 @@ fn command_lines(template: &str) -> Vec<DropIn> {
                 "1",
                 "--served-model-name",
                 "qwen3-next",
+                "Qwen/Qwen3-Next-80B-A3B-Instruct",
                 "--tokenizer-mode",
                 "auto",
                 "--speculative-config",

@@ -185,10 +185,10 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
     args.tool_call_parser
         .get_or_insert_with(|| "qwen3_coder".to_string());
     let speculative = args.validate()?;
-    if args.served_model_name.is_none()
+    if args.served_model_name.is_empty()
         && args.model_path().as_os_str() == crate::demo_model::DEMO_MODEL_NAME
     {
-        args.served_model_name = Some(crate::demo_model::DEMO_MODEL_NAME.to_string());
+        args.served_model_name = vec![crate::demo_model::DEMO_MODEL_NAME.to_string()];
     }
     let model_path = crate::demo_model::resolve_model_path(&args.model_path())?;
     args.model_path = Some(model_path.clone());

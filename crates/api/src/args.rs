@@ -52,8 +52,9 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 30000)]
     pub port: u16,
     /// Model name reported by /v1/models and accepted in requests (default: --model-path as given).
-    #[arg(long)]
-    pub served_model_name: Option<String>,
+    /// Several names (vLLM) are all accepted in requests; responses and /v1/models show the first.
+    #[arg(long, num_args = 1.., value_name = "NAME")]
+    pub served_model_name: Vec<String>,
     /// Maximum prompt + completion tokens of one request (default: the model's max_position_embeddings).
     #[arg(long)]
     pub context_length: Option<usize>,
@@ -308,8 +309,14 @@ impl ServeArgs {
     /// The name clients use in `model` and see in /v1/models.
     pub fn model_name(&self) -> String {
         self.served_model_name
-            .clone()
+            .first()
+            .cloned()
             .unwrap_or_else(|| self.model_path().display().to_string())
+    }
+
+    /// Further names requests may use (`--served-model-name NAME ALIAS...`).
+    pub fn model_aliases(&self) -> Vec<String> {
+        self.served_model_name.iter().skip(1).cloned().collect()
     }
 
     /// `--log-level`, or `info`.
@@ -648,6 +655,11 @@ mod tests {
         assert_eq!(args.port, 30000);
         assert_eq!(args.tp_size, None);
         assert_eq!(args.model_name(), "/m");
+        let args = parse("--model-path /m --served-model-name qwen3-next qwen");
+        assert_eq!(
+            (args.model_name(), args.model_aliases()),
+            ("qwen3-next".to_string(), vec!["qwen".to_string()])
+        );
         assert_eq!(args.validate().unwrap(), None);
         assert_eq!(args.listen_addr().unwrap().to_string(), "127.0.0.1:30000");
         assert_eq!(args.degeneration_action, DegenerationAction::Log);

@@ -26,6 +26,8 @@ pub type MetricsSource = Arc<dyn Fn() -> String + Send + Sync>;
 pub struct ServerConfig {
     /// The name in /v1/models; requests naming another model get 404.
     pub model_name: String,
+    /// Other names requests may use (`--served-model-name NAME ALIAS...`).
+    pub model_aliases: Vec<String>,
     /// `--reasoning-parser qwen3`: split output into reasoning_content and content.
     pub reasoning_parser: bool,
     /// `--tool-call-parser qwen3_coder`: parse tool calls out of output.
@@ -75,6 +77,7 @@ impl ServerConfig {
     pub fn from_args(args: &ServeArgs) -> Self {
         Self {
             model_name: args.model_name(),
+            model_aliases: args.model_aliases(),
             reasoning_parser: args.reasoning_parser.is_some(),
             tool_call_parser: args.tool_call_parser.is_some(),
             enable_metrics: args.enable_metrics,
@@ -101,6 +104,7 @@ impl ServerConfig {
     pub fn new(model_name: impl Into<String>) -> Self {
         Self {
             model_name: model_name.into(),
+            model_aliases: Vec::new(),
             reasoning_parser: true,
             tool_call_parser: true,
             enable_metrics: true,
@@ -224,6 +228,11 @@ impl AppState {
             action: self.config.degeneration_action,
             starts_in_reasoning,
         })
+    }
+
+    /// Whether requests may name the model `name`.
+    pub fn serves_model(&self, name: &str) -> bool {
+        name == self.config.model_name || self.config.model_aliases.iter().any(|a| a == name)
     }
 
     /// The seed for a choice whose request brought none: derived from `--random-seed`, or `None`

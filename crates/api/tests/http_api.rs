@@ -337,6 +337,33 @@ async fn server_default_template_kwargs_sit_under_the_request_ones() {
     );
 }
 
+#[tokio::test]
+async fn every_served_model_name_is_accepted_the_first_is_reported() {
+    let server = TestServer::start_with(FakeEngine::replying("Just 4.<|im_end|>"), |config| {
+        config.model_name = "qwen3-next".into();
+        config.model_aliases = vec!["qwen".into()];
+    })
+    .await;
+    for name in ["qwen3-next", "qwen"] {
+        let reply = server
+            .post(
+                "/v1/chat/completions",
+                &json!({"model": name, "messages": user("q")}),
+            )
+            .await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        assert_eq!(reply.json()["model"], "qwen3-next");
+        assert_eq!(server.get(&format!("/v1/models/{name}")).await.status, 200);
+    }
+    let reply = server
+        .post(
+            "/v1/chat/completions",
+            &json!({"model": "other", "messages": user("q")}),
+        )
+        .await;
+    reply.error(404);
+}
+
 fn weather_tools() -> Value {
     json!([{
         "type": "function",
