@@ -266,6 +266,20 @@ fn command_lines(template: &str) -> Vec<DropIn> {
             &["--enable-prefix-caching", "--async-scheduling"],
         ),
     ];
+    // vLLM's Qwen3-Next thinking recipe names the deepseek_r1 reasoning parser.
+    lines.push(line(
+        "vllm recipe: Qwen3-Next-80B-A3B-Thinking",
+        &[
+            "demo",
+            "--tensor-parallel-size",
+            "1",
+            "--reasoning-parser",
+            "deepseek_r1",
+            "--speculative-config",
+            r#"{"method":"qwen3_next_mtp","num_speculative_tokens":2}"#,
+        ],
+        &["--reasoning-parser"],
+    ));
     // vLLM's Qwen3-Next recipe, with a served name and an API key as deployments add them.
     lines.push(DropIn {
         model: "qwen3-next",

@@ -262,6 +262,7 @@ impl ServeArgs {
 
         let mut notes = Vec::new();
         self.attention_backend_note(&mut notes);
+        self.reasoning_parser_note(&mut notes);
         self.schedule_policy_note(&mut notes);
         if self.kv_cache_dtype != KvCacheDtype::Auto {
             notes.push(CompatNote {
@@ -402,6 +403,23 @@ impl ServeArgs {
                         .into(),
             });
             self.attention_backend = None;
+        }
+    }
+
+    /// vLLM recipes for Qwen3 thinking models name `deepseek_r1` because their chat template opens the
+    /// `<think>` block in the prompt; deltaserve's qwen3 parser handles that case itself.
+    fn reasoning_parser_note(&mut self, notes: &mut Vec<CompatNote>) {
+        let Some(name) = &self.reasoning_parser else {
+            return;
+        };
+        if matches!(name.as_str(), "deepseek_r1" | "deepseek-r1") {
+            notes.push(CompatNote {
+                flag: format!("--reasoning-parser {name}"),
+                text: "deltaserve uses its qwen3 parser, which also splits <think> blocks the chat template \
+                       opens in the prompt"
+                    .into(),
+            });
+            self.reasoning_parser = Some("qwen3".into());
         }
     }
 
@@ -587,6 +605,12 @@ mod tests {
         assert!(notes.is_empty());
         let e = args.validate().unwrap_err().0;
         assert!(e.contains("warp-drive"), "{e}");
+        let (args, notes) = resolved("--reasoning-parser deepseek_r1");
+        assert_eq!(args.reasoning_parser.as_deref(), Some("qwen3"));
+        assert_eq!(notes[0].flag, "--reasoning-parser deepseek_r1");
+        let (args, _) = resolved("--tool-call-parser hermes");
+        let e = args.validate().unwrap_err().0;
+        assert!(e.contains("hermes") && e.contains("qwen3_coder"), "{e}");
     }
 
     #[test]

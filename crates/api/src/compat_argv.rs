@@ -14,17 +14,14 @@ const SHORT_SPELLINGS: [(&str, &str); 3] = [
 
 const DOTTED_SPECULATIVE: &str = "--speculative-config.";
 
-/// `argv` with the `serve` arguments rewritten; everything before `serve` (and every argument that
-/// is not valid UTF-8) is kept as it is.
+/// `argv` with the arguments of `deltaserve serve` rewritten; any other subcommand (and every argument
+/// that is not valid UTF-8) is kept as it is.
 pub fn normalize(argv: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
-    let mut out = Vec::new();
     let mut args = argv.into_iter();
-    for arg in args.by_ref() {
-        let is_serve = arg == "serve";
-        out.push(arg);
-        if is_serve {
-            break;
-        }
+    let mut out: Vec<OsString> = args.by_ref().take(2).collect();
+    if out.get(1).is_none_or(|subcommand| subcommand != "serve") {
+        out.extend(args);
+        return out;
     }
     let mut dotted = serde_json::Map::new();
     let mut rest = args.peekable();
@@ -96,8 +93,8 @@ mod tests {
             "deltaserve serve m --tensor-parallel-size 1 --max-model-len=4096 --gpu-memory-utilization 0.9"
         );
         assert_eq!(
-            run("deltaserve bench --max_x serve"),
-            "deltaserve bench --max_x serve"
+            run("deltaserve bench serve --max_x -tp"),
+            "deltaserve bench serve --max_x -tp"
         );
     }
 
