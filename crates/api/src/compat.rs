@@ -168,6 +168,31 @@ const FOREIGN_ATTENTION_BACKENDS: [&str; 20] = [
     "hybrid_linear_attn",
 ];
 
+/// The start-up notes of the foreign flags given; the first refusal, or a contradiction between
+/// them, is an error.
+fn foreign_notes(foreign: &ForeignFlags) -> Result<Vec<CompatNote>, ArgsError> {
+    let verdicts = foreign.verdicts();
+    let given = |name: &str| verdicts.iter().any(|(typed, _)| typed == name);
+    if given("--enable-prefix-caching") {
+        for off in ["--no-enable-prefix-caching", "--disable-radix-cache"] {
+            if given(off) {
+                return Err(ArgsError(format!(
+                    "--enable-prefix-caching and {off} contradict each other; give one of them"
+                )));
+            }
+        }
+    }
+    let mut notes = Vec::new();
+    for (typed, verdict) in verdicts {
+        match verdict {
+            Verdict::Same => {}
+            Verdict::Note(text) => notes.push(CompatNote { flag: typed, text }),
+            Verdict::Refuse(why) => return Err(ArgsError(why)),
+        }
+    }
+    Ok(notes)
+}
+
 impl ServeArgs {
     /// Folds SGLang's and vLLM's spellings into deltaserve's flags and returns the start-up notes of
     /// flags accepted with a different behaviour. `env` reads environment variables (`VLLM_API_KEY`,
@@ -177,6 +202,27 @@ impl ServeArgs {
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Vec<CompatNote>, ArgsError> {
         let compat = self.compat.clone();
+        self.fold_spellings(&compat)?;
+        self.resolve_speculative(&compat)?;
+        self.resolve_device(compat.device.as_deref())?;
+        self.resolve_environment(env)?;
+
+        let mut notes = Vec::new();
+        self.attention_backend_note(&mut notes);
+        self.reasoning_parser_note(&mut notes);
+        self.schedule_policy_note(&mut notes);
+        if self.kv_cache_dtype != KvCacheDtype::Auto {
+            notes.push(CompatNote {
+                flag: format!("--kv-cache-dtype {}", self.kv_cache_dtype.as_str()),
+                text: "recorded; the KV cache dtype is chosen by the backend".into(),
+            });
+        }
+        notes.extend(foreign_notes(&compat.foreign)?);
+        Ok(notes)
+    }
+
+    /// The other spellings of deltaserve's flags, folded into them.
+    fn fold_spellings(&mut self, compat: &CompatArgs) -> Result<(), ArgsError> {
         merge(
             &mut self.model_path,
             "--model-path",
@@ -256,39 +302,7 @@ impl ServeArgs {
             &[("--disable-log-stats", compat.disable_log_stats.then_some(0))],
         )?;
         self.skip_canary |= compat.skip_server_warmup;
-        self.resolve_speculative(&compat)?;
-        self.resolve_device(compat.device.as_deref())?;
-        self.resolve_environment(env)?;
-
-        let mut notes = Vec::new();
-        self.attention_backend_note(&mut notes);
-        self.reasoning_parser_note(&mut notes);
-        self.schedule_policy_note(&mut notes);
-        if self.kv_cache_dtype != KvCacheDtype::Auto {
-            notes.push(CompatNote {
-                flag: format!("--kv-cache-dtype {}", self.kv_cache_dtype.as_str()),
-                text: "recorded; the KV cache dtype is chosen by the backend".into(),
-            });
-        }
-        let verdicts = compat.foreign.verdicts();
-        let given = |name: &str| verdicts.iter().any(|(typed, _)| typed == name);
-        if given("--enable-prefix-caching") {
-            for off in ["--no-enable-prefix-caching", "--disable-radix-cache"] {
-                if given(off) {
-                    return Err(ArgsError(format!(
-                        "--enable-prefix-caching and {off} contradict each other; give one of them"
-                    )));
-                }
-            }
-        }
-        for (typed, verdict) in verdicts {
-            match verdict {
-                Verdict::Same => {}
-                Verdict::Note(text) => notes.push(CompatNote { flag: typed, text }),
-                Verdict::Refuse(why) => return Err(ArgsError(why)),
-            }
-        }
-        Ok(notes)
+        Ok(())
     }
 
     /// `--speculative-algo` and vLLM's `--speculative-config` onto SGLang's speculative flags.
