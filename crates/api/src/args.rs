@@ -73,7 +73,9 @@ pub struct ServeArgs {
     /// Data type of the recurrent GDN state.
     #[arg(long, value_enum, default_value_t = MambaSsmDtype::Float32)]
     pub mamba_ssm_dtype: MambaSsmDtype,
-    /// Full-attention kernel choice; deltaserve has one attention implementation per --backend.
+    /// Full-attention kernel choice; deltaserve has one attention implementation per --backend
+    /// (`auto`/`native`). SGLang's and vLLM's kernel names (triton, flashinfer, fa3, ...) are accepted
+    /// with a start-up note.
     #[arg(long)]
     pub attention_backend: Option<String>,
     /// Speculative decoding with the model's own MTP head: NEXTN (alias MTP).
