@@ -4,6 +4,7 @@
 mod commands;
 mod demo_model;
 mod loading;
+mod watchdog;
 
 use clap::{Parser, Subcommand};
 
@@ -21,6 +22,10 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve a model over an OpenAI-compatible HTTP API.
+    #[command(
+        after_help = "SGLang's and vLLM's other serve flags are accepted, noted or refused as \
+docs/compatibility-flags.md lists them (`deltaserve serve MODEL ...` takes vLLM's form)."
+    )]
     Serve(Box<deltaserve_api::ServeArgs>),
     /// Chat with a model in the terminal (one-shot with MESSAGE, interactive without).
     Chat(commands::chat::ChatArgs),
@@ -42,7 +47,7 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(deltaserve_api::compat_argv::normalize(std::env::args_os()));
     let result = match cli.command {
         Command::Serve(args) => commands::serve::run(*args),
         Command::Chat(args) => commands::chat::run(args),

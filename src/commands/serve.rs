@@ -3,7 +3,8 @@
 
 use crate::loading::{load_model, with_model, AnyModel, ModelArgs};
 use anyhow::{Context, Result};
-use deltaserve_api::{AppState, HealthStatus, ServeArgs, ServerConfig};
+use deltaserve_api::chat_template_flag::load_chat_template;
+use deltaserve_api::{AppState, HealthStatus, ModelDtype, ServeArgs, ServerConfig};
 use deltaserve_doctor::canary::{judge, CanaryOutcome, CanarySpec};
 use deltaserve_engine::pool_plan::{plan_pools, Memory, PoolPlan, PoolRequest};
 use deltaserve_engine::{
@@ -11,7 +12,7 @@ use deltaserve_engine::{
     SharedEngine, SpecConfig,
 };
 use deltaserve_model::config::ModelConfig;
-use deltaserve_tensor::Backend;
+use deltaserve_tensor::{Backend, DType};
 use deltaserve_text::Tokenizer;
 use std::sync::Arc;
 
@@ -19,6 +20,8 @@ use std::sync::Arc;
 const DEFAULT_CHUNKED_PREFILL: usize = 256;
 const DEFAULT_PAGE_SIZE: usize = 16;
 const DEFAULT_MAX_QUEUED: usize = 1024;
+/// Decode statistics line every this many steps when `--decode-log-interval` is not given (SGLang's).
+const DEFAULT_DECODE_LOG_INTERVAL: usize = 40;
 
 /// Memory the pools may draw on: what the OS reports available now (weights already loaded).
 fn available_memory_bytes() -> usize {
@@ -34,7 +37,7 @@ fn available_memory_bytes() -> usize {
 
 fn model_args(args: &ServeArgs) -> ModelArgs {
     ModelArgs {
-        model_path: args.model_path.clone(),
+        model_path: args.model_path(),
         backend: args.backend,
         load_format: args.load_format,
         threads: args.threads.unwrap_or(0),
@@ -73,7 +76,7 @@ fn print_summary(
     eprintln!("deltaserve ready to prove itself:");
     eprintln!(
         "  model            {} ({:?}, {} layers, dtype {dtype})",
-        args.model_path.display(),
+        args.model_path().display(),
         config.architecture,
         config.num_hidden_layers
     );
@@ -141,7 +144,43 @@ async fn run_canary(
     Ok(judge(spec, &tokens, stopped, Some(tokenizer)))
 }
 
+/// `--dtype` checks against the checkpoint's dtype (config.json), before any weight is read.
+fn check_dtype(args: &ServeArgs, config: &ModelConfig) -> Result<()> {
+    let checkpoint = match config.dtype {
+        Some(DType::BF16) => ModelDtype::BFloat16,
+        Some(DType::F16) => ModelDtype::Float16,
+        Some(DType::F32) => ModelDtype::Float32,
+        None => ModelDtype::Auto,
+    };
+    Ok(args.dtype.check_against(checkpoint)?)
+}
+
+/// The tokenizer of `--tokenizer-path` (else the model directory), with `--chat-template` in place of
+/// the model's own templates.
+fn load_tokenizer(args: &ServeArgs) -> Result<Tokenizer> {
+    let (flag, dir) = match &args.tokenizer_path {
+        Some(dir) => (
+            "--tokenizer-path",
+            crate::demo_model::resolve_model_path(dir)?,
+        ),
+        None => ("--model-path", args.model_path()),
+    };
+    let tokenizer =
+        Tokenizer::from_dir(&dir).with_context(|| format!("{flag} {}", dir.display()))?;
+    Ok(match &args.chat_template {
+        Some(value) => tokenizer.with_chat_template(load_chat_template(value)?),
+        None => tokenizer,
+    })
+}
+
 pub fn run(mut args: ServeArgs) -> Result<()> {
+    let notes = args.resolve_compat(&|name| std::env::var(name).ok())?;
+    let log_level = args.log_level();
+    if log_level.shows_warnings() {
+        for note in &notes {
+            eprintln!("compatibility: {note}");
+        }
+    }
     // Every model this server runs (Qwen3.5 / Qwen3.6 / Qwen3-Next) writes <think> blocks and
     // Qwen3-Coder XML tool calls, so their parsers are on unless other ones are named.
     args.reasoning_parser
@@ -149,16 +188,19 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
     args.tool_call_parser
         .get_or_insert_with(|| "qwen3_coder".to_string());
     let speculative = args.validate()?;
-    if args.served_model_name.is_none()
-        && args.model_path.as_os_str() == crate::demo_model::DEMO_MODEL_NAME
+    if args.served_model_name.is_empty()
+        && args.model_path().as_os_str() == crate::demo_model::DEMO_MODEL_NAME
     {
-        args.served_model_name = Some(crate::demo_model::DEMO_MODEL_NAME.to_string());
+        args.served_model_name = vec![crate::demo_model::DEMO_MODEL_NAME.to_string()];
     }
-    args.model_path = crate::demo_model::resolve_model_path(&args.model_path)?;
-    let tokenizer = Arc::new(
-        Tokenizer::from_dir(&args.model_path)
-            .with_context(|| format!("--model-path {}", args.model_path.display()))?,
-    );
+    let model_path = crate::demo_model::resolve_model_path(&args.model_path())?;
+    args.model_path = Some(model_path.clone());
+    check_dtype(
+        &args,
+        &ModelConfig::from_dir(&model_path)
+            .with_context(|| format!("--model-path {}", model_path.display()))?,
+    )?;
+    let tokenizer = Arc::new(load_tokenizer(&args)?);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -176,7 +218,7 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
             Some(_) if config.mtp_num_hidden_layers == 0 => anyhow::bail!(
                 "--speculative-algorithm {}: {} has no MTP head (mtp_num_hidden_layers is 0)",
                 args.speculative_algorithm.as_deref().unwrap_or("NEXTN"),
-                args.model_path.display()
+                model_path.display()
             ),
             Some(s) => Some(SpecConfig { num_steps: s.num_steps, disable_batch_size: s.disable_batch_size, fault: Default::default() }),
             None => None,
@@ -208,37 +250,51 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
             chunked_prefill_size: chunk,
             context_length: plan.context_length,
             max_queued_requests: args.max_queued_requests.unwrap_or(DEFAULT_MAX_QUEUED),
-            decode_log_interval: 40,
+            decode_log_interval: if log_level.shows_info() {
+                args.decode_log_interval.unwrap_or(DEFAULT_DECODE_LOG_INTERVAL)
+            } else {
+                0
+            },
             speculative: spec.clone(),
         };
-        print_summary(&args, &config, backend_name, &plan, spec.as_ref());
+        if log_level.shows_info() {
+            print_summary(&args, &config, backend_name, &plan, spec.as_ref());
+        }
         let local: Arc<LocalEngine> = with_model!(model, m => LocalEngine::spawn(m, engine_config));
+        if let Some(timeout) = args.watchdog_timeout() {
+            crate::watchdog::spawn(local.clone(), state.clone(), timeout)?;
+        }
         let engine: SharedEngine = local.clone();
         state.attach_engine(engine.clone());
         let metrics_engine = local.clone();
         state.set_engine_metrics(Arc::new(move || metrics_engine.prometheus_metrics()));
 
         if args.skip_canary {
-            eprintln!("canary skipped (--skip-canary): /health proves generation, not correctness");
+            let flag = if args.compat.skip_server_warmup { "--skip-server-warmup" } else { "--skip-canary" };
+            eprintln!("canary skipped ({flag}): /health proves generation, not correctness");
             state.health.set(HealthStatus::Ready);
         } else {
             state.health.set(HealthStatus::Loading("running the start-up canary".into()));
-            let spec = CanarySpec::for_model(&args.model_path, Some(&tokenizer), config.vocab_size).map_err(anyhow::Error::msg)?;
+            let spec = CanarySpec::for_model(&model_path, Some(&tokenizer), config.vocab_size).map_err(anyhow::Error::msg)?;
             match run_canary(&engine, &spec, &tokenizer).await {
                 Ok(outcome) => match outcome.failure() {
                     None => {
-                        eprintln!("canary ok: {:?}", outcome.text);
+                        if log_level.shows_info() {
+                            eprintln!("canary ok: {:?}", outcome.text);
+                        }
                         state.health.set(HealthStatus::Ready);
                     }
                     Some(why) => {
-                        eprintln!("CANARY FAILED: {why}\n  the model does not generate correct text on this backend; /health stays 503. Run `deltaserve doctor --model-path {}` to locate the fault.", args.model_path.display());
+                        eprintln!("CANARY FAILED: {why}\n  the model does not generate correct text on this backend; /health stays 503. Run `deltaserve doctor --model-path {}` to locate the fault.", model_path.display());
                         state.health.set(HealthStatus::Failed(format!("start-up canary failed: {why}")));
                     }
                 },
                 Err(why) => state.health.set(HealthStatus::Failed(why)),
             }
         }
-        eprintln!("listening on http://{addr}");
+        if log_level.shows_info() {
+            eprintln!("listening on http://{addr}");
+        }
         server.await.context("the server task failed")??;
         Ok(())
     })

@@ -9,19 +9,42 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 
 use crate::auth::ApiKey;
+use crate::compat::CompatArgs;
+use crate::flag_values::{
+    parse_template_kwargs, KvCacheDtype, LogLevel, ModelDtype, SchedulePolicy,
+};
 use crate::limits::{
     RequestLimits, DEFAULT_MAX_MESSAGES, DEFAULT_MAX_N, DEFAULT_MAX_STOP_STRINGS,
     DEFAULT_MAX_TOKENS_CAP, DEFAULT_MAX_TOP_LOGPROBS,
 };
 use crate::state::{DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CONNECTIONS, DEFAULT_REQUEST_TIMEOUT_SECS};
+use serde_json::{Map, Value};
 
 /// Flags of `deltaserve serve`.
 #[derive(Args, Debug, Clone, PartialEq)]
 pub struct ServeArgs {
     /// Model directory (config.json, *.safetensors, tokenizer.json, generation_config.json); `demo`
     /// (the default) is the bundled demo model.
-    #[arg(long, alias = "model", default_value = "demo")]
-    pub model_path: PathBuf,
+    #[arg(long, value_name = "DIR")]
+    pub model_path: Option<PathBuf>,
+    /// Tokenizer directory (tokenizer.json, tokenizer_config.json, chat template) when it is not the
+    /// model directory.
+    #[arg(long, value_name = "DIR")]
+    pub tokenizer_path: Option<PathBuf>,
+    /// Chat template for every request: a Jinja file, or the template itself inline (replaces the
+    /// model's own templates).
+    #[arg(long, value_name = "FILE|TEMPLATE")]
+    pub chat_template: Option<String>,
+    /// Template variables every chat request starts from, as a JSON object (vLLM's flag), e.g.
+    /// '{"enable_thinking": false}'; a request's own `chat_template_kwargs` win.
+    #[arg(long, value_name = "JSON", value_parser = parse_template_kwargs)]
+    pub default_chat_template_kwargs: Option<Map<String, Value>>,
+    /// The dtype the weights run in: `auto` or the checkpoint's own (weights are never converted).
+    #[arg(long, value_name = "DTYPE", value_parser = ModelDtype::parse, default_value = "auto")]
+    pub dtype: ModelDtype,
+    /// KV cache dtype: `auto`, `bf16`, `fp32` (fp8 is refused).
+    #[arg(long, value_name = "DTYPE", value_parser = KvCacheDtype::parse, default_value = "auto")]
+    pub kv_cache_dtype: KvCacheDtype,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -29,8 +52,9 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 30000)]
     pub port: u16,
     /// Model name reported by /v1/models and accepted in requests (default: --model-path as given).
-    #[arg(long)]
-    pub served_model_name: Option<String>,
+    /// Several names (vLLM) are all accepted in requests; responses and /v1/models show the first.
+    #[arg(long, num_args = 1.., value_name = "NAME")]
+    pub served_model_name: Vec<String>,
     /// Maximum prompt + completion tokens of one request (default: the model's max_position_embeddings).
     #[arg(long)]
     pub context_length: Option<usize>,
@@ -49,11 +73,13 @@ pub struct ServeArgs {
     /// Data type of the recurrent GDN state.
     #[arg(long, value_enum, default_value_t = MambaSsmDtype::Float32)]
     pub mamba_ssm_dtype: MambaSsmDtype,
-    /// Full-attention kernel choice; deltaserve has one attention implementation per --backend.
+    /// Full-attention kernel choice; deltaserve has one attention implementation per --backend
+    /// (`auto`/`native`). SGLang's and vLLM's kernel names (triton, flashinfer, fa3, ...) are accepted
+    /// with a start-up note.
     #[arg(long)]
     pub attention_backend: Option<String>,
     /// Speculative decoding with the model's own MTP head: NEXTN (alias MTP).
-    #[arg(long, alias = "speculative-algo")]
+    #[arg(long)]
     pub speculative_algorithm: Option<String>,
     /// Draft tokens proposed per verify step.
     #[arg(long)]
@@ -73,9 +99,12 @@ pub struct ServeArgs {
     /// Parse tool calls out of model output: qwen3_coder.
     #[arg(long)]
     pub tool_call_parser: Option<String>,
-    /// Tensor-parallel degree.
-    #[arg(long, alias = "tp", default_value_t = 1)]
-    pub tp_size: usize,
+    /// Tensor-parallel degree (1, the default: every backend runs on one device).
+    #[arg(long, value_name = "N")]
+    pub tp_size: Option<usize>,
+    /// Data-parallel degree (1, the default: one engine per process).
+    #[arg(long, value_name = "N")]
+    pub dp_size: Option<usize>,
     /// `auto` reads the safetensors weights; `dummy` makes random weights of the right shapes.
     #[arg(long, value_enum, default_value_t = LoadFormat::Auto)]
     pub load_format: LoadFormat,
@@ -165,6 +194,26 @@ pub struct ServeArgs {
     /// Most open client connections; further ones wait in the listen backlog until one closes.
     #[arg(long, default_value_t = DEFAULT_MAX_CONNECTIONS)]
     pub max_concurrent_connections: usize,
+    /// Seed of the requests that bring none, so that a server's sampled outputs can be reproduced
+    /// (default: a fresh seed per request).
+    #[arg(long, value_name = "SEED")]
+    pub random_seed: Option<u64>,
+    /// `debug`, `info` (default), `warning`, `error`, `critical`; also read from VLLM_LOGGING_LEVEL.
+    #[arg(long, value_enum, value_name = "LEVEL")]
+    pub log_level: Option<LogLevel>,
+    /// Print a decode statistics line every this many decode steps (0: never; default 40).
+    #[arg(long, value_name = "STEPS")]
+    pub decode_log_interval: Option<usize>,
+    /// Exit (status 1, /health failed first) when requests are running and no forward step finished
+    /// in this many seconds (default: no watchdog).
+    #[arg(long, value_name = "SECS")]
+    pub watchdog_timeout: Option<f64>,
+    /// Order in which waiting requests are admitted: `fcfs` (deltaserve's; other SGLang policies are
+    /// accepted with a note).
+    #[arg(long, value_enum, value_name = "POLICY")]
+    pub schedule_policy: Option<SchedulePolicy>,
+    #[command(flatten)]
+    pub compat: CompatArgs,
 }
 
 /// `--degeneration-action`.
@@ -228,8 +277,19 @@ pub struct SpeculativeConfig {
     pub disable_batch_size: Option<usize>,
 }
 
+/// `--model-path` when none is given: the bundled demo model.
+pub const DEFAULT_MODEL_PATH: &str = "demo";
+
 /// Default draft length when only `--speculative-algorithm` is given (SGLang's NEXTN default).
 const DEFAULT_SPECULATIVE_STEPS: usize = 3;
+
+/// Data parallelism is not implemented (a separate issue); `flag` is the spelling used.
+pub(crate) fn data_parallel_refusal(flag: &str, dp: usize) -> ArgsError {
+    ArgsError(format!(
+        "{flag} {dp} is not supported: one deltaserve process runs one engine; run {dp} processes on \
+         different ports behind a load balancer instead"
+    ))
+}
 
 /// A flag combination refused at start-up.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -251,11 +311,34 @@ impl ServeArgs {
         self.speculative()
     }
 
+    /// `--model-path` as given, or `demo`.
+    pub fn model_path(&self) -> PathBuf {
+        self.model_path
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_MODEL_PATH))
+    }
+
     /// The name clients use in `model` and see in /v1/models.
     pub fn model_name(&self) -> String {
         self.served_model_name
-            .clone()
-            .unwrap_or_else(|| self.model_path.display().to_string())
+            .first()
+            .cloned()
+            .unwrap_or_else(|| self.model_path().display().to_string())
+    }
+
+    /// Further names requests may use (`--served-model-name NAME ALIAS...`).
+    pub fn model_aliases(&self) -> Vec<String> {
+        self.served_model_name.iter().skip(1).cloned().collect()
+    }
+
+    /// `--log-level`, or `info`.
+    pub fn log_level(&self) -> LogLevel {
+        self.log_level.unwrap_or_default()
+    }
+
+    /// `--watchdog-timeout` as a duration.
+    pub fn watchdog_timeout(&self) -> Option<Duration> {
+        self.watchdog_timeout.map(Duration::from_secs_f64)
     }
 
     /// `None` when chunked prefill is off (`--chunked-prefill-size -1`).
@@ -321,8 +404,17 @@ impl ServeArgs {
                 return refuse(format!("{flag} must be at least 1, found 0"));
             }
         }
-        if self.tp_size == 0 {
-            return refuse("--tp-size must be at least 1, found 0");
+        for (flag, value) in [("--tp-size", self.tp_size), ("--dp-size", self.dp_size)] {
+            if value == Some(0) {
+                return refuse(format!("{flag} must be at least 1, found 0"));
+            }
+        }
+        if let Some(secs) = self.watchdog_timeout {
+            if !(secs > 0.0 && secs.is_finite()) {
+                return refuse(format!(
+                    "--watchdog-timeout must be a positive number of seconds, found {secs}"
+                ));
+            }
         }
         if let Some(n) = self.chunked_prefill_size {
             if n == 0 || n < -1 {
@@ -429,13 +521,11 @@ impl ServeArgs {
     }
 
     fn validate_backend(&self) -> Result<(), ArgsError> {
-        if self.tp_size > 1 {
-            return refuse(format!(
-                "--tp-size {} is not supported: every backend runs on one device (cuda: one GPU; cpu: \
-                 one process, use --threads for parallelism); --backend is {}",
-                self.tp_size,
-                self.backend_name()
-            ));
+        if let Some(tp) = self.tp_size.filter(|&tp| tp > 1) {
+            return Err(self.tensor_parallel_refusal("--tp-size", tp));
+        }
+        if let Some(dp) = self.dp_size.filter(|&dp| dp > 1) {
+            return Err(data_parallel_refusal("--dp-size", dp));
         }
         if let Some(attention) = &self.attention_backend {
             match attention.as_str() {
@@ -455,7 +545,16 @@ impl ServeArgs {
         Ok(())
     }
 
-    fn backend_name(&self) -> &'static str {
+    /// Tensor parallelism is not implemented (a separate issue); `flag` is the spelling used.
+    pub(crate) fn tensor_parallel_refusal(&self, flag: &str, tp: usize) -> ArgsError {
+        ArgsError(format!(
+            "{flag} {tp} is not supported: every backend runs on one device (cuda: one GPU; cpu: one \
+             process, use --threads for parallelism); --backend is {}",
+            self.backend_name()
+        ))
+    }
+
+    pub(crate) fn backend_name(&self) -> &'static str {
         match self.backend {
             BackendKind::Auto => "auto",
             BackendKind::Reference => "reference",
@@ -566,8 +665,13 @@ mod tests {
         let args = parse("--model-path /m");
         assert_eq!(args.host, "127.0.0.1");
         assert_eq!(args.port, 30000);
-        assert_eq!(args.tp_size, 1);
+        assert_eq!(args.tp_size, None);
         assert_eq!(args.model_name(), "/m");
+        let args = parse("--model-path /m --served-model-name qwen3-next qwen");
+        assert_eq!(
+            (args.model_name(), args.model_aliases()),
+            ("qwen3-next".to_string(), vec!["qwen".to_string()])
+        );
         assert_eq!(args.validate().unwrap(), None);
         assert_eq!(args.listen_addr().unwrap().to_string(), "127.0.0.1:30000");
         assert_eq!(args.degeneration_action, DegenerationAction::Log);
@@ -623,8 +727,15 @@ mod tests {
         assert!(e.contains("deepseek-r1") && e.contains("qwen3"), "{e}");
         let e = refused("--model-path m --tool-call-parser hermes");
         assert!(e.contains("hermes"), "{e}");
-        let e = refused("--model-path m --attention-backend flashinfer");
-        assert!(e.contains("flashinfer"), "{e}");
+        let e = refused("--model-path m --attention-backend flashinfer-xl");
+        assert!(e.contains("flashinfer-xl"), "{e}");
+        let e = refused("--model-path m --dp-size 2");
+        assert!(
+            e.contains("--dp-size 2") && e.contains("load balancer"),
+            "{e}"
+        );
+        let e = refused("--model-path m --watchdog-timeout 0");
+        assert!(e.contains("--watchdog-timeout"), "{e}");
         let e = refused("--model-path m --max-mamba-cache-size 8 --mamba-full-memory-ratio 0.5");
         assert!(
             e.contains("--max-mamba-cache-size 8") && e.contains("--mamba-full-memory-ratio"),

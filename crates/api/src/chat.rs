@@ -72,7 +72,13 @@ async fn chat(
     let options = RenderOptions {
         tools: with_tools.then(|| request.tools.clone()),
         add_generation_prompt: true,
-        kwargs: request.template_kwargs.clone(),
+        kwargs: state
+            .config
+            .default_template_kwargs
+            .clone()
+            .into_iter()
+            .chain(request.template_kwargs.clone())
+            .collect(),
     };
     let prompt_text = state
         .chat_template(with_tools)?

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use deltaserve_engine::{GenerationRequest, SharedEngine};
+use deltaserve_engine::{GenerationRequest, SamplingParams, SharedEngine};
 use deltaserve_text::ThinkTokenIds;
 
 use crate::error::ApiError;
@@ -80,10 +80,14 @@ pub fn start_choices(
         ThinkTokenIds::from_tokenizer(tokenizer).map(|tags| (tags, prompt.opens_reasoning));
     (0..params.n)
         .map(|i| {
+            let sampling = params.sampling(defaults, first_index + i);
             let spec = ChoiceSpec {
                 request: GenerationRequest {
                     prompt_ids: prompt.ids.clone(),
-                    sampling: params.sampling(defaults, first_index + i),
+                    sampling: SamplingParams {
+                        seed: sampling.seed.or_else(|| state.default_seed()),
+                        ..sampling
+                    },
                     max_new_tokens: budget,
                     stop_token_ids: stop_token_ids.clone(),
                     disable_speculation: params.disable_speculation,

@@ -30,7 +30,7 @@ pub fn read_json(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Va
 /// 404 unless `requested` is absent or the served model name.
 pub fn check_model(state: &AppState, requested: Option<&str>) -> Result<(), ApiError> {
     match requested {
-        Some(name) if name != state.config.model_name => {
+        Some(name) if !state.serves_model(name) => {
             Err(ApiError::model_not_found(name, &state.config.model_name))
         }
         _ => Ok(()),

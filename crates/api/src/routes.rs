@@ -162,7 +162,7 @@ async fn get_model(
     State(state): State<Arc<AppState>>,
     axum::extract::Path(model): axum::extract::Path<String>,
 ) -> Response {
-    if model == state.config.model_name {
+    if state.serves_model(&model) {
         axum::Json(model_card(&state)).into_response()
     } else {
         ApiError::model_not_found(&model, &state.config.model_name).into_response()

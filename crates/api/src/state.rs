@@ -16,6 +16,7 @@ use crate::health::HealthMonitor;
 use crate::limits::RequestLimits;
 use crate::metrics::HttpMetrics;
 use crate::output_watch::WatchSpec;
+use crate::server_seed::SeedSequence;
 
 /// Produces the engine's Prometheus text for /metrics.
 pub type MetricsSource = Arc<dyn Fn() -> String + Send + Sync>;
@@ -25,6 +26,8 @@ pub type MetricsSource = Arc<dyn Fn() -> String + Send + Sync>;
 pub struct ServerConfig {
     /// The name in /v1/models; requests naming another model get 404.
     pub model_name: String,
+    /// Other names requests may use (`--served-model-name NAME ALIAS...`).
+    pub model_aliases: Vec<String>,
     /// `--reasoning-parser qwen3`: split output into reasoning_content and content.
     pub reasoning_parser: bool,
     /// `--tool-call-parser qwen3_coder`: parse tool calls out of output.
@@ -55,6 +58,10 @@ pub struct ServerConfig {
     pub request_timeout: Option<Duration>,
     /// `--max-concurrent-connections`: open connections beyond this wait to be accepted (0 counts as 1).
     pub max_connections: usize,
+    /// `--random-seed`: requests without a `seed` get seeds derived from it (`None`: fresh seeds).
+    pub random_seed: Option<u64>,
+    /// `--default-chat-template-kwargs`: template variables under every chat request's own.
+    pub default_template_kwargs: serde_json::Map<String, serde_json::Value>,
 }
 
 /// Default request body limit: generous for long prompts, small enough to refuse abuse.
@@ -70,6 +77,7 @@ impl ServerConfig {
     pub fn from_args(args: &ServeArgs) -> Self {
         Self {
             model_name: args.model_name(),
+            model_aliases: args.model_aliases(),
             reasoning_parser: args.reasoning_parser.is_some(),
             tool_call_parser: args.tool_call_parser.is_some(),
             enable_metrics: args.enable_metrics,
@@ -84,6 +92,11 @@ impl ServerConfig {
             limits: args.request_limits(),
             request_timeout: args.request_timeout(),
             max_connections: args.max_concurrent_connections,
+            random_seed: args.random_seed,
+            default_template_kwargs: args
+                .default_chat_template_kwargs
+                .clone()
+                .unwrap_or_default(),
         }
     }
 
@@ -91,6 +104,7 @@ impl ServerConfig {
     pub fn new(model_name: impl Into<String>) -> Self {
         Self {
             model_name: model_name.into(),
+            model_aliases: Vec::new(),
             reasoning_parser: true,
             tool_call_parser: true,
             enable_metrics: true,
@@ -105,6 +119,8 @@ impl ServerConfig {
             limits: RequestLimits::default(),
             request_timeout: Some(Duration::from_secs(DEFAULT_REQUEST_TIMEOUT_SECS)),
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            random_seed: None,
+            default_template_kwargs: serde_json::Map::new(),
         }
     }
 }
@@ -133,6 +149,8 @@ pub struct AppState {
     /// Set to true when the shutdown grace period runs out: every running choice then ends with an
     /// error event (streams) or error response instead of a cut connection.
     pub shutdown_cut: tokio::sync::watch::Sender<bool>,
+    /// Seeds of requests that bring none, with `--random-seed`.
+    default_seeds: Option<SeedSequence>,
 }
 
 impl AppState {
@@ -144,6 +162,7 @@ impl AppState {
             with_tools: ChatTemplate::from_tokenizer(&tokenizer, true),
         };
         let health = HealthMonitor::new(config.health_interval, config.health_probe_timeout);
+        let default_seeds = config.random_seed.map(SeedSequence::new);
         let detector = match DegenerationDetector::new(config.degeneration.clone()) {
             Ok(detector) => Some(detector),
             Err(error) => {
@@ -161,6 +180,7 @@ impl AppState {
             templates,
             detector,
             shutdown_cut: tokio::sync::watch::channel(false).0,
+            default_seeds,
             created: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map(|d| d.as_secs())
@@ -208,6 +228,17 @@ impl AppState {
             action: self.config.degeneration_action,
             starts_in_reasoning,
         })
+    }
+
+    /// Whether requests may name the model `name`.
+    pub fn serves_model(&self, name: &str) -> bool {
+        name == self.config.model_name || self.config.model_aliases.iter().any(|a| a == name)
+    }
+
+    /// The seed for a choice whose request brought none: derived from `--random-seed`, or `None`
+    /// (the engine then picks a fresh one).
+    pub fn default_seed(&self) -> Option<u64> {
+        self.default_seeds.as_ref().map(SeedSequence::next_seed)
     }
 
     /// The chat template for a request with or without tools.

@@ -124,6 +124,48 @@ async fn request_fields_override_generation_config() {
 }
 
 #[tokio::test]
+async fn random_seed_seeds_requests_that_bring_none_reproducibly() {
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let server = TestServer::start_with(FakeEngine::replying(THINK_REPLY), |config| {
+            config.random_seed = Some(7);
+        })
+        .await;
+        for body in [
+            json!({"messages": user("hi"), "n": 2}),
+            json!({"messages": user("hi"), "seed": 42}),
+        ] {
+            let reply = server.post("/v1/chat/completions", &body).await;
+            assert_eq!(reply.status, 200, "{}", reply.body);
+        }
+        let seeds: Vec<Option<u64>> = server
+            .engine
+            .requests()
+            .iter()
+            .map(|r| r.sampling.seed)
+            .collect();
+        seen.push(seeds);
+    }
+    let (first, second) = (&seen[0], &seen[1]);
+    assert_eq!(first[2], Some(42), "a request's own seed wins");
+    assert!(first[0].is_some() && first[1].is_some() && first[0] != first[1]);
+    let mut unseeded = second[..2].to_vec();
+    unseeded.sort_unstable();
+    let mut expected = first[..2].to_vec();
+    expected.sort_unstable();
+    assert_eq!(unseeded, expected, "the same seed gives the same seeds");
+    let server = TestServer::start(FakeEngine::replying(THINK_REPLY)).await;
+    server
+        .post("/v1/chat/completions", &json!({"messages": user("hi")}))
+        .await;
+    assert_eq!(
+        server.engine.requests()[0].sampling.seed,
+        None,
+        "without --random-seed the engine picks fresh seeds"
+    );
+}
+
+#[tokio::test]
 async fn chat_streaming_chunks_in_openai_format() {
     let server = TestServer::start(FakeEngine::replying(THINK_REPLY)).await;
     let reply = server
@@ -266,6 +308,60 @@ async fn thinking_disabled_by_kwargs_or_top_level_field() {
         assert_eq!(request.prompt_ids, expected);
     }
     assert!(rendered("q", json!({"enable_thinking": false})).ends_with("<think>\n\n</think>\n\n"));
+}
+
+#[tokio::test]
+async fn server_default_template_kwargs_sit_under_the_request_ones() {
+    let server = TestServer::start_with(FakeEngine::replying("Just 4.<|im_end|>"), |config| {
+        config.default_template_kwargs = json!({"enable_thinking": false})
+            .as_object()
+            .cloned()
+            .unwrap();
+    })
+    .await;
+    for body in [
+        json!({"messages": user("q")}),
+        json!({"messages": user("q"), "chat_template_kwargs": {"enable_thinking": true}}),
+    ] {
+        let reply = server.post("/v1/chat/completions", &body).await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+    }
+    let requests = server.engine.requests();
+    assert_eq!(
+        requests[0].prompt_ids,
+        ids(&rendered("q", json!({"enable_thinking": false})))
+    );
+    assert_eq!(
+        requests[1].prompt_ids,
+        ids(&rendered("q", json!({"enable_thinking": true})))
+    );
+}
+
+#[tokio::test]
+async fn every_served_model_name_is_accepted_the_first_is_reported() {
+    let server = TestServer::start_with(FakeEngine::replying("Just 4.<|im_end|>"), |config| {
+        config.model_name = "qwen3-next".into();
+        config.model_aliases = vec!["qwen".into()];
+    })
+    .await;
+    for name in ["qwen3-next", "qwen"] {
+        let reply = server
+            .post(
+                "/v1/chat/completions",
+                &json!({"model": name, "messages": user("q")}),
+            )
+            .await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        assert_eq!(reply.json()["model"], "qwen3-next");
+        assert_eq!(server.get(&format!("/v1/models/{name}")).await.status, 200);
+    }
+    let reply = server
+        .post(
+            "/v1/chat/completions",
+            &json!({"model": "other", "messages": user("q")}),
+        )
+        .await;
+    reply.error(404);
 }
 
 fn weather_tools() -> Value {

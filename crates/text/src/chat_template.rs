@@ -18,7 +18,8 @@ use crate::tokenizer::{SpecialTokenStrings, Tokenizer};
 
 const TEMPLATE_NAME: &str = "chat_template";
 /// Variables the renderer sets itself; template kwargs may not replace them (HF raises a TypeError).
-const RESERVED_VARIABLES: [&str; 4] = ["messages", "tools", "documents", "add_generation_prompt"];
+pub const RESERVED_VARIABLES: [&str; 4] =
+    ["messages", "tools", "documents", "add_generation_prompt"];
 
 /// Template instructions one render may execute. Qwen's template over 1021 messages (reasoning, tool
 /// calls, tool results) and 16 tools uses about 103k, under 1/100 of this (the

@@ -13,7 +13,7 @@ mod tag_scan;
 mod tokenizer;
 mod tool_calls;
 
-pub use chat_template::{ChatTemplate, RenderOptions, TemplateError};
+pub use chat_template::{ChatTemplate, RenderOptions, TemplateError, RESERVED_VARIABLES};
 pub use detokenizer::Detokenizer;
 pub use generation_config::GenerationDefaults;
 pub use messages::{ChatMessage, FunctionCall, MessageContent, ToolCall};

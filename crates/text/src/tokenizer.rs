@@ -251,6 +251,15 @@ impl Tokenizer {
             .or_else(|| self.chat_template())
     }
 
+    /// Replaces every template the model ships (default and named ones) by `source`: an operator's
+    /// `--chat-template` applies to requests with and without tools alike.
+    pub fn with_chat_template(mut self, source: String) -> Self {
+        self.chat_templates.clear();
+        self.chat_templates
+            .insert(DEFAULT_TEMPLATE.to_string(), source);
+        self
+    }
+
     pub fn generation_defaults(&self) -> &GenerationDefaults {
         &self.generation
     }

@@ -521,3 +521,14 @@ fn jinja_features_render_like_transformers() {
     assert!(cases.len() >= 25);
     assert!(mismatches.is_empty(), "{}", mismatches.join("\n"));
 }
+
+#[test]
+fn an_operator_template_replaces_every_model_template() {
+    let tok = tokenizer().with_chat_template("{{ messages[0].content }}?".to_string());
+    assert_eq!(tok.chat_template(), Some("{{ messages[0].content }}?"));
+    assert_eq!(
+        tok.chat_template_for(true),
+        Some("{{ messages[0].content }}?")
+    );
+    assert_eq!(tok.chat_template_named("tool_use"), None);
+}
