@@ -166,7 +166,6 @@ fn command_lines(template: &str) -> Vec<DropIn> {
                 "--trust-remote-code",
                 "--enable-torch-compile",
                 "--attention-backend",
-                "--cuda-graph-max-bs",
             ],
         ),
         line(

@@ -82,6 +82,9 @@ pub struct CompatArgs {
     /// = --decode-log-interval 0 (vLLM: no periodic statistics lines).
     #[arg(long)]
     pub disable_log_stats: bool,
+    /// = --disable-cuda-graph (vLLM).
+    #[arg(long)]
+    pub enforce_eager: bool,
     #[command(flatten)]
     pub foreign: ForeignFlags,
 }
@@ -302,6 +305,7 @@ impl ServeArgs {
             &[("--disable-log-stats", compat.disable_log_stats.then_some(0))],
         )?;
         self.skip_canary |= compat.skip_server_warmup;
+        self.disable_cuda_graph |= compat.enforce_eager;
         Ok(())
     }
 

@@ -62,8 +62,8 @@ fn only(flag: &str, values: &[String], expected: u64, why: &str) -> Verdict {
     }
 }
 
-const NO_CUDA_GRAPHS: &str =
-    "deltaserve does not capture CUDA graphs; each step launches its kernels directly";
+const GRAPH_SIZES: &str =
+    "deltaserve records every decode batch size up to --cuda-graph-max-bs (default 32) on first use; set that flag instead";
 const NO_TORCH: &str =
     "deltaserve has no PyTorch to compile; its kernels are built by NVRTC at start-up (cuda) or ahead of time (cpu)";
 const OWN_KERNELS: &str =
@@ -105,34 +105,16 @@ pub static FOREIGN_FLAGS: &[ForeignFlag] = &[
         verdict: |_, _| note(NO_TORCH),
     },
     ForeignFlag {
-        long: "disable-cuda-graph",
-        origin: Origin::Sglang,
-        takes: Takes::Nothing,
-        verdict: |_, _| Verdict::Same,
-    },
-    ForeignFlag {
-        long: "enforce-eager",
-        origin: Origin::Vllm,
-        takes: Takes::Nothing,
-        verdict: |_, _| Verdict::Same,
-    },
-    ForeignFlag {
-        long: "cuda-graph-max-bs",
-        origin: Origin::Sglang,
-        takes: Takes::One,
-        verdict: |_, _| note(NO_CUDA_GRAPHS),
-    },
-    ForeignFlag {
         long: "cuda-graph-bs",
         origin: Origin::Sglang,
         takes: Takes::Many,
-        verdict: |_, _| note(NO_CUDA_GRAPHS),
+        verdict: |_, _| note(GRAPH_SIZES),
     },
     ForeignFlag {
         long: "max-cudagraph-capture-size",
         origin: Origin::Vllm,
         takes: Takes::One,
-        verdict: |_, _| note(NO_CUDA_GRAPHS),
+        verdict: |_, _| note(GRAPH_SIZES),
     },
     ForeignFlag {
         long: "prefill-attention-backend",
@@ -627,7 +609,7 @@ mod tests {
             ]
         );
         assert!(matches!(&v[0].1, Verdict::Note(n) if n.contains("never runs code")));
-        assert!(matches!(&v[1].1, Verdict::Note(n) if n.contains("CUDA graphs")));
+        assert!(matches!(&v[1].1, Verdict::Note(n) if n.contains("--cuda-graph-max-bs")));
         assert_eq!(v[2].1, Verdict::Same);
         assert_eq!(v[3].1, Verdict::Same);
     }
