@@ -169,6 +169,10 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
         let margs = model_args(&args);
         let model: AnyModel = tokio::task::spawn_blocking(move || load_model(&margs)).await.context("the loading thread failed")??;
         let (config, backend_name) = with_model!(&model, m => (m.config.clone(), m.backend.name()));
+        let backend_name = match model.cpu_kernels() {
+            Some(kernels) => format!("{backend_name} ({kernels} kernels)"),
+            None => backend_name.to_string(),
+        };
         let spec = match speculative {
             Some(_) if config.mtp_num_hidden_layers == 0 => anyhow::bail!(
                 "--speculative-algorithm {}: {} has no MTP head (mtp_num_hidden_layers is 0)",
@@ -203,7 +207,7 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
             decode_log_interval: 40,
             speculative: spec.clone(),
         };
-        print_summary(&args, &config, backend_name, &plan, spec.as_ref());
+        print_summary(&args, &config, &backend_name, &plan, spec.as_ref());
         let local: Arc<LocalEngine> = with_model!(model, m => LocalEngine::spawn(m, engine_config));
         let engine: SharedEngine = local.clone();
         state.attach_engine(engine.clone());
