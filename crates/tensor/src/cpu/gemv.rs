@@ -1,6 +1,7 @@
 //! Matrix-vector products for a few tokens at a time (decode, short verifies): each 64-row weight
-//! panel is streamed from memory once per group of up to `MAX_TOKENS` tokens, bf16 widened exactly
-//! in registers. Panels are split across the backend's threads. Bandwidth-bound by design.
+//! panel is streamed from memory once per group of up to `MAX_TOKENS` tokens (2 at the AVX2 level),
+//! bf16 widened exactly in registers. Panels are split across the backend's threads.
+//! Bandwidth-bound by design.
 //!
 //! Every output is one sequential chain `acc = fma(x[e], w[e], acc)` over `e`, exactly as in the
 //! GEMM's tile kernel, so a row's result does not depend on how many tokens share the call.
