@@ -17,6 +17,7 @@ mod par;
 mod rope;
 mod simd;
 mod tile;
+#[cfg(target_arch = "x86_64")]
 mod vector;
 
 #[cfg(test)]
