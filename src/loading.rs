@@ -12,7 +12,7 @@ use deltaserve_model::safetensors::SafetensorsSource;
 use deltaserve_model::source::TensorSource;
 use deltaserve_model::weights::Weights;
 use deltaserve_model::Model;
-use deltaserve_tensor::cpu::{CpuBackend, CpuOptions, MatmulPrecision};
+use deltaserve_tensor::cpu::{CpuBackend, CpuOptions, IsaLevel, MatmulPrecision, CPU_LEVEL_ENV};
 use deltaserve_tensor::diagnostic::{BrokenAttention, BROKEN_ATTENTION_NAME};
 use deltaserve_tensor::reference::ReferenceBackend;
 use deltaserve_tensor::{Backend, DType};
@@ -67,6 +67,18 @@ pub enum AnyModel {
     /// The diagnostic broken-attention wrapper around the cpu backend.
     BrokenCpu(Model<BrokenAttention<CpuBackend>>),
     Cuda(Model<CudaBackend>),
+}
+
+impl AnyModel {
+    /// The cpu backend's kernel level (e.g. `avx2`, `avx512+bf16`); `None` for other backends.
+    pub fn cpu_kernels(&self) -> Option<String> {
+        let cpu = match self {
+            AnyModel::Cpu(m) => &m.backend,
+            AnyModel::BrokenCpu(m) => &m.backend.inner,
+            AnyModel::Reference(_) | AnyModel::Cuda(_) => return None,
+        };
+        Some(cpu.isa().to_string())
+    }
 }
 
 /// Runs `$body` with `$m` bound to the concrete `Model<B>`.
@@ -205,10 +217,19 @@ fn cpu_backend(args: &ModelArgs) -> Result<CpuBackend> {
         CpuPrecision::F32 => MatmulPrecision::F32,
         CpuPrecision::Bf16 => MatmulPrecision::Bf16,
     };
+    let max_isa = IsaLevel::from_env()
+        .map_err(anyhow::Error::msg)?
+        .unwrap_or(IsaLevel::Avx512);
+    if !max_isa.supported() {
+        eprintln!(
+            "{CPU_LEVEL_ENV}={max_isa}: this CPU lacks it; using the best level below ({})",
+            deltaserve_tensor::cpu::Isa::at_most(max_isa)
+        );
+    }
     let options = CpuOptions {
         threads: args.threads,
         matmul_precision,
-        ..CpuOptions::default()
+        max_isa,
     };
     CpuBackend::with_options(options)
         .map_err(|e| anyhow::anyhow!("--threads {}: {e}", args.threads))

@@ -1,6 +1,7 @@
 //! `deltaserve bench` as a user runs it, on the bundled demo model and the cpu backend: the
 //! speculative (MTP) mode commits k+1 tokens per step and reports positive throughputs, a model
-//! without an MTP head is refused naming the flag, and `--profile` says the backend cannot profile.
+//! without an MTP head is refused naming the flag, `--profile` says the backend cannot profile, and
+//! the kernel level forced with `DELTASERVE_CPU_LEVEL` is the one reported.
 
 use serde_json::Value;
 use std::process::Command;
@@ -8,12 +9,43 @@ use std::process::Command;
 const BINARY: &str = env!("CARGO_BIN_EXE_deltaserve");
 
 fn bench(extra: &[&str]) -> std::process::Output {
-    Command::new(BINARY)
+    bench_command(extra).output().unwrap()
+}
+
+fn bench_command(extra: &[&str]) -> Command {
+    let mut command = Command::new(BINARY);
+    command
         .args(["bench", "--model-path", "demo", "--prefill-len", "16"])
         .args(["--decode-len", "4", "--warmup", "0", "--threads", "1"])
         .args(extra)
+        .env_remove("DELTASERVE_CPU_LEVEL");
+    command
+}
+
+#[test]
+fn the_forced_cpu_kernel_level_is_reported_and_an_unknown_one_refused() {
+    let out = bench_command(&["--backend", "cpu", "--json"])
+        .env("DELTASERVE_CPU_LEVEL", "scalar")
         .output()
-        .unwrap()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["cpu_kernels"], "scalar", "{report}");
+
+    let out = bench_command(&["--backend", "cpu", "--json"])
+        .env("DELTASERVE_CPU_LEVEL", "avx3")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("DELTASERVE_CPU_LEVEL") && stderr.contains("scalar, avx2, avx512"),
+        "{stderr}"
+    );
 }
 
 fn positive(v: &Value, key: &str) -> f64 {

@@ -264,6 +264,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
         batches: args.batch.clone(),
     };
     let measured = with_model!(&model, m => measure(m, &plan))?;
+    let cpu_kernels = model.cpu_kernels();
     drop(model);
     let backend = measured.backend;
     let threads = if args.model.threads == 0 {
@@ -357,6 +358,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
         "backend": backend,
         "batch": 1,
         "tp_size": 1,
+        "cpu_kernels": cpu_kernels,
         "threads": threads,
         "load_seconds": load_s,
         "timings": "un-profiled run after the warm-up; profile numbers come from a separate run",
@@ -395,8 +397,11 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
 fn print_table(args: &BenchArgs, r: &Value, measured: &Measured, threads: usize) {
     let f = |key: &str| r[key].as_f64().unwrap_or(f64::NAN);
     println!("model           {}", args.model.model_path.display());
+    let kernels = r["cpu_kernels"]
+        .as_str()
+        .map_or(String::new(), |k| format!(", {k} kernels"));
     println!(
-        "backend         {} ({threads} threads); timings from an un-profiled run after {} warm-up run(s)",
+        "backend         {} ({threads} threads{kernels}); timings from an un-profiled run after {} warm-up run(s)",
         measured.backend, args.warmup
     );
     println!(

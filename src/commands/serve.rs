@@ -214,6 +214,10 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
         let margs = model_args(&args);
         let model: AnyModel = tokio::task::spawn_blocking(move || load_model(&margs)).await.context("the loading thread failed")??;
         let (config, backend_name) = with_model!(&model, m => (m.config.clone(), m.backend.name()));
+        let backend_name = match model.cpu_kernels() {
+            Some(kernels) => format!("{backend_name} ({kernels} kernels)"),
+            None => backend_name.to_string(),
+        };
         let spec = match speculative {
             Some(_) if config.mtp_num_hidden_layers == 0 => anyhow::bail!(
                 "--speculative-algorithm {}: {} has no MTP head (mtp_num_hidden_layers is 0)",
@@ -258,7 +262,7 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
             speculative: spec.clone(),
         };
         if log_level.shows_info() {
-            print_summary(&args, &config, backend_name, &plan, spec.as_ref());
+            print_summary(&args, &config, &backend_name, &plan, spec.as_ref());
         }
         let local: Arc<LocalEngine> = with_model!(model, m => LocalEngine::spawn(m, engine_config));
         if let Some(timeout) = args.watchdog_timeout() {

@@ -8,7 +8,7 @@ use deltaserve_model::config::ModelConfig;
 use deltaserve_model::safetensors::SafetensorsSource;
 use deltaserve_model::weights::Weights;
 use deltaserve_model::Model;
-use deltaserve_tensor::cpu::CpuBackend;
+use deltaserve_tensor::cpu::{CpuBackend, IsaLevel};
 use deltaserve_tensor::diagnostic::BrokenAttention;
 use deltaserve_tensor::reference::ReferenceBackend;
 use deltaserve_tensor::Backend;
@@ -51,18 +51,20 @@ fn cpu_backend_passes_every_check_on_every_fixture() {
     ] {
         let dir = fixture(name);
         let reference = load(ReferenceBackend, &dir);
-        let cpu = load(CpuBackend::new(0), &dir);
-        let mut rows = check_ops(&reference, &cpu, TOLERANCE);
-        rows.extend(check_layers(&reference, &cpu, &PROMPT, TOLERANCE));
-        assert!(rows.len() > 30, "{name}: only {} checks ran", rows.len());
-        for row in &rows {
-            assert!(
-                row.passed(),
-                "{name}: {} at {} failed: {:?}",
-                row.what,
-                row.location(),
-                row.comparison
-            );
+        for level in IsaLevel::available() {
+            let cpu = load(CpuBackend::with_isa(0, level).unwrap(), &dir);
+            let mut rows = check_ops(&reference, &cpu, TOLERANCE);
+            rows.extend(check_layers(&reference, &cpu, &PROMPT, TOLERANCE));
+            assert!(rows.len() > 30, "{name}: only {} checks ran", rows.len());
+            for row in &rows {
+                assert!(
+                    row.passed(),
+                    "{name}, {level} kernels: {} at {} failed: {:?}",
+                    row.what,
+                    row.location(),
+                    row.comparison
+                );
+            }
         }
     }
 }

@@ -1,12 +1,13 @@
 //! The model against Hugging Face transformers: every fixture under tests/fixtures/ (made by
-//! scripts/make_fixtures.py) is loaded on each CPU backend and must reproduce transformers' prefill
+//! scripts/make_fixtures.py) is loaded on each CPU backend (the cpu one at every kernel level this
+//! CPU runs) and must reproduce transformers' prefill
 //! logits, step-by-step decode logits, greedy continuation and the MTP head's logits.
 
 #[path = "support/fixtures.rs"]
 mod fixtures;
 
 use deltaserve_model::{npy, ForwardInput, Model, MtpInput};
-use deltaserve_tensor::cpu::CpuBackend;
+use deltaserve_tensor::cpu::{CpuBackend, IsaLevel};
 use deltaserve_tensor::reference::ReferenceBackend;
 use deltaserve_tensor::{Backend, BatchLayout};
 use fixtures::{
@@ -185,10 +186,18 @@ fn reference_backend_matches_transformers() {
     }
 }
 
+/// The cpu backend at `level`, whatever `DELTASERVE_CPU_LEVEL` says.
+fn cpu_at(level: IsaLevel) -> CpuBackend {
+    println!("cpu backend, {level} kernels");
+    CpuBackend::with_isa(0, level).unwrap()
+}
+
 #[test]
 fn cpu_backend_matches_transformers() {
-    for dir in fixture_dirs() {
-        check_fixture(&load(CpuBackend::new(0), &dir), &dir);
+    for level in IsaLevel::available() {
+        for dir in fixture_dirs() {
+            check_fixture(&load(cpu_at(level), &dir), &dir);
+        }
     }
 }
 
@@ -201,11 +210,9 @@ fn reference_backend_is_batch_invariant() {
 
 #[test]
 fn cpu_backend_is_batch_invariant() {
-    for dir in fixture_dirs() {
-        check_batch_invariance(
-            &load(CpuBackend::new(0), &dir),
-            &dir,
-            BatchEquality::Bitwise,
-        );
+    for level in IsaLevel::available() {
+        for dir in fixture_dirs() {
+            check_batch_invariance(&load(cpu_at(level), &dir), &dir, BatchEquality::Bitwise);
+        }
     }
 }

@@ -1,6 +1,7 @@
 //! Matrix-vector products for a few tokens at a time (decode, short verifies): each 64-row weight
-//! panel is streamed from memory once per group of up to `MAX_TOKENS` tokens, bf16 widened exactly
-//! in registers. Panels are split across the backend's threads. Bandwidth-bound by design.
+//! panel is streamed from memory once per group of up to `MAX_TOKENS` tokens (2 at the AVX2 level),
+//! bf16 widened exactly in registers. Panels are split across the backend's threads.
+//! Bandwidth-bound by design.
 //!
 //! Every output is one sequential chain `acc = fma(x[e], w[e], acc)` over `e`, exactly as in the
 //! GEMM's tile kernel, so a row's result does not depend on how many tokens share the call.
@@ -9,10 +10,13 @@ use super::isa::Isa;
 use super::mat::{CpuMat, MatData, PANEL};
 use super::pack::round_to_bf16;
 use super::par::{split_aligned, SharedOut};
+#[cfg(target_arch = "x86_64")]
+use super::vector::{F32Vec, Lanes};
 use crate::dtype::bf16_to_f32;
 use rayon::prelude::*;
 
-/// Tokens sharing one pass over the weights (4 x 4 accumulator registers per panel step).
+/// Tokens sharing one pass over the weights at most (4 x 4 AVX-512 accumulator registers per panel
+/// step; the portable kernel's accumulator rows).
 pub(crate) const MAX_TOKENS: usize = 4;
 /// Below this many weight bytes the product runs on the calling thread (a task costs microseconds).
 const PARALLEL_MIN_BYTES: usize = 256 * 1024;
@@ -69,8 +73,9 @@ pub(crate) fn gemv(
         matches!(w.data(), MatData::Bf16Pairs(_)).then(|| Bf16Rows::new(isa, pool, x, tokens, k));
     let shared = SharedOut::new(&mut out[..tokens * n]);
     let run = |panels: std::ops::Range<usize>| {
-        for t0 in (0..tokens).step_by(MAX_TOKENS) {
-            let nt = MAX_TOKENS.min(tokens - t0);
+        let per_pass = tokens_per_pass(isa);
+        for t0 in (0..tokens).step_by(per_pass) {
+            let nt = per_pass.min(tokens - t0);
             for p in panels.clone() {
                 // SAFETY: panel ranges handed to concurrent calls are disjoint, so the elements
                 // `out[t, panel rows]` written here belong to this call alone; bounds asserted above.
@@ -107,49 +112,164 @@ unsafe fn panel_product(
     let width = PANEL.min(n - p * PANEL);
     let out_ptr = out.ptr_at(t0 * n + p * PANEL);
     let x = &x[t0 * k..(t0 + nt) * k];
+    // Every kernel call below runs at the level `isa` proves the CPU supports, on pointers the
+    // caller's contract covers.
     #[cfg(target_arch = "x86_64")]
-    if isa.avx512() {
-        macro_rules! by_tokens {
-            ($f:ident, $w:expr, $depth:expr, $x:expr, $ldx:expr) => {
-                match nt {
-                    1 => avx512::$f::<1>($w, $depth, $x, $ldx, out_ptr, n, width),
-                    2 => avx512::$f::<2>($w, $depth, $x, $ldx, out_ptr, n, width),
-                    3 => avx512::$f::<3>($w, $depth, $x, $ldx, out_ptr, n, width),
-                    _ => avx512::$f::<4>($w, $depth, $x, $ldx, out_ptr, n, width),
-                }
-            };
-        }
-        match (w.data(), xb) {
-            (MatData::Bf16(bits), _) => by_tokens!(
-                panel_bf16,
-                bits.as_ptr().add(p * k * PANEL),
-                k,
-                x.as_ptr(),
-                k
-            ),
-            (MatData::F32(vals), _) => by_tokens!(
-                panel_f32,
-                vals.as_ptr().add(p * k * PANEL),
-                k,
-                x.as_ptr(),
-                k
-            ),
-            (MatData::Bf16Pairs(pairs), Some(xb)) if isa.bf16_dot() => {
-                let depth = k.div_ceil(2);
-                by_tokens!(
-                    panel_pairs,
-                    pairs.as_ptr().add(p * depth * PANEL),
-                    depth,
-                    xb.bits.as_ptr().add(t0 * xb.stride),
-                    xb.stride
-                )
+    {
+        use super::isa::IsaLevel;
+        let ldo = n;
+        match (isa.level(), w.data(), xb) {
+            (IsaLevel::Scalar, ..) => {}
+            (IsaLevel::Avx512, MatData::Bf16(bits), _) => {
+                let w = bits.as_ptr().add(p * k * PANEL);
+                return panel_avx512(nt, w, k, x.as_ptr(), k, out_ptr, ldo, width);
             }
-            (MatData::Bf16Pairs(_), _) => panel_portable(w, x, xb, t0, nt, p, out_ptr),
+            (IsaLevel::Avx512, MatData::F32(vals), _) => {
+                let w = vals.as_ptr().add(p * k * PANEL);
+                return panel_avx512(nt, w, k, x.as_ptr(), k, out_ptr, ldo, width);
+            }
+            (IsaLevel::Avx512, MatData::Bf16Pairs(pairs), Some(xb)) if isa.bf16_dot() => {
+                let depth = k.div_ceil(2);
+                let w = pairs.as_ptr().add(p * depth * PANEL);
+                let x = xb.bits.as_ptr().add(t0 * xb.stride);
+                macro_rules! by_tokens {
+                    ($nt:literal) => {
+                        avx512::panel_pairs::<$nt>(w, depth, x, xb.stride, out_ptr, ldo, width)
+                    };
+                }
+                match nt {
+                    1 => by_tokens!(1),
+                    2 => by_tokens!(2),
+                    3 => by_tokens!(3),
+                    _ => by_tokens!(4),
+                }
+                return;
+            }
+            (IsaLevel::Avx2, MatData::Bf16(bits), _) => {
+                let w = bits.as_ptr().add(p * k * PANEL);
+                return panel_avx2(nt, w, k, x.as_ptr(), k, out_ptr, ldo, width);
+            }
+            (IsaLevel::Avx2, MatData::F32(vals), _) => {
+                let w = vals.as_ptr().add(p * k * PANEL);
+                return panel_avx2(nt, w, k, x.as_ptr(), k, out_ptr, ldo, width);
+            }
+            // Pairs without `vdpbf16ps` (only made when the CPU has it; a capped level lacks it).
+            (_, MatData::Bf16Pairs(_), _) => {}
         }
-        return;
     }
     let _ = isa;
     panel_portable(w, x, xb, t0, nt, p, out_ptr);
+}
+
+/// Tokens sharing one pass over the weights at `isa`'s level: as many as fit in registers next
+/// to their accumulators (AVX2 has half the registers of AVX-512 and half the lanes per register).
+fn tokens_per_pass(isa: Isa) -> usize {
+    if isa.avx2() {
+        AVX2_MAX_TOKENS
+    } else {
+        MAX_TOKENS
+    }
+}
+
+/// Tokens per weight pass of the AVX2 kernels: 2 tokens x 4 accumulators per 32-row strip.
+const AVX2_MAX_TOKENS: usize = 2;
+
+/// One panel against `nt <= MAX_TOKENS` tokens with 16-lane registers: the whole 64-row panel in
+/// four registers per token.
+///
+/// Safety: the CPU supports AVX-512 F/BW/VL (and AVX2, FMA); pointers as in `panel_strips`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn panel_avx512<E: Lanes>(
+    nt: usize,
+    w: *const E,
+    k: usize,
+    x: *const f32,
+    ldx: usize,
+    out: *mut f32,
+    ldo: usize,
+    width: usize,
+) {
+    use super::vector::Avx512;
+    match nt {
+        1 => panel_strips::<Avx512, E, 1, 4>(w, k, x, ldx, out, ldo, width),
+        2 => panel_strips::<Avx512, E, 2, 4>(w, k, x, ldx, out, ldo, width),
+        3 => panel_strips::<Avx512, E, 3, 4>(w, k, x, ldx, out, ldo, width),
+        _ => panel_strips::<Avx512, E, 4, 4>(w, k, x, ldx, out, ldo, width),
+    }
+}
+
+/// One panel against `nt <= AVX2_MAX_TOKENS` tokens with 8-lane registers: a single token keeps
+/// the whole panel in eight accumulators (one contiguous stream); two tokens take it in two
+/// 32-row strips of four accumulators each.
+///
+/// Safety: the CPU supports AVX2 and FMA; pointers as in `panel_strips`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn panel_avx2<E: Lanes>(
+    nt: usize,
+    w: *const E,
+    k: usize,
+    x: *const f32,
+    ldx: usize,
+    out: *mut f32,
+    ldo: usize,
+    width: usize,
+) {
+    use super::vector::Avx2;
+    match nt {
+        1 => panel_strips::<Avx2, E, 1, 8>(w, k, x, ldx, out, ldo, width),
+        _ => panel_strips::<Avx2, E, 2, 4>(w, k, x, ldx, out, ldo, width),
+    }
+}
+
+/// `out[t, j] = sum_e x[t, e] * panel[e, j]` for `t < NT`, `j < width`, in strips of `R`
+/// registers of rows: per output one chain of fused multiply-adds over `e`, whatever `NT` and `R`.
+///
+/// Safety: runs inside a function with `V`'s target features; `w` (a panel `[k, PANEL]`) is valid
+/// for `k * PANEL` reads, `x` for `NT` rows of `k` (row stride `ldx`), `out` for writes at
+/// `out + t*ldo + j`, `t < NT`, `j < width <= PANEL`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn panel_strips<V: F32Vec, E: Lanes, const NT: usize, const R: usize>(
+    w: *const E,
+    k: usize,
+    x: *const f32,
+    ldx: usize,
+    out: *mut f32,
+    ldo: usize,
+    width: usize,
+) {
+    for c0 in (0..width).step_by(R * V::LANES) {
+        let mut acc = [[V::zero(); R]; NT];
+        for e in 0..k {
+            let step = w.add(e * PANEL + c0);
+            let mut wv = [V::zero(); R];
+            for (u, v) in wv.iter_mut().enumerate() {
+                *v = E::load::<V>(step.add(u * V::LANES));
+            }
+            for (t, row) in acc.iter_mut().enumerate() {
+                let xv = V::splat(*x.add(t * ldx + e));
+                for (a, &wu) in row.iter_mut().zip(&wv) {
+                    *a = V::mul_add(xv, wu, *a);
+                }
+            }
+        }
+        for (t, row) in acc.iter().enumerate() {
+            for (u, v) in row.iter().enumerate() {
+                let at = out.add(t * ldo + c0 + u * V::LANES);
+                let valid = width.saturating_sub(c0 + u * V::LANES);
+                if valid >= V::LANES {
+                    v.store(at);
+                } else {
+                    v.store_first(at, valid);
+                }
+            }
+        }
+    }
 }
 
 /// The portable panel product: the same sequential chain per output, as separate multiply and add
@@ -227,65 +347,6 @@ mod avx512 {
                 );
             }
         }
-    }
-
-    /// One bf16 panel `[k, 64]` against `NT` token rows of `x` (row stride `ldx`).
-    /// Safety: AVX-512 F/BW/VL present; `w` valid for `k * 64` reads, `x` for `NT` rows of `k`,
-    /// `out` for writes at `out + t*ldo + j`, `t < NT`, `j < width <= 64`.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    pub(super) unsafe fn panel_bf16<const NT: usize>(
-        w: *const u16,
-        k: usize,
-        x: *const f32,
-        ldx: usize,
-        out: *mut f32,
-        ldo: usize,
-        width: usize,
-    ) {
-        let mut acc = [[_mm512_setzero_ps(); V]; NT];
-        for e in 0..k {
-            let step = w.add(e * PANEL);
-            let mut wv = [_mm512_setzero_ps(); V];
-            for (u, v) in wv.iter_mut().enumerate() {
-                let bits = _mm256_loadu_si256(step.add(16 * u) as *const __m256i);
-                *v = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(bits)));
-            }
-            for (t, row) in acc.iter_mut().enumerate() {
-                let xv = _mm512_set1_ps(*x.add(t * ldx + e));
-                for (u, a) in row.iter_mut().enumerate() {
-                    *a = _mm512_fmadd_ps(xv, wv[u], *a);
-                }
-            }
-        }
-        store(&acc, out, ldo, width);
-    }
-
-    /// As `panel_bf16` for an f32 panel.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    pub(super) unsafe fn panel_f32<const NT: usize>(
-        w: *const f32,
-        k: usize,
-        x: *const f32,
-        ldx: usize,
-        out: *mut f32,
-        ldo: usize,
-        width: usize,
-    ) {
-        let mut acc = [[_mm512_setzero_ps(); V]; NT];
-        for e in 0..k {
-            let step = w.add(e * PANEL);
-            let mut wv = [_mm512_setzero_ps(); V];
-            for (u, v) in wv.iter_mut().enumerate() {
-                *v = _mm512_loadu_ps(step.add(16 * u));
-            }
-            for (t, row) in acc.iter_mut().enumerate() {
-                let xv = _mm512_set1_ps(*x.add(t * ldx + e));
-                for (u, a) in row.iter_mut().enumerate() {
-                    *a = _mm512_fmadd_ps(xv, wv[u], *a);
-                }
-            }
-        }
-        store(&acc, out, ldo, width);
     }
 
     /// A bf16-pair panel `[pairs, 64]` against `NT` bf16 token rows (row stride `ldx`, read as

@@ -1,5 +1,5 @@
 //! The fast CPU backend: f32 activations, bf16 weights kept as bf16 and widened in registers,
-//! AVX-512 kernels chosen at run time (portable fallback otherwise), work split over its own rayon
+//! AVX-512 or AVX2 + FMA kernels chosen at run time (portable fallback otherwise), work split over its own rayon
 //! pool. Every op means exactly what `reference` computes; tests in `tests` hold it to that.
 
 mod activation;
@@ -17,12 +17,14 @@ mod par;
 mod rope;
 mod simd;
 mod tile;
+#[cfg(target_arch = "x86_64")]
+mod vector;
 
 #[cfg(test)]
 mod tests;
 
 pub use gemm::MatmulPrecision;
-pub use isa::{Isa, IsaLevel};
+pub use isa::{Isa, IsaLevel, CPU_LEVEL_ENV};
 pub use mat::CpuMat;
 
 use crate::backend::{AttnShape, Backend, GdnShape, RouteChoice};
@@ -36,6 +38,9 @@ use crate::reference;
 /// ones the blocked GEMM. Both compute every output in the same order, so the choice never changes
 /// a bit.
 const GEMV_MAX_TOKENS: usize = 16;
+/// As `GEMV_MAX_TOKENS` for the AVX2 kernels, which stream the weights once per 2 tokens: the
+/// GEMM overtook them between 4 and 8 tokens (`gemv_bench`, 2 threads, AVX2 forced on a Xeon).
+const AVX2_GEMV_MAX_TOKENS: usize = 6;
 
 /// Why a `CpuBackend` could not be made.
 #[derive(Debug, thiserror::Error)]
@@ -53,7 +58,8 @@ pub enum CpuBackendError {
 pub struct CpuOptions {
     /// Worker threads; 0 = one per core.
     pub threads: usize,
-    /// The best kernels allowed (the CPU may support less).
+    /// The best kernels allowed (the CPU may support less). The default is `DELTASERVE_CPU_LEVEL`
+    /// when it names a level, else AVX-512.
     pub max_isa: IsaLevel,
     /// How products with bf16 weights are computed.
     pub matmul_precision: MatmulPrecision,
@@ -63,7 +69,12 @@ impl Default for CpuOptions {
     fn default() -> Self {
         Self {
             threads: 0,
-            max_isa: IsaLevel::Avx512,
+            // An unreadable value is ignored here (`Default` cannot fail); the CLI checks
+            // `IsaLevel::from_env` first and refuses it.
+            max_isa: IsaLevel::from_env()
+                .ok()
+                .flatten()
+                .unwrap_or(IsaLevel::Avx512),
             matmul_precision: MatmulPrecision::default(),
         }
     }
@@ -194,7 +205,12 @@ impl Backend for CpuBackend {
     }
 
     fn matmul(&self, x: &Vec<f32>, w: &CpuMat, out: &mut Vec<f32>, tokens: usize) {
-        if tokens <= GEMV_MAX_TOKENS {
+        let gemv_max = if self.isa.avx2() {
+            AVX2_GEMV_MAX_TOKENS
+        } else {
+            GEMV_MAX_TOKENS
+        };
+        if tokens <= gemv_max {
             self.matmul_gemv(x, w, out, tokens);
         } else {
             self.matmul_gemm(x, w, out, tokens);

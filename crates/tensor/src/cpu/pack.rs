@@ -4,8 +4,8 @@
 
 use super::isa::{multiversion, Isa};
 
-/// `dst[c*ldd + r] = src[r*lds + c]` for `r < rows`, `c < cols` (16x16 register blocks where the
-/// CPU allows, scalar edges).
+/// `dst[c*ldd + r] = src[r*lds + c]` for `r < rows`, `c < cols` (16x16 or 8x8 register blocks
+/// where the CPU allows, scalar edges).
 pub(crate) fn transpose_f32(
     isa: Isa,
     src: &[f32],
@@ -24,18 +24,21 @@ pub(crate) fn transpose_f32(
     );
     let (mut r_done, mut c_done) = (0, 0);
     #[cfg(target_arch = "x86_64")]
-    if isa.avx512() {
-        (r_done, c_done) = (rows / 16 * 16, cols / 16 * 16);
-        for r in (0..r_done).step_by(16) {
-            for c in (0..c_done).step_by(16) {
-                // SAFETY: the asserted bounds cover the 16x16 block read at (r, c) and written at (c, r).
+    if isa.avx512() || isa.avx2() {
+        let block = if isa.avx512() { 16 } else { 8 };
+        (r_done, c_done) = (rows / block * block, cols / block * block);
+        for r in (0..r_done).step_by(block) {
+            for c in (0..c_done).step_by(block) {
+                let (from, to) = (src[r * lds + c..].as_ptr(), c * ldd + r);
+                // SAFETY: the asserted bounds cover the block read at (r, c) and written at
+                // (c, r); `isa` proves the level's features.
                 unsafe {
-                    avx512::transpose_f32_16x16(
-                        src.as_ptr().add(r * lds + c),
-                        lds,
-                        dst.as_mut_ptr().add(c * ldd + r),
-                        ldd,
-                    )
+                    let to = dst.as_mut_ptr().add(to);
+                    if isa.avx512() {
+                        avx512::transpose_f32_16x16(from, lds, to, ldd)
+                    } else {
+                        avx2::transpose_f32_8x8(from, lds, to, ldd)
+                    }
                 };
             }
         }
@@ -137,6 +140,43 @@ mod avx512 {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    /// `dst[e*ldd + r] = src[r*lds + e]` for r, e < 8.
+    /// Safety: AVX2 present; `src` valid for those 64 reads, `dst` for those writes.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn transpose_f32_8x8(src: *const f32, lds: usize, dst: *mut f32, ldd: usize) {
+        let mut r = [_mm256_setzero_ps(); 8];
+        for (i, v) in r.iter_mut().enumerate() {
+            *v = _mm256_loadu_ps(src.add(i * lds));
+        }
+        // 1. t[2i], t[2i+1]: rows 2i and 2i+1 interleaved (low and high pairs of each 128-bit half).
+        let mut t = [_mm256_setzero_ps(); 8];
+        for i in 0..4 {
+            t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+            t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+        }
+        // 2. u[4g + c]: column c (and c + 4 in the high half) of rows 4g .. 4g + 4.
+        let mut u = [_mm256_setzero_ps(); 8];
+        for g in 0..2 {
+            let (lo, hi, lo2, hi2) = (t[4 * g], t[4 * g + 1], t[4 * g + 2], t[4 * g + 3]);
+            u[4 * g] = _mm256_shuffle_ps::<0x44>(lo, lo2);
+            u[4 * g + 1] = _mm256_shuffle_ps::<0xEE>(lo, lo2);
+            u[4 * g + 2] = _mm256_shuffle_ps::<0x44>(hi, hi2);
+            u[4 * g + 3] = _mm256_shuffle_ps::<0xEE>(hi, hi2);
+        }
+        // 3. Join the halves: column c from u[c] and u[4 + c] low halves, c + 4 from the high ones.
+        for c in 0..4 {
+            let low = _mm256_permute2f128_ps::<0x20>(u[c], u[4 + c]);
+            let high = _mm256_permute2f128_ps::<0x31>(u[c], u[4 + c]);
+            _mm256_storeu_ps(dst.add(c * ldd), low);
+            _mm256_storeu_ps(dst.add((c + 4) * ldd), high);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -144,7 +184,7 @@ mod tests {
 
     #[test]
     fn transpose_handles_partial_blocks() {
-        for level in [IsaLevel::Scalar, IsaLevel::Avx512] {
+        for level in IsaLevel::available() {
             for (rows, cols) in [(1, 1), (16, 16), (37, 21), (64, 128), (5, 40)] {
                 let (lds, ldd) = (cols + 3, rows + 1);
                 let src: Vec<f32> = (0..rows * lds).map(|i| i as f32).collect();
@@ -168,7 +208,7 @@ mod tests {
             .map(|i| (i as f32 - 500.0) * 0.01731 + 1.0 / 256.0)
             .chain([f32::INFINITY, -0.0, 1.0 + 1.0 / 256.0])
             .collect();
-        for level in [IsaLevel::Scalar, IsaLevel::Avx512] {
+        for level in IsaLevel::available() {
             let mut out = vec![0u16; x.len()];
             round_to_bf16(Isa::at_most(level), &x, &mut out);
             for (&v, &o) in x.iter().zip(&out) {

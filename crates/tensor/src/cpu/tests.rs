@@ -1,5 +1,5 @@
-//! Every op of `CpuBackend` against `ReferenceBackend` on random inputs, on both kernel levels
-//! (AVX-512 where the CPU has it, and the portable fallback), with shapes chosen to hit the edges of
+//! Every op of `CpuBackend` against `ReferenceBackend` on random inputs, on every kernel level the
+//! CPU has (portable, AVX2 + FMA, AVX-512), with shapes chosen to hit the edges of
 //! the SIMD width, the GEMM blocks, the KV blocks and the GDN chunks.
 //!
 //! Tolerances: the reference accumulates in f64, this backend in f32. A dot product of length K
@@ -41,14 +41,22 @@ impl Rng {
     }
 }
 
+/// One backend per kernel level this CPU runs (scalar, AVX2, AVX-512), forced with `with_isa`
+/// whatever `DELTASERVE_CPU_LEVEL` says; thread counts differ so work splits differ too.
 fn backends() -> Vec<(&'static str, CpuBackend)> {
-    vec![
-        ("best", CpuBackend::with_isa(2, IsaLevel::Avx512).unwrap()),
-        (
-            "portable",
-            CpuBackend::with_isa(3, IsaLevel::Scalar).unwrap(),
-        ),
-    ]
+    IsaLevel::available()
+        .into_iter()
+        .enumerate()
+        .map(|(i, level)| {
+            let be = CpuBackend::with_isa(2 + i % 2, level).unwrap();
+            assert_eq!(
+                be.isa().level(),
+                level,
+                "a supported level is used as forced"
+            );
+            (level.name(), be)
+        })
+        .collect()
 }
 
 /// Max |got - want| relative to max(1, max |want|); panics above `tol`. Returns the error.
@@ -116,7 +124,7 @@ fn bf16_precision_equals_the_exact_product_of_bf16_rounded_activations() {
     let options = super::CpuOptions {
         threads: 2,
         matmul_precision: super::MatmulPrecision::Bf16,
-        ..Default::default()
+        max_isa: IsaLevel::Avx512,
     };
     let be = CpuBackend::with_options(options).unwrap();
     let mut rng = Rng(12);
@@ -162,7 +170,7 @@ fn matmul_results_do_not_depend_on_the_token_count() {
     let bf16_options = super::CpuOptions {
         threads: 2,
         matmul_precision: super::MatmulPrecision::Bf16,
-        ..Default::default()
+        max_isa: IsaLevel::Avx512,
     };
     let mut configs = backends();
     configs.push(("best bf16", CpuBackend::with_options(bf16_options).unwrap()));

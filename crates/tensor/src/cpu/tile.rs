@@ -3,16 +3,21 @@
 //! (`vdpbf16ps`), plus a single-threaded strided matmul built on them. Packing and threads: callers.
 
 use super::isa::Isa;
+#[cfg(target_arch = "x86_64")]
+use super::isa::IsaLevel;
+#[cfg(target_arch = "x86_64")]
+use super::vector::{Avx2, Avx512, F32Vec};
 
 /// Rows of A (and C) one kernel call handles.
 pub(crate) const MAX_ROWS: usize = 6;
-/// Columns of B (and C) one kernel call handles: four 16-lane registers.
+/// Columns of B (and C) one kernel call handles: four 16-lane AVX-512 registers, or four strips of
+/// two 8-lane AVX2 registers.
 pub(crate) const TILE_COLS: usize = 64;
 
 /// Raw form of one tile product, for callers that share C between threads. A's element `(r, e)`
 /// is at `a + r*lda + e*acs` (`acs` = 1 for row-major A; larger to read a transposed matrix).
 ///
-/// Safety: when `isa` is AVX-512 the CPU supports it (guaranteed by `Isa`); `1 <= rows <= MAX_ROWS`,
+/// Safety: the CPU supports `isa`'s level (guaranteed by `Isa`); `1 <= rows <= MAX_ROWS`,
 /// `ncols <= TILE_COLS`; `a` is valid for reads at `a + r*lda + e*acs`, `b` at `b + e*ldb + j` and
 /// `c` for reads and writes at `c + r*ldc + j`, for `r < rows`, `e < k`, `j < ncols`; no other
 /// thread accesses those elements of C during the call.
@@ -33,21 +38,14 @@ pub(crate) unsafe fn tile_raw(
 ) {
     debug_assert!((1..=MAX_ROWS).contains(&rows) && ncols <= TILE_COLS);
     #[cfg(target_arch = "x86_64")]
-    if isa.avx512() {
-        macro_rules! go {
-            ($r:literal) => {
-                avx512::tile::<$r>(k, a, lda, acs, b, ldb, c, ldc, ncols, accumulate)
-            };
+    match isa.level() {
+        IsaLevel::Avx512 => {
+            return tile_avx512(rows, k, a, lda, acs, b, ldb, c, ldc, ncols, accumulate)
         }
-        match rows {
-            1 => go!(1),
-            2 => go!(2),
-            3 => go!(3),
-            4 => go!(4),
-            5 => go!(5),
-            _ => go!(6),
+        IsaLevel::Avx2 => {
+            return tile_avx2(rows, k, a, lda, acs, b, ldb, c, ldc, ncols, accumulate)
         }
-        return;
+        IsaLevel::Scalar => {}
     }
     let _ = isa;
     for r in 0..rows {
@@ -195,60 +193,177 @@ pub(crate) fn matmul_strided(
     }
 }
 
+/// `tile_raw` with 16-lane registers: six rows x four registers (24 accumulators of 32).
+///
+/// Safety: the CPU supports AVX-512 F/BW/VL (and AVX2, FMA); the rest as `tile_raw`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile_avx512(
+    rows: usize,
+    k: usize,
+    a: *const f32,
+    lda: usize,
+    acs: usize,
+    b: *const f32,
+    ldb: usize,
+    c: *mut f32,
+    ldc: usize,
+    ncols: usize,
+    accumulate: bool,
+) {
+    macro_rules! go {
+        ($r:literal) => {
+            tile_strips::<Avx512, $r, 4>(k, a, lda, acs, b, ldb, c, ldc, ncols, accumulate)
+        };
+    }
+    match rows {
+        1 => go!(1),
+        2 => go!(2),
+        3 => go!(3),
+        4 => go!(4),
+        5 => go!(5),
+        _ => go!(6),
+    }
+}
+
+/// `tile_raw` with 8-lane registers: six rows x two registers (12 accumulators of 16), in strips
+/// of 16 columns.
+///
+/// Safety: the CPU supports AVX2 and FMA; the rest as `tile_raw`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile_avx2(
+    rows: usize,
+    k: usize,
+    a: *const f32,
+    lda: usize,
+    acs: usize,
+    b: *const f32,
+    ldb: usize,
+    c: *mut f32,
+    ldc: usize,
+    ncols: usize,
+    accumulate: bool,
+) {
+    macro_rules! go {
+        ($r:literal) => {
+            tile_strips::<Avx2, $r, 2>(k, a, lda, acs, b, ldb, c, ldc, ncols, accumulate)
+        };
+    }
+    match rows {
+        1 => go!(1),
+        2 => go!(2),
+        3 => go!(3),
+        4 => go!(4),
+        5 => go!(5),
+        _ => go!(6),
+    }
+}
+
+/// The tile as strips of `U` registers of columns, each strip of `R` rows over the whole depth:
+/// per output one chain of fused multiply-adds over `e`, starting from C or zero, as in the GEMV.
+///
+/// Safety: runs inside a function with `V`'s target features; the rest as `tile_raw` with
+/// `rows == R`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile_strips<V: F32Vec, const R: usize, const U: usize>(
+    k: usize,
+    a: *const f32,
+    lda: usize,
+    acs: usize,
+    b: *const f32,
+    ldb: usize,
+    c: *mut f32,
+    ldc: usize,
+    ncols: usize,
+    accumulate: bool,
+) {
+    let width = U * V::LANES;
+    for j0 in (0..ncols).step_by(width) {
+        let (b, c) = (b.add(j0), c.add(j0));
+        if ncols - j0 >= width {
+            tile_strip::<V, R, U, false>(k, a, lda, acs, b, ldb, c, ldc, width, accumulate);
+        } else {
+            tile_strip::<V, R, U, true>(k, a, lda, acs, b, ldb, c, ldc, ncols - j0, accumulate);
+        }
+    }
+}
+
+/// One strip of `R` rows x `U` registers; `PARTIAL` strips (`ncols < U * LANES`) never read B
+/// or touch C at or beyond column `ncols`.
+///
+/// Safety: as `tile_strips`, with `ncols <= U * V::LANES` columns from `b` and `c`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile_strip<V: F32Vec, const R: usize, const U: usize, const PARTIAL: bool>(
+    k: usize,
+    a: *const f32,
+    lda: usize,
+    acs: usize,
+    b: *const f32,
+    ldb: usize,
+    c: *mut f32,
+    ldc: usize,
+    ncols: usize,
+    accumulate: bool,
+) {
+    let mut valid = [0usize; U];
+    for (u, n) in valid.iter_mut().enumerate() {
+        *n = ncols.saturating_sub(u * V::LANES);
+    }
+    let mut acc = [[V::zero(); U]; R];
+    if accumulate {
+        for (r, row) in acc.iter_mut().enumerate() {
+            for (u, v) in row.iter_mut().enumerate() {
+                let at = c.add(r * ldc + u * V::LANES);
+                *v = if PARTIAL {
+                    V::load_first(at, valid[u])
+                } else {
+                    V::load(at)
+                };
+            }
+        }
+    }
+    for e in 0..k {
+        let brow = b.add(e * ldb);
+        let mut bv = [V::zero(); U];
+        for (u, v) in bv.iter_mut().enumerate() {
+            let at = brow.add(u * V::LANES);
+            *v = if PARTIAL {
+                V::load_first(at, valid[u])
+            } else {
+                V::load(at)
+            };
+        }
+        for (r, row) in acc.iter_mut().enumerate() {
+            let av = V::splat(*a.add(r * lda + e * acs));
+            for (v, &bu) in row.iter_mut().zip(&bv) {
+                *v = V::mul_add(av, bu, *v);
+            }
+        }
+    }
+    for (r, row) in acc.iter().enumerate() {
+        for (u, v) in row.iter().enumerate() {
+            let at = c.add(r * ldc + u * V::LANES);
+            if PARTIAL {
+                v.store_first(at, valid[u]);
+            } else {
+                v.store(at);
+            }
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use super::TILE_COLS;
     use crate::cpu::simd::avx512::lanes;
     use std::arch::x86_64::*;
-
-    /// Safety: as `tile_raw` with `rows == R`, and the CPU supports AVX-512 F/BW/VL. Columns at or
-    /// beyond `ncols` are masked off, so they are never read or written.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn tile<const R: usize>(
-        k: usize,
-        a: *const f32,
-        lda: usize,
-        acs: usize,
-        b: *const f32,
-        ldb: usize,
-        c: *mut f32,
-        ldc: usize,
-        ncols: usize,
-        accumulate: bool,
-    ) {
-        const V: usize = TILE_COLS / 16;
-        let mut mask = [0 as __mmask16; V];
-        for (u, m) in mask.iter_mut().enumerate() {
-            *m = lanes(ncols.saturating_sub(16 * u));
-        }
-        let mut acc = [[_mm512_setzero_ps(); V]; R];
-        if accumulate {
-            for (r, row) in acc.iter_mut().enumerate() {
-                for (u, v) in row.iter_mut().enumerate() {
-                    *v = _mm512_maskz_loadu_ps(mask[u], c.add(r * ldc + 16 * u));
-                }
-            }
-        }
-        for e in 0..k {
-            let brow = b.add(e * ldb);
-            let mut bv = [_mm512_setzero_ps(); V];
-            for (u, v) in bv.iter_mut().enumerate() {
-                *v = _mm512_maskz_loadu_ps(mask[u], brow.add(16 * u));
-            }
-            for (r, row) in acc.iter_mut().enumerate() {
-                let av = _mm512_set1_ps(*a.add(r * lda + e * acs));
-                for (u, v) in row.iter_mut().enumerate() {
-                    *v = _mm512_fmadd_ps(av, bv[u], *v);
-                }
-            }
-        }
-        for (r, row) in acc.iter().enumerate() {
-            for (u, v) in row.iter().enumerate() {
-                _mm512_mask_storeu_ps(c.add(r * ldc + 16 * u), mask[u], *v);
-            }
-        }
-    }
 
     /// Safety: as `tile_bf16_raw` with `rows == R`, and the CPU supports AVX512_BF16 besides
     /// AVX-512 F/BW/VL. B is read in whole 64-column panel rows (padding columns included); C
@@ -314,7 +429,7 @@ mod tests {
 
     #[test]
     fn matmul_nn_matches_f64_on_ragged_shapes() {
-        for level in [IsaLevel::Scalar, IsaLevel::Avx512] {
+        for level in IsaLevel::available() {
             let isa = Isa::at_most(level);
             for (m, n, k) in [
                 (1, 1, 1),
