@@ -108,9 +108,7 @@ __device__ void attention_by_warps(const float* q, const float* k_pool, const fl
     const int h = blockIdx.x % q_heads;
     const int kvh = h / (q_heads / kv_heads);
     const int visible = rows[2 * t];
-    const int begin = blockIdx.y * ATTENTION_SPLIT;
-    if (begin >= visible) return;  // the combine step reads only the splits a row uses
-    const int end = min(visible, begin + ATTENTION_SPLIT);
+    if (blockIdx.y * ATTENTION_SPLIT >= visible) return;  // the combine reads only the splits a row uses
     const unsigned int* table = blocks + rows[2 * t + 1];
     const i64 kv_row = (i64)kv_heads * head_dim;
     float qv[DPL], kv[DPL], vv[DPL], acc[DPL];
@@ -118,6 +116,10 @@ __device__ void attention_by_warps(const float* q, const float* k_pool, const fl
 #pragma unroll
     for (int i = 0; i < DPL; ++i) acc[i] = 0.0f;
     float running_max = NEG_INF, running_sum = 0.0f;
+    // Block y takes chunks y, y + splits, ... of ATTENTION_SPLIT positions (one chunk when the grid
+    // has a split per chunk; several when the partials' workspace was capped).
+    for (int chunk = blockIdx.y; chunk * ATTENTION_SPLIT < visible; chunk += gridDim.y) {
+    const int begin = chunk * ATTENTION_SPLIT, end = min(visible, begin + ATTENTION_SPLIT);
     for (int p = begin + warp; p < end; p += ATTENTION_WARPS) {
         const i64 at = ((i64)table[p / block_size] * block_size + p % block_size) * kv_row + (i64)kvh * head_dim + lane * DPL;
         load_lane<DPL>(k_pool + at, kv);
@@ -134,6 +136,7 @@ __device__ void attention_by_warps(const float* q, const float* k_pool, const fl
 #pragma unroll
         for (int i = 0; i < DPL; ++i) acc[i] = fmaf(weight, vv[i], acc[i] * rescale);
         running_max = new_max;
+    }
     }
     if (lane == 0) {
         warp_max[warp] = running_max;
@@ -185,7 +188,7 @@ ATTENTION_BY_WARPS(8)
 extern "C" __global__ void attention_combine(const float* part_stats, const float* part_acc, float* out, const int* rows,
                                              int q_heads, int head_dim, int splits) {
     const i64 t = blockIdx.x / q_heads;
-    const int used = (rows[2 * t] + ATTENTION_SPLIT - 1) / ATTENTION_SPLIT;
+    const int used = min((rows[2 * t] + ATTENTION_SPLIT - 1) / ATTENTION_SPLIT, splits);
     const i64 first = (i64)blockIdx.x * splits;
     float block_max_v = NEG_INF;
     for (int s = 0; s < used; ++s) block_max_v = fmaxf(block_max_v, part_stats[2 * (first + s)]);

@@ -16,6 +16,8 @@ const ATTENTION_THREADS: u32 = 128;
 /// kernels, and positions per block (a longer context is split over blocks and combined).
 const WARPS: u32 = 4;
 const SPLIT_POSITIONS: usize = 64;
+/// Bound on the split partials' workspace (a decode step of 32 rows at 256k context needs 200 MiB).
+const MAX_PARTIAL_BYTES: usize = 256 << 20;
 
 /// The warp-per-position kernel for `head_dim` (32 x dims per lane), if compiled for it.
 fn warp_kernel(head_dim: usize) -> Option<&'static str> {
@@ -104,10 +106,15 @@ impl CudaBackend {
             // A power of two, so the launch grid (and a recorded step) stays the same while the
             // context grows; blocks past a row's positions return at once, and the combine reads
             // only the splits a row used, so the result is the same for any count that covers it.
-            let splits = max_visible
+            let wanted = max_visible
                 .div_ceil(SPLIT_POSITIONS)
                 .max(1)
                 .next_power_of_two();
+            // Long prefill chunks have parallelism in their rows already; their partials would
+            // grow with rows x context. Capped, each block takes several chunks in turn.
+            let per_split = tokens * q_heads * head_dim * std::mem::size_of::<f32>();
+            let affordable = (MAX_PARTIAL_BYTES / per_split.max(1)).max(1);
+            let splits = wanted.min(1 << affordable.ilog2());
             let partials = if splits > 1 {
                 tokens * q_heads * splits
             } else {

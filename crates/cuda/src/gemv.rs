@@ -15,10 +15,11 @@ pub(crate) const GEMV_MAX_TOKENS: usize = 32;
 const GEMV_MATRICES: usize = 4;
 const GEMV_WARPS: usize = 8;
 const ROWS_PER_BLOCK: usize = 16;
-/// `GEMV_LANE_TOKENS` and `GEMV_LANE_ROWS` of gemv.cu: token counts of the CUDA-core kernel, and
-/// rows per warp there.
+/// `GEMV_LANE_TOKENS`, `GEMV_LANE_WARPS` and `GEMV_LANE_ROWS` of gemv.cu: token counts of the
+/// CUDA-core kernel, its warps per block and rows per warp.
 const LANE_TOKENS: usize = 4;
-const LANE_ROWS_PER_BLOCK: usize = GEMV_WARPS * 2;
+const LANE_WARPS: usize = 4;
+const LANE_ROWS_PER_BLOCK: usize = LANE_WARPS * 2;
 
 /// `GemvGroup` of gemv.cu, field for field.
 #[repr(C)]
@@ -95,14 +96,14 @@ impl CudaBackend {
                 rows += w.rows;
             }
             group.first_row[chunk_w.len()] = rows as i32;
-            let rows_per_block = if tokens <= LANE_TOKENS {
-                LANE_ROWS_PER_BLOCK
+            let (rows_per_block, warps) = if tokens <= LANE_TOKENS {
+                (LANE_ROWS_PER_BLOCK, LANE_WARPS)
             } else {
-                ROWS_PER_BLOCK
+                (ROWS_PER_BLOCK, GEMV_WARPS)
             };
             let cfg = LaunchConfig {
                 grid_dim: (rows.div_ceil(rows_per_block) as u32, 1, 1),
-                block_dim: (32 * GEMV_WARPS as u32, 1, 1),
+                block_dim: (32 * warps as u32, 1, 1),
                 shared_mem_bytes: 0,
             };
             let (t32, k32) = (tokens as i32, k as i32);

@@ -498,14 +498,16 @@ fn paged_attention_matches_reference() {
     let mut rng = Rng(6);
     let block_size = 16;
     // Head dims 32, 64, 128 and 256 run the warp-per-position kernels (contexts over 64 positions
-    // are split and combined); 16 the general one.
-    let cases: [AttentionCase; 6] = [
+    // are split and combined); 16 the general one. The last case is a long prefill chunk whose
+    // split partials would exceed the workspace cap: its blocks take several chunks each.
+    let cases: [AttentionCase; 7] = [
         (4, 2, 32, &[(150, 0)]),
         (4, 2, 128, &[(1, 300), (40, 0), (1, 0)]),
         (6, 2, 32, &[(1, 0), (63, 0), (64, 0), (65, 0)]),
         (8, 1, 64, &[(65, 150), (1, 63), (1, 64), (2, 150)]),
         (2, 2, 256, &[(64, 1), (1, 200)]),
         (4, 4, 16, &[(5, 0), (1, 5), (150, 65)]),
+        (16, 2, 64, &[(1024, 7700)]),
     ];
     for (q_heads, kv_heads, head_dim, seqs) in cases {
         let shape = AttnShape {
