@@ -8,9 +8,14 @@ use crate::mat::{CudaMat, MatData};
 use cudarc::driver::{CudaSlice, LaunchConfig};
 use std::sync::Arc;
 
-/// Threads per row of the norms: enough warps to cover `dim` once, at most 256.
-fn row_threads(dim: usize) -> u32 {
-    (dim.div_ceil(32) * 32).clamp(32, 256) as u32
+/// One block per row of `dim` for the norms, with enough warps to cover `dim` once (at most 256
+/// threads).
+fn row_config(rows: usize, dim: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (rows as u32, 1, 1),
+        block_dim: ((dim.div_ceil(32) * 32).clamp(32, 256) as u32, 1, 1),
+        shared_mem_bytes: 0,
+    }
 }
 
 impl CudaBackend {
@@ -78,11 +83,7 @@ impl CudaBackend {
             return;
         }
         let dim32 = dim as i32;
-        let cfg = LaunchConfig {
-            grid_dim: (rows as u32, 1, 1),
-            block_dim: (row_threads(dim), 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = row_config(rows, dim);
         // Contract: one block per row of `dim` within x and out; w holds dim values (checked).
         launch!(
             self,
@@ -117,11 +118,7 @@ impl CudaBackend {
             return;
         }
         let dim32 = dim as i32;
-        let cfg = LaunchConfig {
-            grid_dim: (rows as u32, 1, 1),
-            block_dim: (row_threads(dim), 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = row_config(rows, dim);
         // Contract: one block per row of `dim` within acc, x and out; w holds dim values (checked).
         launch!(
             self,
@@ -157,11 +154,7 @@ impl CudaBackend {
             return;
         }
         let dim32 = dim as i32;
-        let cfg = LaunchConfig {
-            grid_dim: (rows as u32, 1, 1),
-            block_dim: (row_threads(dim), 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = row_config(rows, dim);
         // Contract: as rms_norm, and z is as long as x (checked).
         launch!(
             self,

@@ -86,22 +86,7 @@ impl CudaBackend {
         }
         match &w.data {
             MatData::Bf16(weights) => {
-                let x_bf16 = x_bf16.get_or_insert_with(|| {
-                    // Overwritten whole by the cast below.
-                    let mut cast: CudaSlice<u16> =
-                        self.alloc_for_overwrite("matmul bf16 activations", tokens * k);
-                    let len = (tokens * k) as i64;
-                    // Contract: x holds tokens * k values (checked), cast was allocated that long.
-                    launch!(
-                        self,
-                        "cast_f32_to_bf16",
-                        Self::elementwise_config(tokens * k),
-                        &x.data,
-                        &mut cast,
-                        &len
-                    );
-                    cast
-                });
+                let x_bf16 = x_bf16.get_or_insert_with(|| self.cast_to_bf16(x, tokens * k));
                 self.gemm_ex(
                     weights,
                     x_bf16,
@@ -126,6 +111,24 @@ impl CudaBackend {
                 );
             }
         }
+    }
+
+    /// The first `len` values of `x` rounded to bf16 (nearest even), as every bf16 product takes
+    /// its activations; the caller checked that `x` holds `len` values.
+    pub(crate) fn cast_to_bf16(&self, x: &CudaBuf, len: usize) -> CudaSlice<u16> {
+        // Overwritten whole by the cast below.
+        let mut cast: CudaSlice<u16> = self.alloc_for_overwrite("bf16 activations", len);
+        let len64 = len as i64;
+        // Contract: x holds len values (checked by the caller), cast was allocated that long.
+        launch!(
+            self,
+            "cast_f32_to_bf16",
+            Self::elementwise_config(len),
+            &x.data,
+            &mut cast,
+            &len64
+        );
+        cast
     }
 
     /// `out [tokens, n] = x [tokens, k] @ w [n, k]^T` with both inputs of `input_type`.

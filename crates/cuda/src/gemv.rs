@@ -8,7 +8,7 @@
 use crate::backend::{launch, CudaBackend};
 use crate::buffer::CudaBuf;
 use crate::mat::{CudaMat, MatData};
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig};
+use cudarc::driver::{DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig};
 
 /// `8 * GEMV_MAX_TOKEN_TILES`, `GEMV_MATRICES` and `GEMV_WARPS` of gemv.cu; each block owns 16 rows.
 pub(crate) const GEMV_MAX_TOKENS: usize = 32;
@@ -63,18 +63,7 @@ impl CudaBackend {
     ) {
         let k = ws[0].cols;
         // The activations rounded to bf16 once for the whole group (as the cuBLAS path does).
-        let mut x_bf16: CudaSlice<u16> =
-            self.alloc_for_overwrite("gemv bf16 activations", tokens * k);
-        let len = (tokens * k) as i64;
-        // Contract: x holds tokens * k values (checked by the callers); x_bf16 is that long.
-        launch!(
-            self,
-            "cast_f32_to_bf16",
-            Self::elementwise_config(tokens * k),
-            &x.data,
-            &mut x_bf16,
-            &len
-        );
+        let x_bf16 = self.cast_to_bf16(x, tokens * k);
         for (chunk_w, chunk_out) in ws.chunks(GEMV_MATRICES).zip(outs.chunks_mut(GEMV_MATRICES)) {
             let mut group = GemvGroup {
                 count: chunk_w.len() as i32,
