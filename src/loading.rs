@@ -55,7 +55,7 @@ pub struct ModelArgs {
 }
 
 /// Decode batches up to this size are replayed as CUDA graphs by default: all of their matmuls run
-/// on the skinny-GEMM kernel (32 rows at most), none on cuBLAS.
+/// on the skinny-GEMM kernels (32 rows at most), none on cuBLAS.
 pub const DEFAULT_CUDA_GRAPH_MAX_BS: usize = 32;
 
 /// A model on whichever backend the flags chose. Made once per process, so the size difference

@@ -138,7 +138,7 @@ fn matmul_bf16_is_the_exact_product_of_bf16_rounded_inputs() {
 /// The grouped matmul (the GEMV kernel for up to 8 rows, cuBLAS beyond) equals the reference on
 /// bf16-rounded inputs for every matrix of the group: 5 matrices (more than one launch holds),
 /// row counts that are not multiples of a warp's 16 rows, every token count from 1 to 9 and the
-/// edges of the kernel's 8-token tiles and its 32-token limit,
+/// edges of the kernel's 8-token tiles and its 32-token limit (cuBLAS past it),
 /// and outputs poisoned with NaN first so an unwritten element fails.
 #[test]
 fn matmul_group_equals_the_reference_for_each_matrix() {
@@ -160,7 +160,7 @@ fn matmul_group_equals_the_reference_for_each_matrix() {
             .iter()
             .map(|t| ReferenceBackend.load_mat(t).unwrap())
             .collect();
-        for tokens in (1..=9).chain([16, 17, 32, 33]) {
+        for tokens in (1..=9).chain([16, 17, 32, 33, 48, 64, 65]) {
             let x = rng.vec(tokens * k, 1.0);
             let mut outs: Vec<_> = rows
                 .iter()
