@@ -14,7 +14,9 @@ Checks, in order:
      unhealthy, every new request succeeds on B. (Seen with 0.3.2: a stream on A ends without an
      error event or [DONE], since the gateway cannot retry a stream once bytes went out; a whole
      request on A is retried by the gateway on B and completes.)
-  4. A is restarted on its port: the gateway marks it healthy and sends it requests again.
+  4. A is restarted on its port: the gateway marks it healthy and sends it requests again;
+  5. A is SIGTERMed (as in a rolling update) while streams run: every stream completes, requests
+     sent meanwhile succeed, A exits 0.
 
 Every wait is bounded; exits 1 naming the first check that failed. Needs only the standard library
 and the gateway package in the running interpreter's environment.
@@ -344,6 +346,23 @@ def run(args, logdir):
         on_a = a.chat_requests_served()
         expect(on_a > 0, "the restarted worker got no requests")
         print(f"ok   A restarted: the gateway marked it healthy and sent it {on_a} of {args.requests} chats")
+
+        # 5. SIGTERM A (a rolling update) while streams run: A drains its streams within the grace
+        # period and exits 0; requests sent meanwhile go to B.
+        streams = [Stream(gateway.port, args.stream_tokens) for _ in range(args.streams)]
+        for s in streams:
+            s.start()
+        for s in streams:
+            expect(s.started.wait(60), "a stream through the gateway produced nothing within 60 s")
+        a.process.send_signal(signal.SIGTERM)
+        for _ in range(args.requests):
+            chat(gateway.port)
+        for s in streams:
+            s.join(90)
+        outcomes = [s.outcome for s in streams]
+        expect(all(o.startswith("completed") for o in outcomes), f"streams across A's SIGTERM: {outcomes}")
+        expect(a.process.wait(timeout=60) == 0, f"A exited {a.process.returncode} after SIGTERM")
+        print(f"ok   A SIGTERMed: all {len(streams)} streams completed, {args.requests} chats sent meanwhile succeeded, A exited 0")
     finally:
         if gateway is not None:
             gateway.stop()
