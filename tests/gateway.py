@@ -141,7 +141,7 @@ class Gateway:
             "--health-check-timeout-secs", "2",
             "--worker-startup-timeout-secs", "60",
             "--log-level", "info",
-        ]  # fmt: skip
+        ]
         with open(self.log, "w") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
 
@@ -293,20 +293,20 @@ def run(args, logdir):
             s.start()
         for s in streams:
             expect(s.started.wait(60), "a stream through the gateway produced nothing within 60 s")
-        # A whole response is only counted by the worker when it is done, so these cannot be
-        # attributed; they are reported, not checked.
+        # A stream is counted when its response head goes out, so all of them are by now.
+        streams_on_a = a.chat_requests_served() - on_a_before
+        # A whole response is counted only when it is done, so these cannot be attributed to a
+        # worker; what they saw is reported, not checked.
         wholes = [Whole(gateway.port, args.stream_tokens) for _ in range(2)]
         for w in wholes:
             w.start()
-        wait_until(
-            "the whole requests reach the workers",
-            lambda: sum(
-                json.loads(call(x.port, "GET", "/get_load", timeout=5)[1])[0]["num_reqs"] for x in (a, b)
-            )
-            >= len(wholes),
-            30,
-        )
-        streams_on_a = a.chat_requests_served() - on_a_before
+
+        def in_flight_everywhere():
+            running = sum(json.loads(call(x.port, "GET", "/get_load", timeout=5)[1])[0]["num_reqs"] for x in (a, b))
+            finished_streams = sum(not s.is_alive() for s in streams)
+            return running + finished_streams >= len(streams) + len(wholes)
+
+        wait_until("the whole requests reach the workers", in_flight_everywhere, 30)
         a.kill(signal.SIGKILL)
         for t in streams + wholes:
             t.join(90)
@@ -375,7 +375,7 @@ def main():
     parser.add_argument("--deltaserve", default="target/debug/deltaserve", help="the deltaserve binary")
     parser.add_argument("--requests", type=int, default=6, help="chats per round")
     parser.add_argument("--streams", type=int, default=4, help="streams in flight at the kill")
-    parser.add_argument("--stream-tokens", type=int, default=400, help="max_tokens of each stream")
+    parser.add_argument("--stream-tokens", type=int, default=1000, help="max_tokens of each stream")
     parser.add_argument("--startup-timeout", type=float, default=120.0)
     parser.add_argument("--keep-logs", metavar="DIR", help="write the logs here instead of a temporary directory")
     args = parser.parse_args()
