@@ -8,7 +8,8 @@ on 127.0.0.1 only: two `deltaserve serve` demo workers and the gateway in front 
 Checks, in order:
   1. the gateway registers both workers under the served model name (it read /server_info and
      /model_info) and gets a load figure from each (/get_load), and /flush_cache fans out;
-  2. chat requests through the gateway succeed and both workers serve some of them;
+  2. `deltaserve smoke` passes through the gateway; chat requests through it succeed and both
+     workers serve some of them;
   3. worker A is SIGKILLed while streams and whole (non-streamed) requests run through the gateway:
      what each saw is printed, and every stream on B must complete; once the gateway has marked A
      unhealthy, every new request succeeds on B. (Seen with 0.3.2: a stream on A ends without an
@@ -279,7 +280,15 @@ def run(args, logdir):
         expect(status == 200 and json.loads(text).get("workers_flushed") == 2, f"gateway /flush_cache: {text}")
         print(f"ok   gateway registered both workers as model 'demo', loads {loads}, flush reached both")
 
-        # 2. Traffic reaches both workers.
+        # 2. The smoke suite through the gateway, then traffic reaches both workers.
+        smoke = subprocess.run(
+            [args.deltaserve, "smoke", "--url", f"http://{HOST}:{gateway.port}"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        expect(smoke.returncode == 0, f"smoke through the gateway:\n{smoke.stdout}{smoke.stderr}")
+        print("ok   `deltaserve smoke` passes through the gateway")
         for _ in range(args.requests):
             chat(gateway.port)
         served = {w.name: w.chat_requests_served() for w in (a, b)}
