@@ -8,8 +8,8 @@ on 127.0.0.1 only: two `deltaserve serve` demo workers and the gateway in front 
 Checks, in order:
   1. the gateway registers both workers under the served model name (it read /server_info and
      /model_info) and gets a load figure from each (/get_load), and /flush_cache fans out;
-  2. `deltaserve smoke` passes through the gateway; chat requests through it succeed and both
-     workers serve some of them;
+  2. `deltaserve smoke` passes through the gateway; `bench serve` at concurrency 16 and single chat
+     requests through it succeed, and both workers serve some of each;
   3. worker A is SIGKILLed while streams and whole (non-streamed) requests run through the gateway:
      what each saw is printed, and every stream on B must complete; once the gateway has marked A
      unhealthy, every new request succeeds on B. (Seen with 0.3.2: a stream on A ends without an
@@ -289,9 +289,25 @@ def run(args, logdir):
         )
         expect(smoke.returncode == 0, f"smoke through the gateway:\n{smoke.stdout}{smoke.stderr}")
         print("ok   `deltaserve smoke` passes through the gateway")
+
+        # `bench serve` at concurrency 16 through the gateway: every request succeeds, both serve.
+        before = {w.name: w.chat_requests_served() for w in (a, b)}
+        bench = subprocess.run(
+            [args.deltaserve, "bench", "serve", "--url", f"http://{HOST}:{gateway.port}", "--endpoint", "chat",
+             "--concurrency", "16", "--num-prompts", "32", "--input-len", "32", "--output-len", "32",
+             "--request-timeout", "120"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )  # fmt: skip
+        expect(bench.returncode == 0, f"bench serve through the gateway:\n{bench.stdout}{bench.stderr}")
+        spread = {w.name: w.chat_requests_served() - before[w.name] for w in (a, b)}
+        expect(sum(spread.values()) == 32 and min(spread.values()) > 0, f"bench serve requests per worker: {spread}")
+        print(f"ok   bench serve at concurrency 16 through the gateway: 32 requests, per worker {spread}")
+        before = {w.name: w.chat_requests_served() for w in (a, b)}
         for _ in range(args.requests):
             chat(gateway.port)
-        served = {w.name: w.chat_requests_served() for w in (a, b)}
+        served = {w.name: w.chat_requests_served() - before[w.name] for w in (a, b)}
         expect(all(n > 0 for n in served.values()), f"chat requests served per worker: {served}")
         print(f"ok   {args.requests} chats through the gateway, served per worker: {served}")
 
