@@ -100,7 +100,9 @@ class Worker:
     def start(self, timeout):
         with open(self.log, "a") as log:
             self.process = subprocess.Popen(
-                [self.binary, "serve", "--host", HOST, "--port", str(self.port), "--enable-metrics"],
+                # A grace period far above what the streams need, so a slow machine cannot cut them.
+                [self.binary, "serve", "--host", HOST, "--port", str(self.port), "--enable-metrics",
+                 "--shutdown-grace-period", "120"],
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
@@ -121,7 +123,11 @@ class Worker:
     def kill(self, sig):
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(sig)
-            self.process.wait(timeout=30)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=30)
 
 
 class Gateway:
@@ -383,10 +389,10 @@ def run(args, logdir):
         for _ in range(args.requests):
             chat(gateway.port)
         for s in streams:
-            s.join(90)
+            s.join(150)
         outcomes = [s.outcome for s in streams]
         expect(all(o.startswith("completed") for o in outcomes), f"streams across A's SIGTERM: {outcomes}")
-        expect(a.process.wait(timeout=60) == 0, f"A exited {a.process.returncode} after SIGTERM")
+        expect(a.process.wait(timeout=150) == 0, f"A exited {a.process.returncode} after SIGTERM")
         print(f"ok   A SIGTERMed: all {len(streams)} streams completed, {args.requests} chats sent meanwhile succeeded, A exited 0")
     finally:
         if gateway is not None:
@@ -412,7 +418,7 @@ def main():
             logdir = args.keep_logs
         try:
             run(args, logdir)
-        except CheckFailed as failure:
+        except (CheckFailed, subprocess.TimeoutExpired) as failure:
             print(f"FAIL {failure}")
             for name in ("gateway.log", "worker-A.log", "worker-B.log"):
                 print(f"--- {name} (tail)\n{tail(os.path.join(logdir, name))}")
