@@ -4,7 +4,9 @@
 use crate::loading::{load_model, with_model, AnyModel, ModelArgs};
 use anyhow::{Context, Result};
 use deltaserve_api::chat_template_flag::load_chat_template;
-use deltaserve_api::{AppState, HealthStatus, ModelDtype, ServeArgs, ServerConfig};
+use deltaserve_api::{
+    AppState, EngineCapacity, HealthStatus, ModelDtype, ModelIdentity, ServeArgs, ServerConfig,
+};
 use deltaserve_doctor::canary::{judge, CanaryOutcome, CanarySpec};
 use deltaserve_engine::pool_plan::{plan_pools, Memory, PoolPlan, PoolRequest};
 use deltaserve_engine::{
@@ -144,6 +146,43 @@ async fn run_canary(
     Ok(judge(spec, &tokens, stopped, Some(tokenizer)))
 }
 
+/// What /model_info and /server_info report: paths as resolved, and config.json's top-level
+/// `model_type` and `architectures` (what SGLang reports), the text model's type when there is no
+/// top-level one.
+fn model_identity(
+    args: &ServeArgs,
+    model_path: &std::path::Path,
+    config: &ModelConfig,
+) -> Result<ModelIdentity> {
+    let tokenizer_path = match &args.tokenizer_path {
+        Some(dir) => crate::demo_model::resolve_model_path(dir)?,
+        None => model_path.to_path_buf(),
+    };
+    let config_path = model_path.join("config.json");
+    let raw: serde_json::Value = std::fs::read_to_string(&config_path)
+        .ok()
+        .and_then(|text| serde_json::from_str(&text).ok())
+        .unwrap_or_default();
+    let model_type = raw["model_type"]
+        .as_str()
+        .map_or_else(|| config.model_type.clone(), str::to_owned);
+    let architectures = raw["architectures"]
+        .as_array()
+        .map(|names| {
+            names
+                .iter()
+                .filter_map(|n| n.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok(ModelIdentity {
+        model_path: model_path.display().to_string(),
+        tokenizer_path: tokenizer_path.display().to_string(),
+        model_type,
+        architectures,
+    })
+}
+
 /// `--dtype` checks against the checkpoint's dtype (config.json), before any weight is read.
 fn check_dtype(args: &ServeArgs, config: &ModelConfig) -> Result<()> {
     let checkpoint = match config.dtype {
@@ -195,18 +234,18 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
     }
     let model_path = crate::demo_model::resolve_model_path(&args.model_path())?;
     args.model_path = Some(model_path.clone());
-    check_dtype(
-        &args,
-        &ModelConfig::from_dir(&model_path)
-            .with_context(|| format!("--model-path {}", model_path.display()))?,
-    )?;
+    let model_config = ModelConfig::from_dir(&model_path)
+        .with_context(|| format!("--model-path {}", model_path.display()))?;
+    check_dtype(&args, &model_config)?;
     let tokenizer = Arc::new(load_tokenizer(&args)?);
+    let identity = model_identity(&args, &model_path, &model_config)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?;
     runtime.block_on(async move {
         let state = Arc::new(AppState::new(ServerConfig::from_args(&args), tokenizer.clone()));
+        state.set_model_identity(identity);
         state.health.set(HealthStatus::Loading("loading weights".into()));
         let addr = args.listen_addr()?;
         let server = tokio::spawn(deltaserve_api::serve(addr, state.clone()));
@@ -261,6 +300,15 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
             },
             speculative: spec.clone(),
         };
+        state.set_engine_capacity(EngineCapacity {
+            context_length: engine_config.context_length,
+            max_running_requests: engine_config.max_running_requests,
+            max_queued_requests: engine_config.max_queued_requests,
+            page_size: engine_config.block_size,
+            num_kv_blocks: engine_config.num_kv_blocks,
+            state_slots: engine_config.state_slots,
+            chunked_prefill_size: engine_config.chunked_prefill_size,
+        });
         if log_level.shows_info() {
             print_summary(&args, &config, &backend_name, &plan, spec.as_ref());
         }

@@ -40,6 +40,7 @@ mod sse;
 pub mod state;
 pub mod stop;
 mod token_bytes;
+pub mod worker_info;
 
 pub use args::{
     ArgsError, BackendKind, CpuMatmulPrecision, DegenerationAction, LoadFormat, MambaSsmDtype,
@@ -60,3 +61,4 @@ pub use routes::router;
 pub use server::{bind, serve, serve_until, termination_signal, ServeError, Shutdown};
 pub use smoke::{run_smoke, run_smoke_blocking, SmokeArgs, SmokeError, SmokeReport};
 pub use state::{AppState, MetricsSource, ServerConfig};
+pub use worker_info::{EngineCapacity, ModelIdentity};

@@ -19,9 +19,10 @@ use crate::completions::completions;
 use crate::error::ApiError;
 use crate::health::HealthReport;
 use crate::state::AppState;
+use crate::worker_info::{flush_cache, get_load, model_info, server_info};
 
 /// Route names used as the metrics label; anything else is counted as "other".
-const ROUTES: [&str; 7] = [
+const ROUTES: [&str; 13] = [
     "/v1/chat/completions",
     "/v1/completions",
     "/v1/models",
@@ -29,6 +30,12 @@ const ROUTES: [&str; 7] = [
     "/health_generate",
     "/metrics",
     "/v1/models/{model}",
+    "/server_info",
+    "/get_server_info",
+    "/model_info",
+    "/get_model_info",
+    "/get_load",
+    "/flush_cache",
 ];
 
 /// The full HTTP API over `state`.
@@ -42,6 +49,12 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/health", get(health))
         .route("/health_generate", get(health))
         .route("/metrics", get(metrics))
+        .route("/server_info", get(server_info))
+        .route("/get_server_info", get(server_info))
+        .route("/model_info", get(model_info))
+        .route("/get_model_info", get(model_info))
+        .route("/get_load", get(get_load))
+        .route("/flush_cache", post(flush_cache).get(flush_cache))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))

@@ -17,6 +17,7 @@ use crate::limits::RequestLimits;
 use crate::metrics::HttpMetrics;
 use crate::output_watch::WatchSpec;
 use crate::server_seed::SeedSequence;
+use crate::worker_info::{EngineCapacity, ModelIdentity};
 
 /// Produces the engine's Prometheus text for /metrics.
 pub type MetricsSource = Arc<dyn Fn() -> String + Send + Sync>;
@@ -151,6 +152,10 @@ pub struct AppState {
     pub shutdown_cut: tokio::sync::watch::Sender<bool>,
     /// Seeds of requests that bring none, with `--random-seed`.
     default_seeds: Option<SeedSequence>,
+    /// What /model_info and /server_info report; the model name until set.
+    model_identity: RwLock<ModelIdentity>,
+    /// The engine's limits for /server_info and /get_load, once the pools are planned.
+    engine_capacity: RwLock<Option<EngineCapacity>>,
 }
 
 impl AppState {
@@ -163,6 +168,11 @@ impl AppState {
         };
         let health = HealthMonitor::new(config.health_interval, config.health_probe_timeout);
         let default_seeds = config.random_seed.map(SeedSequence::new);
+        let model_identity = ModelIdentity {
+            model_path: config.model_name.clone(),
+            tokenizer_path: config.model_name.clone(),
+            ..ModelIdentity::default()
+        };
         let detector = match DegenerationDetector::new(config.degeneration.clone()) {
             Ok(detector) => Some(detector),
             Err(error) => {
@@ -181,6 +191,8 @@ impl AppState {
             detector,
             shutdown_cut: tokio::sync::watch::channel(false).0,
             default_seeds,
+            model_identity: RwLock::new(model_identity),
+            engine_capacity: RwLock::new(None),
             created: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map(|d| d.as_secs())
@@ -199,6 +211,36 @@ impl AppState {
             .engine_metrics
             .write()
             .unwrap_or_else(|p| p.into_inner()) = Some(source);
+    }
+
+    /// Sets what /model_info and /server_info say the model is.
+    pub fn set_model_identity(&self, identity: ModelIdentity) {
+        *self
+            .model_identity
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = identity;
+    }
+
+    pub fn model_identity(&self) -> ModelIdentity {
+        self.model_identity
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Sets the engine's limits reported by /server_info and /get_load.
+    pub fn set_engine_capacity(&self, capacity: EngineCapacity) {
+        *self
+            .engine_capacity
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = Some(capacity);
+    }
+
+    pub fn engine_capacity(&self) -> Option<EngineCapacity> {
+        *self
+            .engine_capacity
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     /// The engine, or 503 while the model is loading.

@@ -82,6 +82,8 @@ pub struct FakeEngine {
     pub context: usize,
     /// Engine-wide speculative counters (drafted, accepted), as the real engine exports them.
     pub spec_counters: Arc<(AtomicU64, AtomicU64)>,
+    /// What `stats()` reports.
+    pub stats: Mutex<EngineStats>,
 }
 
 impl FakeEngine {
@@ -102,6 +104,7 @@ impl FakeEngine {
             queue_full: AtomicBool::new(false),
             context,
             spec_counters: Arc::new((AtomicU64::new(0), AtomicU64::new(0))),
+            stats: Mutex::new(EngineStats::default()),
         })
     }
 
@@ -267,7 +270,7 @@ impl EngineHandle for FakeEngine {
     }
 
     fn stats(&self) -> EngineStats {
-        EngineStats::default()
+        self.stats.lock().unwrap().clone()
     }
 
     fn context_length(&self) -> usize {
