@@ -465,7 +465,7 @@ def write_report(path: Path, summary: dict, facts: dict, train: dict | None, con
         f"head dim {tc['head_dim']}, partial RoPE 0.25 (theta {tc['rope_parameters']['rope_theta']:g}).",
         f"- Vocabulary: {facts.get('tokenizer_size')} tokens (our byte-level BPE; Qwen3.5 pre-tokenizer, single digits, "
         f"NFC), embedding rows padded to {tc['vocab_size']}; untied `lm_head`.",
-        "- MTP head (spec §6): `mtp.fc` over cat(normed embedding of x_{t+1}, normed post-final-norm h_t), one "
+        "- MTP head (docs/model.md, \"MTP head\"): `mtp.fc` over cat(normed embedding of x_{t+1}, normed post-final-norm h_t), one "
         "full-attention decoder layer (transformers' own `Qwen3_5DecoderLayer`), `mtp.norm`, shared `lm_head`.",
         f"- Parameters: {facts.get('parameters_trunk', 0) / 1e6:.2f} M trunk + {facts.get('parameters_mtp', 0) / 1e6:.2f} M "
         f"MTP; weights bf16, {facts.get('model_dir_mb', 0):.1f} MB on disk (sharded safetensors).",

@@ -4,7 +4,7 @@
 Each line: {"id", "label": "healthy"|"degenerate", "kind" (degenerate only), "text", "note"}.
 Healthy items repeat things legitimately (tables, lists, code, counting, refrains, logs, closed
 reasoning); degenerate items loop, babble or reason without end, as a broken forward pass does
-(shared/spec/serving.md section 1). Long hand-written texts live in tests/data/degeneration/sources/
+(docs/serving.md, "The founding failure"). Long hand-written texts live in tests/data/degeneration/sources/
 (sections opened by "@@@ name :: note"); short lists and the generators are below. Variations are drawn
 with a fixed seed, so the output is reproducible:
 
@@ -736,15 +736,15 @@ def healthy_hard_structured(rng):
 # ---------------------------------------------------------------- degenerate
 
 
-def degenerate_serving_md(rng):
+def degenerate_founding_failure(rng):
     arithmetic = "We are tasked with a simple arithmetic problem: " + "2 + 2 = 2." * 1000
     add("degenerate-servingmd-arithmetic", "degenerate", cut(arithmetic, 4000),
-        "serving.md section 1, verbatim, extended to a max_tokens cut", "periodic_loop")
+        "the founding failure (docs/serving.md), verbatim, extended to a max_tokens cut", "periodic_loop")
     add("degenerate-servingmd-arithmetic-short", "degenerate", cut(arithmetic, 1200),
-        "serving.md section 1, cut early", "periodic_loop")
+        "the founding failure (docs/serving.md), cut early", "periodic_loop")
     primes = ("prime " * 2000).strip()
     add("degenerate-servingmd-prime", "degenerate", cut(primes, 3000),
-        "serving.md section 1: prime prime prime ...", "periodic_loop")
+        "the founding failure (docs/serving.md): prime prime prime ...", "periodic_loop")
     add("degenerate-servingmd-prime-after-intro", "degenerate",
         cut("The prime numbers less than 20 are prime prime " + primes, 2400),
         "the prime loop after a normal start", "periodic_loop")
@@ -813,7 +813,7 @@ def degenerate_babble(rng):
             parts.append(rng.choice(["2 + 2 = 2.", "2 + 2 = 2.", "2 + 2 = 2.", "2 + 2 = 4.", "2 + 2 = ", "2 + 2 = 22."]))
         add(f"degenerate-noisy-arithmetic-{i}", "degenerate",
             "We are tasked with a simple arithmetic problem: " + "".join(parts),
-            "the serving.md arithmetic loop with sampling noise", "ngram_collapse")
+            "the founding failure's arithmetic loop with sampling noise", "ngram_collapse")
 
 
 def degenerate_reasoning(rng):
@@ -839,7 +839,7 @@ def main():
     healthy_repetition_on_request(rng)
     healthy_cumulative_songs(rng)
     healthy_hard_structured(rng)
-    degenerate_serving_md(rng)
+    degenerate_founding_failure(rng)
     degenerate_token_loops(rng)
     degenerate_phrase_loops(rng)
     degenerate_sentence_loops(rng)

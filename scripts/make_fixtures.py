@@ -4,7 +4,7 @@
 Each fixture is a tiny RANDOM checkpoint written through transformers' own model classes
 (`save_pretrained`), plus the outputs transformers computes for it in float32: prefill logits,
 cached decode logits, a greedy generation and, for Qwen3.5 checkpoints with an MTP head, the
-logits of a small Python implementation of the MTP math (spec model-architecture.md section 6).
+logits of a small Python implementation of the MTP math (docs/model.md, "MTP head").
 
 Run from the repository root:  .venv/bin/python scripts/make_fixtures.py
 The script is seeded and CPU-only; running it twice gives byte-identical .npy files.
@@ -176,7 +176,7 @@ def randomise_(module: nn.Module, gen: torch.Generator, prefix: str = "") -> Non
 
 
 # --------------------------------------------------------------------------------------------
-# MTP head (spec model-architecture.md section 6), built from transformers' own modules
+# MTP head (docs/model.md, "MTP head"), built from transformers' own modules
 # --------------------------------------------------------------------------------------------
 
 

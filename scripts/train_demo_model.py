@@ -2,7 +2,7 @@
 """Train the bundled demo model (models/demo): our own byte-level BPE tokenizer, a small Qwen3.5 text model
 (3 Gated DeltaNet layers to 1 gated full-attention layer) and its MTP head, trained jointly.
 
-The MTP head follows /work/shared/spec/model-architecture.md §6: for the pair (h_t, x_{t+1}) it computes
+The MTP head follows docs/model.md, "MTP head": for the pair (h_t, x_{t+1}) it computes
 fc(cat(pre_fc_norm_embedding(embed[x_{t+1}]), pre_fc_norm_hidden(h_t))) with h_t the trunk's POST-final-norm
 hidden state, runs one full-attention decoder layer (transformers' own Qwen3.5 layer class), applies mtp.norm
 and the shared lm_head, and is trained to predict x_{t+2}. A second, chained MTP step (input: the MTP's own
@@ -227,7 +227,7 @@ def build_text_config(text_dict: dict):
 
 
 class MtpHead(nn.Module):
-    """Qwen3.5 multi-token-prediction head (spec §6). Embedding and lm_head are the trunk's, passed in."""
+    """Qwen3.5 multi-token-prediction head (docs/model.md, "MTP head"). Embedding and lm_head are the trunk's, passed in."""
 
     def __init__(self, text_config):
         super().__init__()

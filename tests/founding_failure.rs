@@ -1,8 +1,9 @@
-//! The founding failure of serving.md §1, end to end with the built `deltaserve` binary on the bundled
-//! demo model: with MTP speculation and the diagnostic broken attention backend the output loops while
-//! draft acceptance stays high; the detector flags it and the log blames the target forward pass; the
-//! canary keeps /health at 503; doctor names the attention op; smoke fails. With the correct backend
-//! all of it passes. Servers run on free ports and are killed when a test ends, also on panic.
+//! The founding failure (docs/serving.md), end to end with the built `deltaserve` binary on the
+//! bundled demo model: with MTP speculation and the diagnostic broken attention backend the output
+//! loops while draft acceptance stays high; the detector flags it and the log blames the target
+//! forward pass; the canary keeps /health at 503; doctor names the attention op; smoke fails. With
+//! the correct backend all of it passes. Servers run on free ports and are killed when a test ends,
+//! also on panic.
 
 use std::fs::File;
 use std::net::TcpListener;

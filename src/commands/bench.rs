@@ -124,7 +124,7 @@ pub fn decode_weight_bytes(c: &ModelConfig, bytes_per_param: usize) -> usize {
     params * bytes_per_param
 }
 
-/// Bytes of weights one single-token MTP forward reads (model-architecture.md §6): `fc`, its
+/// Bytes of weights one single-token MTP forward reads (docs/model.md, "MTP head"): `fc`, its
 /// full-attention layer (MLP of the trunk's kind), and the shared lm_head plus one embedding row.
 pub fn mtp_forward_weight_bytes(c: &ModelConfig, bytes_per_param: usize) -> usize {
     let h = c.hidden_size;

@@ -1,6 +1,6 @@
 //! The DIAGNOSIS of a degenerate output: which part of the stack most likely produced it, read from the
-//! speculative-decoding acceptance around it the way serving.md §1 teaches. A pure function of the
-//! verdict kind and the acceptance numbers; no engine, no I/O, no detection.
+//! speculative-decoding acceptance around it the way docs/serving.md, "Diagnosis", teaches. A pure
+//! function of the verdict kind and the acceptance numbers; no engine, no I/O, no detection.
 
 use deltaserve_health::DegenerationKind;
 use serde::Serialize;
@@ -116,7 +116,8 @@ fn described(acceptance: Acceptance, source: &str) -> String {
     )
 }
 
-/// Reads the acceptance numbers around a degenerate output of `kind` (serving.md §1):
+/// Reads the acceptance numbers around a degenerate output of `kind` (docs/serving.md,
+/// "Diagnosis"):
 /// - acceptance that fell from high in the first half of the request to low in the second: the
 ///   recurrent (GDN) state is being corrupted, typically by speculative rollback;
 /// - acceptance near 100 % (at least [`HIGH_ACCEPTANCE`]) together with a loop: drafter and target

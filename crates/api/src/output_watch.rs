@@ -1,7 +1,8 @@
-//! Watches one choice's output for degeneration (serving.md §6): feeds the streaming detector every
-//! token id with its text delta, samples the speculative counters along the way, and turns a verdict
-//! into a report with its diagnosis, as a response field and a log line. Stopping the request is the
-//! caller's business (generation.rs); counting it belongs to the metrics.
+//! Watches one choice's output for degeneration (docs/serving.md, "Degeneration detector"): feeds
+//! the streaming detector every token id with its text delta, samples the speculative counters
+//! along the way, and turns a verdict into a report with its diagnosis, as a response field and a
+//! log line. Stopping the request is the caller's business (generation.rs); counting it belongs to
+//! the metrics.
 
 use deltaserve_engine::{EngineHandle, RequestId};
 use deltaserve_health::{DegenerationDetector, StreamEnd, Verdict};

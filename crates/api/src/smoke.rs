@@ -1,7 +1,8 @@
 //! `deltaserve smoke`: a fixed suite against any OpenAI-compatible server (deltaserve, SGLang, vLLM,
-//! llama.cpp) that proves the model answers correctly, not only that the server is up (serving.md §1):
-//! the 2+2 and prime prompts at temperature 0, the same prime prompt streamed, then the checks of
-//! smoke_checks.rs on the replies. Plain HTTP/1.1 over hyper; it never touches the engine.
+//! llama.cpp) that proves the model answers correctly, not only that the server is up
+//! (docs/serving.md, "Health"): the 2+2 and prime prompts at temperature 0, the same prime prompt
+//! streamed, then the checks of smoke_checks.rs on the replies. Plain HTTP/1.1 over hyper; it never
+//! touches the engine.
 
 use std::time::{Duration, Instant};
 

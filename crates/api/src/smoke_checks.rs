@@ -7,9 +7,9 @@ use serde_json::{json, Value};
 
 use crate::smoke_report::{CheckResult, CheckRow};
 
-/// The arithmetic prompt of serving.md §1.
+/// The arithmetic prompt of the founding failure (docs/serving.md, "The founding failure").
 pub const ARITHMETIC_PROMPT: &str = "What is 2+2? Answer briefly.";
-/// The prime-number prompt of serving.md §1.
+/// The prime-number prompt of the founding failure (docs/serving.md, "The founding failure").
 pub const PRIME_PROMPT: &str = "Write a Python function that checks whether a number is prime.";
 
 /// Finish reasons an OpenAI chat completion may carry.

@@ -6,7 +6,8 @@ use deltaserve_engine::EngineHandle;
 
 use crate::diagnosis::Acceptance;
 
-/// The engine's counter of drafted tokens (deltaserve-engine metrics.rs, serving.md §2).
+/// The engine's counter of drafted tokens (deltaserve-engine metrics.rs, docs/serving.md,
+/// "Metrics").
 const DRAFT_TOKENS_COUNTER: &str = "deltaserve_spec_decode_num_draft_tokens_total";
 /// The engine's counter of accepted draft tokens.
 const ACCEPTED_TOKENS_COUNTER: &str = "deltaserve_spec_decode_num_accepted_tokens_total";

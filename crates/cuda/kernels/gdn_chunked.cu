@@ -1,7 +1,7 @@
-// Gated DeltaNet prefill in chunked form (model-architecture.md §4; the WY representation of the
-// Gated DeltaNet paper): the same map as the recurrence in gdn.cu, computed CHUNK tokens at a time.
-// With the state S0 [KD, VD] at a chunk's start, G the cumulative log-decay inside the chunk, q and k
-// l2-normed (q scaled by KD^-0.5):
+// Gated DeltaNet prefill in chunked form (docs/model.md, "Gated DeltaNet", chunked form; the WY
+// representation of the Gated DeltaNet paper): the same map as the recurrence in gdn.cu, computed
+// CHUNK tokens at a time. With the state S0 [KD, VD] at a chunk's start, G the cumulative log-decay
+// inside the chunk, q and k l2-normed (q scaled by KD^-0.5):
 //   A[t][j] = beta_t e^(G_t - G_j) (k_t . k_j) for j < t          (strictly lower)
 //   (I + A) X = [diag(beta) V | diag(beta e^G) K]                  (forward substitution)
 //   U = X_V - X_K S0                                               (the deltas of the chunk)

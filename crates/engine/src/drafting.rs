@@ -1,6 +1,6 @@
 //! The MTP side of speculative decoding, run after every engine step: "extend" the MTP head's KV
 //! cache with the pairs (target hidden of t, token t+1) of the positions just computed, then draft k
-//! tokens autoregressively for the next verify step (model-architecture.md §6). All speculating
+//! tokens autoregressively for the next verify step (docs/model.md, "MTP head"). All speculating
 //! sequences are batched into one MTP forward per draft step.
 
 use crate::engine::{Extend, Worker};

@@ -1,6 +1,6 @@
 //! Engine-side Prometheus metrics: pool and queue gauges, preemptions, forward steps, and the
-//! speculative-decoding counters of serving.md §2. Counters only ever grow, so rates can be derived;
-//! HTTP-level metrics (requests, latencies) belong to the api crate.
+//! speculative-decoding counters of docs/serving.md, "Metrics". Counters only ever grow, so rates
+//! can be derived; HTTP-level metrics (requests, latencies) belong to the api crate.
 
 use crate::api::EngineStats;
 use std::fmt::Write;

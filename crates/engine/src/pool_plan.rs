@@ -339,7 +339,8 @@ mod tests {
     #[test]
     fn state_and_kv_sizes_match_the_spec() {
         let c = qwen35_27b();
-        // model-architecture.md §4/§5: 144 MiB of fp32 state + ~2.9 MB conv per sequence; 64 KiB KV per token in bf16.
+        // docs/model.md, "Cache state": 144 MiB of f32 state + ~5.9 MB of f32 conv window per
+        // sequence; 64 KiB KV per token in bf16.
         let ssm = 48 * 48 * 128 * 128 * 4;
         assert_eq!(ssm, 144 << 20);
         assert_eq!(state_bytes_per_slot(&c), ssm + 48 * 3 * 10240 * 4);

@@ -116,7 +116,8 @@ fn text_field(message: &Value, names: &[&'static str], index: usize) -> Result<S
 /// stream `delta`) or `/v1/completions` (`text`).
 ///
 /// `reasoning_content` (or `reasoning`) is read as an open think block; the block counts as closed
-/// unless the choice was cut by the length limit without any answer text (the serving.md §5 case of
+/// unless the choice was cut by the length limit without any answer text (the docs/serving.md,
+/// "Reasoning output", case of
 /// `content: null`, `finish_reason: "length"`). `finish_reason: "length"` turns on the length-cut
 /// rule. Reasoning tokens are counted as pseudo-tokens (about one per word or digit), so set the
 /// budget in those units when linting stored responses.

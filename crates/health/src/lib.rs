@@ -1,6 +1,7 @@
 //! Live health signals of deltaserve. Today: the degeneration detector, which watches a request's
-//! output token by token and flags loops, babble and reasoning that never closes (serving.md §1, §6).
-//! Nothing here touches the engine, the model or HTTP; the server feeds it and decides what to do.
+//! output token by token and flags loops, babble and reasoning that never closes (docs/serving.md,
+//! "Degeneration detector"). Nothing here touches the engine, the model or HTTP; the server feeds
+//! it and decides what to do.
 //!
 //! # What is degenerate, what is not
 //! A broken forward pass repeats itself until `max_tokens`; healthy output repeats structure but

@@ -1,6 +1,7 @@
 //! The detector against the labelled corpus in tests/data/degeneration (made by
-//! scripts/make_degeneration_corpus.py), streamed under two pseudo-tokenisations, and the serving.md §1
-//! outputs checked for how early they fire. Run with `--nocapture` to see the numbers.
+//! scripts/make_degeneration_corpus.py), streamed under two pseudo-tokenisations, and the founding
+//! failure's outputs (docs/serving.md) checked for how early they fire. Run with `--nocapture` to
+//! see the numbers.
 
 use deltaserve_health::{
     pseudo_token_id, Config, DegenerationDetector, DegenerationKind, PseudoTokenizer, StreamEnd,
@@ -146,7 +147,7 @@ fn fire_point(opening: &str, looped: &str, tokenizer: PseudoTokenizer) -> (u64, 
 }
 
 #[test]
-fn serving_md_examples_fire_early() {
+fn founding_failure_examples_fire_early() {
     let cases = [
         (
             "We are tasked with a simple arithmetic problem: ",

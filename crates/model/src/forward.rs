@@ -1,6 +1,6 @@
-//! The trunk forward pass, written once against `Backend`, over a ragged batch (spec §3). Every
-//! sequence in the batch reads and writes only its own blocks and slot, so a sequence's numbers do
-//! not depend on what else is batched with it.
+//! The trunk forward pass, written once against `Backend`, over a ragged batch (docs/model.md,
+//! "Trunk"). Every sequence in the batch reads and writes only its own blocks and slot, so a
+//! sequence's numbers do not depend on what else is batched with it.
 
 use crate::cache::HybridCache;
 use crate::config::ModelConfig;

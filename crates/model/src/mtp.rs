@@ -1,6 +1,7 @@
-//! The MTP head forward (spec §6): from the trunk's post-norm hidden state of token t and the id of
-//! token t+1, predict token t+2. One full-attention layer with its own KV pool (`HybridCache::mtp_kv`),
-//! sharing the trunk's embedding and lm_head. Positions are those of the hidden states' tokens.
+//! The MTP head forward (docs/model.md, "MTP head"): from the trunk's post-norm hidden state of
+//! token t and the id of token t+1, predict token t+2. One full-attention layer with its own KV
+//! pool (`HybridCache::mtp_kv`), sharing the trunk's embedding and lm_head. Positions are those of
+//! the hidden states' tokens.
 
 use crate::cache::HybridCache;
 use crate::forward::{ForwardOutput, Model};

@@ -1,8 +1,9 @@
-//! A diagnostic backend that reproduces the failure deltaserve was founded on (serving.md §1): it
-//! wraps a correct backend and computes full attention WRONGLY (each query sees only the most recent
-//! positions, as a kernel with a broken mask or page table would), while every other op stays right.
-//! It exists so that tests, `doctor` and the canary can be shown catching such a kernel; it is
-//! selected only through the diagnostic attention-backend name and never by default.
+//! A diagnostic backend that reproduces the failure deltaserve was founded on (docs/serving.md,
+//! "The founding failure"): it wraps a correct backend and computes full attention WRONGLY (each
+//! query sees only the most recent positions, as a kernel with a broken mask or page table would),
+//! while every other op stays right. It exists so that tests, `doctor` and the canary can be shown
+//! catching such a kernel; it is selected only through the diagnostic attention-backend name and
+//! never by default.
 
 use crate::backend::{AttnShape, Backend, GdnShape, RouteChoice};
 use crate::batch::{BatchLayout, SeqLayout};

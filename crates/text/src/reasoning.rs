@@ -1,6 +1,7 @@
-//! The `qwen3` reasoning parser (serving.md §5): splits model output into reasoning (the think block) and
-//! content, whole or as streamed text deltas, and counts reasoning tokens from ids. It leaves tool calls
-//! in the content for tool_calls.rs and never touches token decoding.
+//! The `qwen3` reasoning parser (docs/serving.md, "Reasoning output"): splits model output into
+//! reasoning (the think block) and content, whole or as streamed text deltas, and counts reasoning
+//! tokens from ids. It leaves tool calls in the content for tool_calls.rs and never touches token
+//! decoding.
 
 use crate::tag_scan::{find_first, partial_tag_len, trailing_whitespace_len};
 use crate::tokenizer::Tokenizer;
@@ -275,7 +276,8 @@ mod tests {
         (s.reasoning, s.content)
     }
 
-    /// Every case of serving.md §5 with the expected (reasoning, content), for both starting modes.
+    /// Every rule of docs/serving.md, "Reasoning output", with the expected (reasoning, content),
+    /// for both starting modes.
     pub(crate) const CASES: &[(&str, bool, Option<&str>, Option<&str>)] = &[
         // Prompt opened the think block: output is reasoning, then the answer.
         (

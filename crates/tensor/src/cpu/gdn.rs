@@ -1,6 +1,6 @@
-//! The gated delta rule (spec §3.4 recurrent form, §4 chunked form) in f32. Value heads run in
-//! parallel; each task owns its head's slice of every state slot and walks the sequences in batch
-//! order, so snapshot and slot semantics are exactly those of `reference::gdn`.
+//! The gated delta rule (docs/model.md, "Gated DeltaNet": recurrent and chunked forms) in f32.
+//! Value heads run in parallel; each task owns its head's slice of every state slot and walks the
+//! sequences in batch order, so snapshot and slot semantics are exactly those of `reference::gdn`.
 
 use super::isa::{multiversion, Isa};
 use super::math::exp_f32;

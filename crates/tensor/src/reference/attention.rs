@@ -1,4 +1,5 @@
-//! Reference paged causal attention with GQA (spec §3.3 steps 5-6, without the output gate).
+//! Reference paged causal attention with GQA (docs/model.md, "Gated attention", step 5; the output
+//! gate of step 6 is not here).
 
 use crate::backend::AttnShape;
 use crate::batch::BatchLayout;

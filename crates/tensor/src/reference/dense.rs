@@ -1,4 +1,4 @@
-//! Reference norms and rotary embedding (spec §3.2 and §3.3 step 4).
+//! Reference norms and rotary embedding (docs/model.md, "Norms" and "Gated attention" step 3).
 
 use super::silu;
 

@@ -1,5 +1,6 @@
 //! Reference Gated DeltaNet: causal conv with state, gates, and the delta rule in both its recurrent
-//! (spec §3.4) and chunked (spec §4) forms. State is f32 in the pool and f64 while computing.
+//! and chunked forms (docs/model.md, "Gated DeltaNet"). State is f32 in the pool and f64 while
+//! computing.
 
 use super::{sigmoid, silu};
 use crate::backend::GdnShape;
@@ -120,8 +121,9 @@ pub fn delta_rule_recurrent_step(
     }
 }
 
-/// The chunked form for one value head over `n` tokens (spec §4). `q`, `k`: `[n, dk]` (already
-/// normalised and scaled), `v`: `[n, dv]`, `g`, `beta`: `[n]`. Updates `state [dk, dv]`, writes `out [n, dv]`.
+/// The chunked form for one value head over `n` tokens (docs/model.md, "Gated DeltaNet", chunked
+/// form). `q`, `k`: `[n, dk]` (already normalised and scaled), `v`: `[n, dv]`, `g`, `beta`: `[n]`.
+/// Updates `state [dk, dv]`, writes `out [n, dv]`.
 #[allow(clippy::too_many_arguments)]
 pub fn delta_rule_chunked(
     state: &mut [f64],

@@ -1,5 +1,5 @@
-//! The `reference` backend: plain scalar Rust that mirrors shared/spec/model-architecture.md line by
-//! line, f32 storage with f64 accumulation. Slow and obviously correct; it is the yardstick every
+//! The `reference` backend: plain scalar Rust that mirrors docs/model.md line by line,
+//! f32 storage with f64 accumulation. Slow and obviously correct; it is the yardstick every
 //! other backend is tested against and must never be optimised.
 
 mod attention;

@@ -1,4 +1,4 @@
-//! Reference MoE routing (spec §3.5 step 1).
+//! Reference MoE routing (docs/model.md, "MLP and MoE", step 1).
 
 use crate::backend::RouteChoice;
 
