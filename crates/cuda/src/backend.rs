@@ -578,6 +578,10 @@ impl Backend for CudaBackend {
         self.replay_op(graph)
     }
 
+    fn recover_after_failure(&self) {
+        self.recover_after_failure_op()
+    }
+
     fn copy_buf(&self, src: &CudaBuf) -> CudaBuf {
         self.copy_buf_op(src)
     }

@@ -116,6 +116,23 @@ impl CudaBackend {
         }
     }
 
+    /// A step that panicked while being recorded leaves the stream capturing: every later launch
+    /// would fail. End the recording and drop it.
+    pub(crate) fn recover_after_failure_op(&self) {
+        let was_capturing = {
+            let mut cache = self
+                .upload_cache
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            std::mem::replace(&mut cache.capturing, false)
+        };
+        if was_capturing {
+            let _ = self.stream.end_capture(
+                CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH,
+            );
+        }
+    }
+
     pub(crate) fn replay_op(&self, graph: &StepGraph) -> bool {
         let Some(RecordedStep(graph)) = graph.0.downcast_ref::<RecordedStep>() else {
             return false;

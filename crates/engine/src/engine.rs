@@ -10,6 +10,7 @@ use crate::sequence::{Sequence, SpecState};
 use crate::speculative::{self, SpecConfig};
 use deltaserve_model::{CacheGeometry, ForwardInput, HybridCache, Model};
 use deltaserve_tensor::{Backend, BatchLayout, SeqLayout};
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex};
@@ -239,7 +240,11 @@ impl<B: Backend> Worker<B> {
             while let Ok(command) = self.commands.try_recv() {
                 self.handle(command);
             }
-            self.step();
+            // A failing step (a device error surfaces as a panic inside an op) ends the requests
+            // it ran, not the server.
+            if let Err(payload) = catch_unwind(AssertUnwindSafe(|| self.step())) {
+                self.fail_running(&panic_message(payload.as_ref()));
+            }
             self.publish_stats();
         }
     }
@@ -268,6 +273,24 @@ impl<B: Backend> Worker<B> {
                 state_slots_used: s.slots.used(),
                 state_slots_total: s.slots.total(),
             };
+        }
+    }
+
+    /// After a failed step: every running request ends with an error event and frees its blocks
+    /// and slot (their cached state may be half-written); queued requests run in later steps.
+    fn fail_running(&mut self, cause: &str) {
+        let running = std::mem::take(&mut self.scheduler.running);
+        eprintln!(
+            "engine: a step failed ({cause}); ending its {} running request(s) with an error and serving on",
+            running.len()
+        );
+        self.model.backend.recover_after_failure();
+        EngineMetrics::add(&self.metrics.failed_steps, 1);
+        for mut seq in running {
+            self.scheduler.release(&mut seq);
+            seq.send(EngineEvent::Error {
+                message: format!("the engine step running this request failed: {cause}"),
+            });
         }
     }
 
@@ -595,4 +618,13 @@ pub(crate) struct Extend {
     /// `[pairs, hidden]`
     pub(crate) hidden: Vec<f32>,
     pub(crate) next_tokens: Vec<u32>,
+}
+
+/// The text of a panic's payload (a `String` or `&str` message, as `panic!` makes them).
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "a panic without a message".to_string())
 }

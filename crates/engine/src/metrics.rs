@@ -12,6 +12,9 @@ pub const MAX_SPEC_POSITIONS: usize = 8;
 #[derive(Default)]
 pub struct EngineMetrics {
     pub preemptions: AtomicU64,
+    /// Steps that failed (a panic inside the step, e.g. a device error); their requests ended
+    /// with an error.
+    pub failed_steps: AtomicU64,
     pub forward_steps: AtomicU64,
     pub batch_tokens: AtomicU64,
     pub prompt_tokens_computed: AtomicU64,
@@ -106,6 +109,12 @@ impl EngineMetrics {
             "deltaserve_preemptions_total",
             "Sequences whose cache was dropped to free KV blocks (recomputed later).",
             get(&self.preemptions),
+        );
+        counter(
+            &mut out,
+            "deltaserve_failed_steps_total",
+            "Engine steps that failed (e.g. a device error); the requests they ran ended with an error.",
+            get(&self.failed_steps),
         );
         counter(
             &mut out,

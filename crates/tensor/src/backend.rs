@@ -292,6 +292,10 @@ pub trait Backend: Send + Sync {
         false
     }
 
+    /// Puts the backend back in a usable state after an op panicked mid-step (the caller ends the
+    /// requests of that step): e.g. ends a recording left open.
+    fn recover_after_failure(&self) {}
+
     /// A copy of `src` in a new buffer.
     fn copy_buf(&self, src: &Self::Buf) -> Self::Buf {
         self.upload(&self.to_host(src))
