@@ -6,6 +6,7 @@
 use crate::backend::{launch, CudaBackend};
 use crate::buffer::CudaBuf;
 use crate::layout::{attention_table, check_kv};
+use crate::upload_cache::table;
 use cudarc::driver::LaunchConfig;
 use deltaserve_tensor::{AttnShape, BatchLayout, KvLayerPool};
 
@@ -28,6 +29,19 @@ fn warp_kernel(head_dim: usize) -> Option<&'static str> {
         256 => "paged_attention_d8",
         _ => return None,
     })
+}
+
+/// Splits of the warp-per-position kernels for the rows of an attention table (`rows` as
+/// `AttentionTable::rows`): a power of two covering the longest row, so the launch grid (and a
+/// recorded step) stays the same while the context grows; blocks past a row's positions return at
+/// once, and the combine reads only the splits a row used, so the result is the same for any count
+/// that covers it.
+pub(crate) fn split_count(rows: &[i32]) -> usize {
+    let max_visible = rows.iter().step_by(2).copied().max().unwrap_or(0) as usize;
+    max_visible
+        .div_ceil(SPLIT_POSITIONS)
+        .max(1)
+        .next_power_of_two()
 }
 
 impl CudaBackend {
@@ -76,9 +90,9 @@ impl CudaBackend {
             return;
         }
         let table = attention_table(batch, |blocks, position| pool.offset(blocks, position));
-        let offsets = self.upload_cached("attention offsets", &table.offsets);
-        let rows = self.upload_cached("attention rows", &table.rows);
-        let blocks = self.upload_cached("attention block tables", &table.blocks);
+        let offsets = self.upload_cached(table::ATTENTION_OFFSETS, &table.offsets);
+        let rows = self.upload_cached(table::ATTENTION_ROWS, &table.rows);
+        let blocks = self.upload_cached(table::ATTENTION_BLOCKS, &table.blocks);
 
         let (t64, kv_row32) = (tokens as i64, kv_row as i32);
         // Contract: every offset + kv_row lies in the pool (the layout was checked against
@@ -102,14 +116,7 @@ impl CudaBackend {
         let scale = (1.0 / (head_dim as f64).sqrt()) as f32;
         let (qh, kvh, bs) = (q_heads as i32, kv_heads as i32, pool.block_size as i32);
         if let Some(kernel) = warp_kernel(head_dim) {
-            let max_visible = table.rows.iter().step_by(2).copied().max().unwrap_or(0) as usize;
-            // A power of two, so the launch grid (and a recorded step) stays the same while the
-            // context grows; blocks past a row's positions return at once, and the combine reads
-            // only the splits a row used, so the result is the same for any count that covers it.
-            let wanted = max_visible
-                .div_ceil(SPLIT_POSITIONS)
-                .max(1)
-                .next_power_of_two();
+            let wanted = split_count(&table.rows);
             // Long prefill chunks have parallelism in their rows already; their partials would
             // grow with rows x context. Capped, each block takes several chunks in turn.
             let per_split = tokens * q_heads * head_dim * std::mem::size_of::<f32>();

@@ -5,6 +5,7 @@
 use crate::backend::{launch, CudaBackend};
 use crate::buffer::CudaBuf;
 use crate::mat::{CudaMat, MatData};
+use crate::upload_cache::table;
 use cudarc::driver::{CudaSlice, LaunchConfig};
 use std::sync::Arc;
 
@@ -36,7 +37,7 @@ impl CudaBackend {
         if n * hidden == 0 {
             return;
         }
-        let ids_dev = self.upload_cached("embedding ids", ids);
+        let ids_dev = self.upload_cached(table::TOKEN_IDS, ids);
         let (n64, hidden32) = (n as i64, hidden as i32);
         let cfg = Self::elementwise_config(n * hidden);
         // Contract: ids < rows (checked), out >= n * hidden (checked), table is rows x hidden.
@@ -284,7 +285,7 @@ impl CudaBackend {
         if out.len == 0 {
             return out;
         }
-        let rows_dev = self.upload_cached("gather_rows rows", rows);
+        let rows_dev = self.upload_cached(table::GATHER_ROWS, rows);
         let (n64, dim32) = (rows.len() as i64, dim as i32);
         // Contract: every row index is within src (checked); out has rows.len() * dim values.
         launch!(
@@ -379,7 +380,7 @@ impl CudaBackend {
             return;
         }
         let table = self.inv_freq(rotary_dim, theta);
-        let positions_dev = self.upload_cached("rope positions", positions);
+        let positions_dev = self.upload_cached(table::POSITIONS, positions);
         let (t64, h32, d32, r32) = (
             tokens as i64,
             heads as i32,

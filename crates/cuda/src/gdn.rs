@@ -8,6 +8,7 @@ use crate::buffer::CudaBuf;
 use crate::kernels::MAX_CONV_HISTORY;
 use crate::layout::{check_state, seq_table};
 use crate::options::GdnPrefill;
+use crate::upload_cache::table;
 use cudarc::driver::LaunchConfig;
 use deltaserve_tensor::{BatchLayout, GdnShape, StateLayerPool};
 
@@ -85,8 +86,8 @@ impl CudaBackend {
             return;
         }
         let table = seq_table(batch);
-        let seqs = self.upload_cached("conv sequences", &table.seqs);
-        let snaps = self.upload_cached("conv snapshot slots", &table.snaps);
+        let seqs = self.upload_cached(table::SEQUENCES, &table.seqs);
+        let snaps = self.upload_cached(table::SNAPSHOT_SLOTS, &table.snaps);
         let (cd, hist) = (conv_dim as i32, history as i32);
         let window_grid = (
             (conv_dim as u32).div_ceil(CONV_THREADS),
@@ -100,7 +101,7 @@ impl CudaBackend {
                 .enumerate()
                 .flat_map(|(i, s)| std::iter::repeat_n(i as i32, s.len))
                 .collect();
-            let row_seqs = self.upload_cached("conv row sequences", &row_seqs);
+            let row_seqs = self.upload_cached(table::CONV_ROW_SEQUENCES, &row_seqs);
             let t64 = tokens as i64;
             // Contract: the layout was checked (rows within x/out, slots and snapshot slots <
             // slots); row_seqs names each row's sequence; snapshot slots differ from the slots
@@ -259,8 +260,8 @@ impl CudaBackend {
             return;
         }
         let table = seq_table(batch);
-        let seqs = self.upload_cached("delta rule sequences", &table.seqs);
-        let snaps = self.upload_cached("delta rule snapshot slots", &table.snaps);
+        let seqs = self.upload_cached(table::SEQUENCES, &table.seqs);
+        let snaps = self.upload_cached(table::SNAPSHOT_SLOTS, &table.snaps);
         let prefill = self.gdn_prefill == GdnPrefill::Chunked
             && batch.seqs.iter().any(|s| s.len >= CHUNKED_MIN_TOKENS)
             && batch.seqs.iter().all(|s| s.snapshot_slots.is_empty());

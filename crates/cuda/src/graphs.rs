@@ -9,16 +9,15 @@
 //! batch's shape and the attention split count, which the shape key returned by `prepare_step`
 //! covers together with the tables' generation.
 
+use crate::attention::split_count;
 use crate::backend::CudaBackend;
 use crate::buffer::CudaBuf;
 use crate::layout::{attention_table, seq_table};
+use crate::upload_cache::table;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::CudaGraph;
-use deltaserve_tensor::{StepGraph, StepInputs};
+use deltaserve_tensor::{kv_offset, StepGraph, StepInputs};
 use std::hash::{Hash, Hasher};
-
-/// Positions per attention split (`ATTENTION_SPLIT` of attention.cu).
-const SPLIT_POSITIONS: usize = 64;
 
 /// A CUDA graph with the stream it replays on.
 struct RecordedStep(CudaGraph);
@@ -32,33 +31,22 @@ impl CudaBackend {
     pub(crate) fn prepare_step_op(&self, inputs: &StepInputs<'_>) -> u64 {
         let batch = inputs.batch;
         let (block_size, kv_heads, head_dim) = inputs.kv_geometry;
-        // The same tables, under the same names, as the ops build them (embedding, rope, conv,
-        // delta rule, attention, the head's gather), so that every op finds its table in place.
-        self.upload_cached("embedding ids", inputs.tokens);
-        self.upload_cached("rope positions", &batch.positions());
+        // The tables the ops of a decode step build (embedding, rope, conv and delta rule,
+        // attention, the head's gather), so that every op finds its table in place.
+        self.upload_cached(table::TOKEN_IDS, inputs.tokens);
+        self.upload_cached(table::POSITIONS, &batch.positions());
         let seqs = seq_table(batch);
-        self.upload_cached("conv sequences", &seqs.seqs);
-        self.upload_cached("conv snapshot slots", &seqs.snaps);
-        self.upload_cached("delta rule sequences", &seqs.seqs);
-        self.upload_cached("delta rule snapshot slots", &seqs.snaps);
-        let table = attention_table(batch, |blocks, position| {
-            let block = blocks[position / block_size] as usize;
-            (block * block_size + position % block_size) * kv_heads * head_dim
+        self.upload_cached(table::SEQUENCES, &seqs.seqs);
+        self.upload_cached(table::SNAPSHOT_SLOTS, &seqs.snaps);
+        let attention = attention_table(batch, |blocks, position| {
+            kv_offset(blocks, position, block_size, kv_heads * head_dim)
         });
-        self.upload_cached("attention offsets", &table.offsets);
-        self.upload_cached("attention rows", &table.rows);
-        self.upload_cached("attention block tables", &table.blocks);
-        self.upload_cached("gather_rows rows", inputs.logit_rows);
-        let max_visible = table.rows.iter().step_by(2).copied().max().unwrap_or(0) as usize;
-        let splits = max_visible
-            .div_ceil(SPLIT_POSITIONS)
-            .max(1)
-            .next_power_of_two();
-        let generation = self
-            .upload_cache
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .generation;
+        self.upload_cached(table::ATTENTION_OFFSETS, &attention.offsets);
+        self.upload_cached(table::ATTENTION_ROWS, &attention.rows);
+        self.upload_cached(table::ATTENTION_BLOCKS, &attention.blocks);
+        self.upload_cached(table::GATHER_ROWS, inputs.logit_rows);
+        let splits = split_count(&attention.rows);
+        let generation = self.upload_cache().generation;
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
         (splits, generation).hash(&mut hasher);
         hasher.finish()
@@ -77,10 +65,7 @@ impl CudaBackend {
             eprintln!("cuda graph: capture could not start ({e:?}); running uncaptured");
             return false;
         }
-        let mut cache = self
-            .upload_cache
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut cache = self.upload_cache();
         cache.capturing = true;
         cache.capture_missed = false;
         true
@@ -88,10 +73,7 @@ impl CudaBackend {
 
     pub(crate) fn end_capture_op(&self) -> Option<StepGraph> {
         let missed = {
-            let mut cache = self
-                .upload_cache
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let mut cache = self.upload_cache();
             cache.capturing = false;
             cache.capture_missed
         };
@@ -119,13 +101,7 @@ impl CudaBackend {
     /// A step that panicked while being recorded leaves the stream capturing: every later launch
     /// would fail. End the recording and drop it.
     pub(crate) fn recover_after_failure_op(&self) {
-        let was_capturing = {
-            let mut cache = self
-                .upload_cache
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            std::mem::replace(&mut cache.capturing, false)
-        };
+        let was_capturing = { std::mem::replace(&mut self.upload_cache().capturing, false) };
         if was_capturing {
             let _ = self.stream.end_capture(
                 CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH,

@@ -16,7 +16,23 @@ use crate::backend::{device_failure, CudaBackend};
 use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
 use std::any::Any;
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, MutexGuard};
+
+/// The names of the step tables, shared by the ops that read them and by `prepare_step`, which
+/// puts them in place before a recorded step replays.
+pub(crate) mod table {
+    pub const TOKEN_IDS: &str = "embedding ids";
+    pub const POSITIONS: &str = "rope positions";
+    /// The sequence table and snapshot slots (`layout::seq_table`), read by the conv and the
+    /// delta rule alike.
+    pub const SEQUENCES: &str = "sequences";
+    pub const SNAPSHOT_SLOTS: &str = "snapshot slots";
+    pub const CONV_ROW_SEQUENCES: &str = "conv row sequences";
+    pub const ATTENTION_OFFSETS: &str = "attention offsets";
+    pub const ATTENTION_ROWS: &str = "attention rows";
+    pub const ATTENTION_BLOCKS: &str = "attention block tables";
+    pub const GATHER_ROWS: &str = "gather_rows rows";
+}
 
 /// Smallest allocation of a table, in elements (tables grow by doubling).
 const MIN_CAPACITY: usize = 64;
@@ -39,16 +55,20 @@ struct Table<T> {
 }
 
 impl CudaBackend {
+    /// The cache, also after a panic elsewhere left its lock poisoned (its state is always whole).
+    pub(crate) fn upload_cache(&self) -> MutexGuard<'_, UploadCache> {
+        self.upload_cache
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
     /// The device copy of `data` under `name`: the same allocation as before when the contents
     /// are unchanged or fit in it.
     pub(crate) fn upload_cached<T>(&self, name: &'static str, data: &[T]) -> Arc<CudaSlice<T>>
     where
         T: DeviceRepr + ValidAsZeroBits + Default + Clone + PartialEq + Send + Sync + 'static,
     {
-        let mut guard = self
-            .upload_cache
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut guard = self.upload_cache();
         let cache = &mut *guard;
         let capturing = cache.capturing;
         let entry = cache

@@ -122,7 +122,9 @@ impl<B: Backend> Model<B> {
             };
             // The next layer's input norm is fused into this layer's last residual add.
             let next_norm = layers.get(i + 1).map(|next| &next.input_norm);
-            x = self.layer_from_normed(layer, &x, &mut h, &step, cache, next_norm);
+            if let Some(next) = self.layer_from_normed(layer, &x, &mut h, &step, cache, next_norm) {
+                x = next;
+            }
             observer.after_layer(i, &h);
         }
         self.head(&h, &self.weights.norm, input.logit_rows, input.hidden_rows)
@@ -202,7 +204,7 @@ impl<B: Backend> Model<B> {
 
     /// One decoder layer on the residual stream `h` whose input norm `x` is already computed.
     /// With `next_norm`, returns that norm of the updated `h` (the next layer's input, computed in
-    /// the same op as the last residual add); otherwise only adds and returns an empty buffer.
+    /// the same op as the last residual add); otherwise only adds.
     fn layer_from_normed(
         &self,
         layer: &Layer<B>,
@@ -211,7 +213,7 @@ impl<B: Backend> Model<B> {
         step: &LayerStep<'_>,
         cache: &mut HybridCache<B>,
         next_norm: Option<&B::Buf>,
-    ) -> B::Buf {
+    ) -> Option<B::Buf> {
         let (be, c) = (&self.backend, &self.config);
         let (t, hidden, eps) = (step.t, c.hidden_size, c.rms_norm_eps);
         let mixed = match &layer.mixer {
@@ -238,11 +240,11 @@ impl<B: Backend> Model<B> {
         match next_norm {
             Some(norm) => {
                 be.add_rms_norm(h, &mlp_out, norm, eps, hidden, &mut x);
-                x
+                Some(x)
             }
             None => {
                 be.add_inplace(h, &mlp_out);
-                be.scratch(0)
+                None
             }
         }
     }

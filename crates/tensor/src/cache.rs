@@ -4,6 +4,13 @@
 
 use crate::backend::Backend;
 
+/// Offset (in elements) of token `position` of a sequence owning `blocks`, in a paged pool of
+/// `block_size`-token blocks whose token rows hold `row_len` elements.
+pub fn kv_offset(blocks: &[u32], position: usize, block_size: usize, row_len: usize) -> usize {
+    let block = blocks[position / block_size] as usize;
+    (block * block_size + position % block_size) * row_len
+}
+
 /// Paged K and V of one full-attention layer.
 /// Element layout of `k` and `v`: `[num_blocks, block_size, kv_heads, head_dim]`, f32 on the CPU
 /// backends. K is stored after q/k-norm and RoPE, V as projected.
@@ -37,8 +44,12 @@ impl<B: Backend + ?Sized> KvLayerPool<B> {
 
     /// Offset (in elements) of token `position` of a sequence owning `blocks`.
     pub fn offset(&self, blocks: &[u32], position: usize) -> usize {
-        let block = blocks[position / self.block_size] as usize;
-        ((block * self.block_size) + position % self.block_size) * self.kv_heads * self.head_dim
+        kv_offset(
+            blocks,
+            position,
+            self.block_size,
+            self.kv_heads * self.head_dim,
+        )
     }
 
     pub fn bytes(&self) -> usize {

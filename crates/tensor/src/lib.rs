@@ -17,7 +17,7 @@ pub mod step_graph;
 
 pub use backend::{AttnShape, Backend, GdnShape, RouteChoice};
 pub use batch::{BatchLayout, SeqLayout};
-pub use cache::{KvLayerPool, StateLayerPool};
+pub use cache::{kv_offset, KvLayerPool, StateLayerPool};
 pub use cpu::CpuBackend;
 pub use device_sampling::RowSampling;
 pub use dtype::DType;
