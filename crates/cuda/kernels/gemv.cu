@@ -38,25 +38,6 @@ struct GemvGroup {
     int count;
 };
 
-// Weights are read once per step: stream them past L1 so that the activations stay there.
-__device__ __forceinline__ uint4 load_streaming(const bf16_bits* p) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
-
-// d += a (16x16, rows of W) * b (16x8, tokens), bf16 inputs, f32 accumulators.
-__device__ __forceinline__ void mma_bf16(float* d, unsigned int a0, unsigned int a1, unsigned int a2,
-                                         unsigned int a3, unsigned int b0, unsigned int b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 // The matrix holding global row `row` of the group and the row's index in it; -1 past the end.
 __device__ __forceinline__ int group_row(const GemvGroup& group, int row, int* local) {
     if (row >= group.first_row[group.count]) return -1;
@@ -146,15 +127,6 @@ __device__ __forceinline__ void gemv_block(const GemvGroup& group, const bf16_bi
 #ifndef GEMV_LANE_UNROLL
 #define GEMV_LANE_UNROLL 4
 #endif
-
-__device__ __forceinline__ void bf16x8_to_f32(const uint4 v, float* f) {
-    const unsigned int parts[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        f[2 * i] = __uint_as_float(parts[i] << 16);
-        f[2 * i + 1] = __uint_as_float(parts[i] & 0xffff0000u);
-    }
-}
 
 template <int T>
 __device__ __forceinline__ void gemv_lanes(const GemvGroup& group, const bf16_bits* __restrict__ xb, int k) {

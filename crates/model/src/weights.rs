@@ -6,7 +6,7 @@
 use crate::config::{LayerKind, ModelConfig};
 use crate::error::LoadError;
 use crate::source::TensorSource;
-use deltaserve_tensor::{Backend, HostTensor};
+use deltaserve_tensor::{Backend, ExpertShape, ExpertTensors, ExpertWeights, Experts, HostTensor};
 
 /// Weights of a gated full-attention block (`self_attn.*`).
 pub struct AttentionWeights<B: Backend> {
@@ -56,7 +56,7 @@ pub struct DenseMlp<B: Backend> {
 pub struct MoeMlp<B: Backend> {
     /// `[experts, hidden]`
     pub router: B::Mat,
-    pub experts: Vec<DenseMlp<B>>,
+    pub experts: Experts<B::Mat>,
     /// The shared expert and its scalar sigmoid gate `[1, hidden]`.
     pub shared: Option<(DenseMlp<B>, B::Mat)>,
     pub top_k: usize,
@@ -94,6 +94,20 @@ pub struct Weights<B: Backend> {
     /// `[vocab, hidden]`; `None` when tied to `embed`.
     pub lm_head: Option<B::Mat>,
     pub mtp: Option<MtpWeights<B>>,
+}
+
+impl<B: Backend> Weights<B> {
+    /// Whether every MoE block (trunk and MTP) runs its routed experts without the host: their
+    /// weights are stacked for a backend's fused kernels. The generic path routes on the host,
+    /// which a recorded step cannot do.
+    pub fn moe_stays_on_device(&self) -> bool {
+        let trunk = self.layers.iter();
+        let mtp = self.mtp.iter().map(|m| &m.layer);
+        trunk.chain(mtp).all(|layer| match &layer.mlp {
+            Mlp::Dense(_) => true,
+            Mlp::Moe(moe) => matches!(moe.experts.weights, ExpertWeights::Stacked { .. }),
+        })
+    }
 }
 
 /// Loads tensors from a source through a backend, counting progress.
@@ -225,6 +239,55 @@ impl<B: Backend> Builder<'_, B> {
         })
     }
 
+    /// The routed experts, from packed `experts.gate_up_proj [E, 2 * im, h]` / `experts.down_proj
+    /// [E, h, im]` or from per-expert `experts.{i}.{gate,up,down}_proj.weight`; generated on the
+    /// device when the source and the backend can.
+    fn experts(&mut self, prefix: &str, shape: ExpertShape) -> Result<Experts<B::Mat>, LoadError> {
+        let ExpertShape {
+            experts: e,
+            intermediate: im,
+            hidden: h,
+        } = shape;
+        let packed = format!("{prefix}.experts.gate_up_proj");
+        let packed_down = format!("{prefix}.experts.down_proj");
+        if self.source.contains(&packed) {
+            let generated = self
+                .source
+                .generated_matrix(&packed, [e * 2 * im, h])
+                .zip(self.source.generated_matrix(&packed_down, [e * h, im]));
+            if let Some((gate_up, down)) = generated {
+                if let Some(experts) = self.backend.generate_experts(&gate_up, &down, shape) {
+                    self.done += 2;
+                    (self.progress)(self.done, self.total);
+                    return Ok(experts?);
+                }
+            }
+            let gate_up = self.host(&packed, &[e, 2 * im, h])?;
+            let down = self.host(&packed_down, &[e, h, im])?;
+            let tensors: Vec<ExpertTensors> = (0..e)
+                .map(|i| {
+                    let gu = gate_up.rows(i, i + 1).reshaped(vec![2 * im, h]);
+                    ExpertTensors {
+                        gate: gu.rows(0, im),
+                        up: gu.rows(im, 2 * im),
+                        down: down.rows(i, i + 1).reshaped(vec![h, im]),
+                    }
+                })
+                .collect();
+            return Ok(self.backend.load_experts(&tensors, shape)?);
+        }
+        let mut tensors = Vec::with_capacity(e);
+        for i in 0..e {
+            let p = format!("{prefix}.experts.{i}");
+            tensors.push(ExpertTensors {
+                gate: self.host(&format!("{p}.gate_proj.weight"), &[im, h])?,
+                up: self.host(&format!("{p}.up_proj.weight"), &[im, h])?,
+                down: self.host(&format!("{p}.down_proj.weight"), &[h, im])?,
+            });
+        }
+        Ok(self.backend.load_experts(&tensors, shape)?)
+    }
+
     fn moe(&mut self, prefix: &str) -> Result<MoeMlp<B>, LoadError> {
         let c = self.config;
         let h = c.hidden_size;
@@ -234,25 +297,14 @@ impl<B: Backend> Builder<'_, B> {
             message: "layer is MoE but the config has no MoE fields".into(),
         })?;
         let (e, im) = (moe.num_experts, moe.moe_intermediate_size);
-        let packed = format!("{prefix}.experts.gate_up_proj");
-        let experts = if self.source.contains(&packed) {
-            let gate_up = self.host(&packed, &[e, 2 * im, h])?;
-            let down = self.host(&format!("{prefix}.experts.down_proj"), &[e, h, im])?;
-            (0..e)
-                .map(|i| {
-                    let gu = gate_up.rows(i, i + 1).reshaped(vec![2 * im, h]);
-                    Ok(DenseMlp {
-                        gate: self.mat_from(&gu.rows(0, im))?,
-                        up: self.mat_from(&gu.rows(im, 2 * im))?,
-                        down: self.mat_from(&down.rows(i, i + 1).reshaped(vec![h, im]))?,
-                    })
-                })
-                .collect::<Result<Vec<_>, LoadError>>()?
-        } else {
-            (0..e)
-                .map(|i| self.dense(&format!("{prefix}.experts.{i}"), im))
-                .collect::<Result<Vec<_>, LoadError>>()?
-        };
+        let experts = self.experts(
+            prefix,
+            ExpertShape {
+                experts: e,
+                intermediate: im,
+                hidden: h,
+            },
+        )?;
         let shared = if moe.shared_expert_intermediate_size > 0 {
             let mlp = self.dense(
                 &format!("{prefix}.shared_expert"),
