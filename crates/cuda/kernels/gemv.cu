@@ -1,6 +1,7 @@
 // Skinny GEMM for decode: out_m [T, N_m] = xb [T, K] @ W_m [N_m, K]^T for up to GEMV_MATRICES bf16
-// weight matrices that share the input, in one launch, for T <= 8 * GEMV_MAX_TOKEN_TILES rows. xb
-// is the activations already rounded to bf16 (`cast_f32_to_bf16`, as the cuBLAS path does).
+// weight matrices that share the input, in one launch, for T <= 8 * GEMV_MAX_TOKEN_TILES rows. The
+// tensor-core kernel reads xb, the activations already rounded to bf16 (`cast_f32_to_bf16`, as the
+// cuBLAS path does); the CUDA-core kernel for up to 4 rows rounds the f32 activations itself.
 //
 // Decode reads every weight once per step, so this is a bandwidth kernel; it runs on the tensor
 // cores only so that the multiply-adds cost almost no instructions. A block owns 16 consecutive
@@ -113,8 +114,8 @@ __device__ __forceinline__ void gemv_block(const GemvGroup& group, const bf16_bi
 
 // Up to GEMV_LANE_TOKENS tokens on the CUDA cores: each warp owns GEMV_LANE_ROWS rows and reads
 // each row in 512-byte sweeps (lane l takes 16-byte vector l, l + 32, ...; whole cache lines per
-// instruction, as the memory system likes best), GEMV_LANE_UNROLL sweeps in flight; the bf16
-// activations come from L1, shared by the warps of an SM. Each lane sums its vectors in order and
+// instruction, as the memory system likes best), GEMV_LANE_UNROLL sweeps in flight; the f32
+// activations come from L1/L2, shared by the warps of an SM, and are rounded to bf16 on the way in. Each lane sums its vectors in order and
 // the warp reduces by butterfly: the same order for every token count up to GEMV_LANE_TOKENS, so a
 // one-token decode and a four-token verify compute a row bit for bit alike.
 #define GEMV_LANE_TOKENS 4
@@ -128,8 +129,17 @@ __device__ __forceinline__ void gemv_block(const GemvGroup& group, const bf16_bi
 #define GEMV_LANE_UNROLL 4
 #endif
 
+// Eight activations of an f32 row rounded to bf16, as cast_f32_to_bf16 stores them: the lane kernel
+// reads the f32 activations itself (they are a few KB, from L2) and saves the cast's launch.
+__device__ __forceinline__ void load_rounded8(const float* p, float* f) {
+    const float4 a = *(const float4*)p, b = *(const float4*)(p + 4);
+    const float in[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) f[i] = bf16_to_f32(f32_to_bf16(in[i]));
+}
+
 template <int T>
-__device__ __forceinline__ void gemv_lanes(const GemvGroup& group, const bf16_bits* __restrict__ xb, int k) {
+__device__ __forceinline__ void gemv_lanes(const GemvGroup& group, const float* __restrict__ x, int k) {
     const int lane = threadIdx.x & 31;
     const int first = (blockIdx.x * GEMV_LANE_WARPS + (threadIdx.x >> 5)) * GEMV_LANE_ROWS;
     int local[GEMV_LANE_ROWS], mat[GEMV_LANE_ROWS];
@@ -147,22 +157,21 @@ __device__ __forceinline__ void gemv_lanes(const GemvGroup& group, const bf16_bi
         for (int t = 0; t < T; ++t) acc[r][t] = 0.0f;
     const int vecs = k / 8;
     for (int base = lane; base < vecs; base += 32 * GEMV_LANE_UNROLL) {
-        uint4 wv[GEMV_LANE_ROWS][GEMV_LANE_UNROLL], xv[T][GEMV_LANE_UNROLL];
+        uint4 wv[GEMV_LANE_ROWS][GEMV_LANE_UNROLL];
 #pragma unroll
         for (int u = 0; u < GEMV_LANE_UNROLL; ++u) {
             const int v = base + 32 * u;
 #pragma unroll
             for (int r = 0; r < GEMV_LANE_ROWS; ++r)
                 wv[r][u] = (v < vecs && w[r]) ? load_streaming(w[r] + 8 * v) : make_uint4(0u, 0u, 0u, 0u);
-#pragma unroll
-            for (int t = 0; t < T; ++t)
-                xv[t][u] = v < vecs ? *(const uint4*)(xb + (i64)t * k + 8 * v) : make_uint4(0u, 0u, 0u, 0u);
         }
 #pragma unroll
         for (int u = 0; u < GEMV_LANE_UNROLL; ++u) {
+            const int v = base + 32 * u;
+            if (v >= vecs) continue;  // the weights there are zero: nothing to add
             float xf[T][8];
 #pragma unroll
-            for (int t = 0; t < T; ++t) bf16x8_to_f32(xv[t][u], xf[t]);
+            for (int t = 0; t < T; ++t) load_rounded8(x + (i64)t * k + 8 * v, xf[t]);
 #pragma unroll
             for (int r = 0; r < GEMV_LANE_ROWS; ++r) {
                 float wf[8];
@@ -195,8 +204,8 @@ __device__ __forceinline__ void gemv_lanes(const GemvGroup& group, const bf16_bi
 // threads.
 #define GEMV_LANE_KERNEL(T)                                                                             \
     extern "C" __global__ void __launch_bounds__(32 * GEMV_LANE_WARPS)                                 \
-        gemv_bf16_lanes_t##T(const GemvGroup group, const bf16_bits* __restrict__ xb, int tokens, int k) { \
-        gemv_lanes<T>(group, xb, k);                                                                    \
+        gemv_bf16_lanes_t##T(const GemvGroup group, const float* __restrict__ x, int tokens, int k) {   \
+        gemv_lanes<T>(group, x, k);                                                                     \
     }
 GEMV_LANE_KERNEL(1)
 GEMV_LANE_KERNEL(2)

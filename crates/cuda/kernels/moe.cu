@@ -278,11 +278,16 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS)
 // sweeps, several sweeps in flight, many small blocks so that every SM has warps enough to keep
 // the memory system busy. Each lane sums its vectors in order and the warp reduces by butterfly,
 // the same for every slot whatever else is batched.
-#define MOE_LANE_ROWS 2
+// moe_gate_up_slots: warps per block, (gate, up) row pairs per warp, 512-byte sweeps in flight per
+// row (8: a whole 2048-wide row in one round trip).
 #define MOE_LANE_WARPS 4
-#define MOE_LANE_UNROLL 4
-// Ranks whose down rows are in flight together in moe_down_combine.
-#define MOE_DOWN_RANKS 4
+#define MOE_LANE_ROWS 1
+#define MOE_LANE_UNROLL 8
+// moe_down_combine: warps per block, output rows per block, and the (row, rank) dot products each
+// warp has in flight at once (each a whole row of up to 512 columns).
+#define MOE_DOWN_WARPS 4
+#define MOE_DOWN_ROWS 2
+#define MOE_DOWN_ITEMS 5
 
 // Eight activations from f32 rounded to bf16 (what cast_f32_to_bf16 would have stored).
 __device__ __forceinline__ void load_x8_rounded(const float* p, float* f) {
@@ -305,23 +310,63 @@ __device__ __forceinline__ float warp_sum(float a) {
     return a;
 }
 
-// act [slots, im] (bf16) = silu(gate_e x_t) * up_e x_t for slot = t * top_k + r, e = ids[slot],
-// x in f32 (rounded to bf16 on load). Grid: (ceil(im / (MOE_LANE_WARPS * MOE_LANE_ROWS)), slots)
-// blocks of 32 * MOE_LANE_WARPS threads; h % 8 == 0.
+// The slot path's view of one rank of one token: its gate and up rows (stride h), its down rows
+// (stride `down_cols`) and how many rows the gate/up projection has. Ranks 0 .. top_k - 1 are the
+// routed experts (from ids); rank top_k, when `ranks` is top_k + 1, is the shared expert.
+struct MoeSlotWeights {
+    const bf16_bits* gate;
+    const bf16_bits* up;
+    const bf16_bits* down;
+    int rows;
+};
+
+struct MoeShared {
+    const bf16_bits* gate;  // [ims, h]
+    const bf16_bits* up;    // [ims, h]
+    const bf16_bits* down;  // [h, ims]
+    const float* gate_logits;  // [T]
+    int ims;
+};
+
+__device__ __forceinline__ MoeSlotWeights moe_slot_weights(const bf16_bits* gate_up, const bf16_bits* down, int im,
+                                                           int h, const int* ids, int top_k, const MoeShared& shared,
+                                                           int t, int r) {
+    MoeSlotWeights w;
+    if (r < top_k) {
+        const i64 e = ids[(i64)t * top_k + r];
+        w.gate = gate_up + e * 2 * im * h;
+        w.up = w.gate + (i64)im * h;
+        w.down = down + e * h * im;
+        w.rows = im;
+    } else {
+        w.gate = shared.gate;
+        w.up = shared.up;
+        w.down = shared.down;
+        w.rows = shared.ims;
+    }
+    return w;
+}
+
+// act [T * ranks, act_stride] (bf16): for slot s = t * ranks + r, silu(gate x_t) * up x_t with rank
+// r's weights; x in f32 (rounded to bf16 on load). Grid: (ceil(max rows / (MOE_LANE_WARPS *
+// MOE_LANE_ROWS)), T * ranks) blocks of 32 * MOE_LANE_WARPS threads; h % 8 == 0.
 extern "C" __global__ void __launch_bounds__(32 * MOE_LANE_WARPS)
     moe_gate_up_slots(const bf16_bits* __restrict__ gate_up, int im, int h, const float* __restrict__ x, int top_k,
-                      const int* __restrict__ ids, bf16_bits* __restrict__ act) {
+                      int ranks, const int* __restrict__ ids, const MoeShared shared, bf16_bits* __restrict__ act,
+                      int act_stride) {
     const int slot = blockIdx.y, lane = threadIdx.x & 31;
+    const int t = slot / ranks;
+    const MoeSlotWeights sw = moe_slot_weights(gate_up, nullptr, im, h, ids, top_k, shared, t, slot % ranks);
     const int row0 = (blockIdx.x * MOE_LANE_WARPS + (threadIdx.x >> 5)) * MOE_LANE_ROWS;
-    if (row0 >= im) return;
-    const bf16_bits* base = gate_up + (i64)ids[slot] * 2 * im * h;
-    const float* xr = x + (i64)(slot / top_k) * h;
+    if (row0 >= sw.rows) return;
+    const float* xr = x + (i64)t * h;
     const bf16_bits* wr[2][MOE_LANE_ROWS];
 #pragma unroll
-    for (int s = 0; s < 2; ++s)
-#pragma unroll
-        for (int r = 0; r < MOE_LANE_ROWS; ++r)
-            wr[s][r] = row0 + r < im ? base + ((i64)s * im + row0 + r) * h : nullptr;
+    for (int r = 0; r < MOE_LANE_ROWS; ++r) {
+        const bool in = row0 + r < sw.rows;
+        wr[0][r] = in ? sw.gate + (i64)(row0 + r) * h : nullptr;
+        wr[1][r] = in ? sw.up + (i64)(row0 + r) * h : nullptr;
+    }
     float acc[2][MOE_LANE_ROWS] = {};
     const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
     const int vecs = h / 8;
@@ -351,63 +396,77 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_LANE_WARPS)
 #pragma unroll
     for (int r = 0; r < MOE_LANE_ROWS; ++r) {
         const float g = warp_sum(acc[0][r]), u = warp_sum(acc[1][r]);
-        if (lane == 0 && row0 + r < im) act[(i64)slot * im + row0 + r] = f32_to_bf16(silu_f(g) * u);
+        if (lane == 0 && row0 + r < sw.rows) act[(i64)slot * act_stride + row0 + r] = f32_to_bf16(silu_f(g) * u);
     }
 }
 
-// out [tokens, h]: for token t = blockIdx.y, row d, sum over ranks r in order of
-// weights[t, r] * (down_e act[t * top_k + r])[d], then + sigmoid(shared_gate[t]) * shared[t, d] when
-// `shared` is given: moe_down + moe_combine for few tokens. Grid: (ceil(h / (MOE_LANE_WARPS *
-// MOE_LANE_ROWS)), tokens) blocks of 32 * MOE_LANE_WARPS threads; im % 8 == 0.
-extern "C" __global__ void __launch_bounds__(32 * MOE_LANE_WARPS)
-    moe_down_combine(const bf16_bits* __restrict__ down, int h, int im, const bf16_bits* __restrict__ act, int top_k,
-                     const int* __restrict__ ids, const float* __restrict__ weights, const float* __restrict__ shared,
-                     const float* __restrict__ shared_gate, float* __restrict__ out) {
-    const int t = blockIdx.y, lane = threadIdx.x & 31;
-    const int row0 = (blockIdx.x * MOE_LANE_WARPS + (threadIdx.x >> 5)) * MOE_LANE_ROWS;
-    if (row0 >= h) return;
+// out [T, h]: for token t = blockIdx.y and row d, the sum over routed ranks r in order of
+// weights[t, r] * (down_e act[t * ranks + r])[d], then, when ranks is top_k + 1, plus
+// sigmoid(gate_logits[t]) * (shared down act[t * ranks + top_k])[d]: moe_down + moe_combine for few
+// tokens, in the combine's order. A block owns MOE_DOWN_ROWS rows; its warps share out the (row,
+// rank) dot products, MOE_DOWN_ITEMS at a time with all their loads in flight, and leave each
+// product in shared memory; then one thread per row adds them up in rank order.
+// Grid: (ceil(h / MOE_DOWN_ROWS), T) blocks of 32 * MOE_DOWN_WARPS threads; im and ims % 8 == 0.
+extern "C" __global__ void __launch_bounds__(32 * MOE_DOWN_WARPS)
+    moe_down_combine(const bf16_bits* __restrict__ down, int h, int im, const bf16_bits* __restrict__ act,
+                     int act_stride, int top_k, int ranks, const int* __restrict__ ids,
+                     const float* __restrict__ weights, const MoeShared shared, float* __restrict__ out) {
+    __shared__ float products[MOE_DOWN_ROWS][MOE_MAX_EXPERTS + 1];
+    const int t = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int row0 = blockIdx.x * MOE_DOWN_ROWS;
+    const int items = MOE_DOWN_ROWS * ranks;
     const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-    const int vecs = im / 8;
-    float total[MOE_LANE_ROWS] = {};
-    for (int r0 = 0; r0 < top_k; r0 += MOE_DOWN_RANKS) {
-        float acc[MOE_DOWN_RANKS][MOE_LANE_ROWS] = {};
-        for (int v = lane; v < vecs; v += 32) {
-            uint4 wv[MOE_DOWN_RANKS][MOE_LANE_ROWS], av[MOE_DOWN_RANKS];
+    for (int first = warp; first < items; first += MOE_DOWN_WARPS * MOE_DOWN_ITEMS) {
+        const bf16_bits* w[MOE_DOWN_ITEMS];
+        const bf16_bits* a[MOE_DOWN_ITEMS];
+        int cols[MOE_DOWN_ITEMS];
 #pragma unroll
-            for (int q = 0; q < MOE_DOWN_RANKS; ++q) {
-                const int slot = t * top_k + r0 + q;
-                const bool in = r0 + q < top_k;
-                const bf16_bits* w = down + ((i64)(in ? ids[slot] : 0) * h + row0) * im;
+        for (int q = 0; q < MOE_DOWN_ITEMS; ++q) {
+            const int item = first + q * MOE_DOWN_WARPS;
+            const int rank = item % ranks, row = row0 + item / ranks;
+            const bool in = item < items && row < h;
+            const MoeSlotWeights sw = moe_slot_weights(nullptr, down, im, h, ids, top_k, shared, t, in ? rank : 0);
+            cols[q] = in ? sw.rows : 0;
+            w[q] = sw.down + (i64)(in ? row : 0) * sw.rows;
+            a[q] = act + ((i64)t * ranks + rank) * act_stride;
+        }
+        float acc[MOE_DOWN_ITEMS] = {};
+        for (int v0 = lane; 8 * v0 < act_stride; v0 += 64) {
+            uint4 wv[MOE_DOWN_ITEMS][2], av[MOE_DOWN_ITEMS][2];
 #pragma unroll
-                for (int r = 0; r < MOE_LANE_ROWS; ++r)
-                    wv[q][r] = (in && row0 + r < h) ? load_streaming(w + (i64)r * im + 8 * v) : zero;
-                av[q] = in ? *(const uint4*)(act + (i64)slot * im + 8 * v) : zero;
-            }
+            for (int q = 0; q < MOE_DOWN_ITEMS; ++q)
 #pragma unroll
-            for (int q = 0; q < MOE_DOWN_RANKS; ++q) {
-                float af[8];
-                bf16x8_to_f32(av[q], af);
+                for (int u = 0; u < 2; ++u) {
+                    const int v = v0 + 32 * u;
+                    const bool in = 8 * v < cols[q];
+                    wv[q][u] = in ? load_streaming(w[q] + 8 * v) : zero;
+                    av[q][u] = in ? *(const uint4*)(a[q] + 8 * v) : zero;
+                }
 #pragma unroll
-                for (int r = 0; r < MOE_LANE_ROWS; ++r) acc[q][r] = dot8(wv[q][r], af, acc[q][r]);
-            }
+            for (int q = 0; q < MOE_DOWN_ITEMS; ++q)
+#pragma unroll
+                for (int u = 0; u < 2; ++u) {
+                    float af[8];
+                    bf16x8_to_f32(av[q][u], af);
+                    acc[q] = dot8(wv[q][u], af, acc[q]);
+                }
         }
 #pragma unroll
-        for (int q = 0; q < MOE_DOWN_RANKS; ++q) {
-            if (r0 + q >= top_k) break;
-            const float wq = weights[(i64)t * top_k + r0 + q];
-#pragma unroll
-            for (int r = 0; r < MOE_LANE_ROWS; ++r) total[r] += wq * warp_sum(acc[q][r]);
+        for (int q = 0; q < MOE_DOWN_ITEMS; ++q) {
+            const int item = first + q * MOE_DOWN_WARPS;
+            const float y = warp_sum(acc[q]);
+            if (lane == 0 && item < items) products[item / ranks][item % ranks] = y;
         }
     }
-    if (lane != 0) return;
-#pragma unroll
-    for (int r = 0; r < MOE_LANE_ROWS; ++r) {
-        const int d = row0 + r;
-        if (d >= h) continue;
-        float sum = total[r];
-        if (shared) sum += sigmoid_f(shared_gate[t]) * shared[(i64)t * h + d];
-        out[(i64)t * h + d] = sum;
+    __syncthreads();
+    if (threadIdx.x >= MOE_DOWN_ROWS || row0 + (int)threadIdx.x >= h) return;
+    const int r = threadIdx.x;
+    float total = 0.0f;
+    for (int rank = 0; rank < ranks; ++rank) {
+        const float wq = rank < top_k ? weights[(i64)t * top_k + rank] : sigmoid_f(shared.gate_logits[t]);
+        total += wq * products[r][rank];
     }
+    out[(i64)t * h + row0 + r] = total;
 }
 
 // out [tokens, h] = sum over ranks r of weights[t, r] * y[t * top_k + r] (rank order), plus

@@ -562,7 +562,7 @@ impl Backend for CudaBackend {
         experts: &Experts<CudaMat>,
         routing: MoeRouting,
         tokens: usize,
-        shared: Option<SharedExpert<'_, CudaBuf>>,
+        shared: Option<SharedExpert<'_, CudaMat, CudaBuf>>,
     ) -> CudaBuf {
         self.timed(
             || "moe_experts".to_string(),

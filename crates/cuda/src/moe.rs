@@ -9,9 +9,10 @@ use crate::backend::{launch, CudaBackend};
 use crate::buffer::CudaBuf;
 use crate::mat::{CudaMat, MatData};
 use crate::options::GemmPrecision;
-use cudarc::driver::{CudaSlice, LaunchConfig};
+use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, LaunchConfig};
 use deltaserve_tensor::dtype::f32_to_bf16;
-use deltaserve_tensor::moe::{load_per_expert, moe_per_expert};
+use deltaserve_tensor::moe::{load_per_expert, moe_per_expert, shared_expert_output};
+use deltaserve_tensor::Backend;
 use deltaserve_tensor::{
     DType, ExpertShape, ExpertTensors, ExpertWeights, Experts, GeneratedMatrix, HostTensor,
     MoeRouting, SharedExpert, TensorError,
@@ -24,9 +25,13 @@ const WARPS: u32 = 8;
 /// Output rows per block of the gate/up and down kernels.
 const TILE_ROWS: usize = 16;
 /// `MOE_LANE_WARPS` and `MOE_LANE_WARPS` x `MOE_LANE_ROWS` of moe.cu: warps and output rows per
-/// block of the by-slot CUDA-core kernels.
+/// block of `moe_gate_up_slots`.
 const LANE_WARPS: u32 = 4;
-const LANE_ROWS_PER_BLOCK: usize = 4 * 2;
+const LANE_ROWS_PER_BLOCK: usize = 4;
+/// `MOE_DOWN_WARPS` and `MOE_DOWN_ROWS` of moe.cu: warps and output rows per block of
+/// `moe_down_combine`.
+const DOWN_WARPS: u32 = 4;
+const DOWN_ROWS_PER_BLOCK: usize = 2;
 /// Up to this many tokens the by-slot kernels run (each slot reads its expert; with more tokens
 /// the experts repeat and grouping them on the tensor cores reads less); beyond, the grouped path.
 /// A token's result is bit for bit the same at every batch size within each of the two ranges.
@@ -146,7 +151,7 @@ impl CudaBackend {
         experts: &Experts<CudaMat>,
         routing: MoeRouting,
         tokens: usize,
-        shared: Option<SharedExpert<'_, CudaBuf>>,
+        shared: Option<SharedExpert<'_, CudaMat, CudaBuf>>,
     ) -> CudaBuf {
         let ExpertWeights::Stacked { gate_up, down } = &experts.weights else {
             return moe_per_expert(self, x, router_logits, experts, routing, tokens, shared);
@@ -169,39 +174,92 @@ impl CudaBackend {
         );
         if let Some(s) = &shared {
             assert!(
-                s.out.len >= tokens * h && s.gate.len >= tokens,
-                "moe: shared expert output {} / gate {} too short for {tokens} tokens",
-                s.out.len,
-                s.gate.len
+                s.gate_logits.len >= tokens,
+                "moe: shared expert gate logits {} too short for {tokens} tokens",
+                s.gate_logits.len
             );
         }
         let (MatData::Bf16(gate_up), MatData::Bf16(down)) = (&gate_up.data, &down.data) else {
             unreachable!("stacked experts are bf16 (fused_applies)")
         };
-        let mut out = CudaBuf {
-            data: self.alloc_for_overwrite("moe output", tokens * h),
-            len: tokens * h,
-        };
         if tokens == 0 {
-            return out;
+            return self.scratch(0);
         }
-        let slots = tokens * k;
-        let (t32, e32, k32, h32, im32) = (tokens as i32, e as i32, k as i32, h as i32, im as i32);
+        let (ids, weights) = self.moe_route(router_logits, tokens, e, routing);
+        let fused_shared = match &shared {
+            None => Some(None),
+            Some(s) => SharedMats::of(s, h).map(Some),
+        };
+        match fused_shared {
+            Some(fused) if tokens <= SLOT_PATH_MAX_TOKENS => {
+                let stacked = Stacked {
+                    gate_up,
+                    down,
+                    e,
+                    im,
+                    h,
+                };
+                self.moe_slots(x, &stacked, &ids, &weights, k, tokens, fused)
+            }
+            _ if tokens <= SLOT_PATH_MAX_TOKENS => {
+                // A shared expert the slot kernels cannot read (f32, or rows not whole vectors):
+                // the routed experts fused, the shared one through the dense ops.
+                let stacked = Stacked {
+                    gate_up,
+                    down,
+                    e,
+                    im,
+                    h,
+                };
+                let mut out = self.moe_slots(x, &stacked, &ids, &weights, k, tokens, None);
+                if let Some(s) = &shared {
+                    let mut y = shared_expert_output(self, x, s, tokens);
+                    self.sigmoid_scale_rows_op(&mut y, s.gate_logits, h);
+                    self.add_inplace_op(&mut out, &y);
+                }
+                out
+            }
+            _ => {
+                let stacked = Stacked {
+                    gate_up,
+                    down,
+                    e,
+                    im,
+                    h,
+                };
+                let shared_out = shared
+                    .as_ref()
+                    .map(|s| (shared_expert_output(self, x, s, tokens), s.gate_logits));
+                self.moe_grouped(x, &stacked, &ids, &weights, k, tokens, shared_out)
+            }
+        }
+    }
+
+    /// `moe_route`: the top-k expert ids and weights of every token.
+    fn moe_route(
+        &self,
+        router_logits: &CudaBuf,
+        tokens: usize,
+        experts: usize,
+        routing: MoeRouting,
+    ) -> (CudaSlice<i32>, CudaSlice<f32>) {
+        let slots = tokens * routing.top_k;
         // Every id and weight is written by moe_route.
         let mut ids: CudaSlice<i32> = self.alloc_for_overwrite("moe expert ids", slots);
         let mut weights: CudaSlice<f32> = self.alloc_for_overwrite("moe weights", slots);
+        let (t32, e32, k32) = (tokens as i32, experts as i32, routing.top_k as i32);
         let renormalize = i32::from(routing.renormalize);
-        let route_cfg = LaunchConfig {
+        let cfg = LaunchConfig {
             grid_dim: (tokens.div_ceil(ROUTE_TOKENS_PER_BLOCK) as u32, 1, 1),
             block_dim: (32 * ROUTE_TOKENS_PER_BLOCK as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        // Contract: logits hold tokens x e (checked), 1 <= k <= e <= MAX_EXPERTS (checked,
-        // fused_applies), ids and weights hold tokens x k.
+        // Contract: logits hold tokens x experts (checked by the caller), 1 <= k <= experts <=
+        // MAX_EXPERTS (checked, fused_applies), ids and weights hold tokens x k.
         launch!(
             self,
             "moe_route",
-            route_cfg,
+            cfg,
             &router_logits.data,
             &t32,
             &e32,
@@ -210,82 +268,127 @@ impl CudaBackend {
             &mut ids,
             &mut weights
         );
-        let null: u64 = 0;
-        // Each act row is written by the block(s) of its slot.
-        let mut act: CudaSlice<u16> = self.alloc_for_overwrite("moe activations", slots * im);
-        if tokens <= SLOT_PATH_MAX_TOKENS {
-            let gate_up_cfg = LaunchConfig {
-                grid_dim: (im.div_ceil(LANE_ROWS_PER_BLOCK) as u32, slots as u32, 1),
-                block_dim: (32 * LANE_WARPS, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            // Contract: gate_up is e x 2im x h bf16 with h % 8 == 0 (fused_applies), x holds
-            // tokens x h f32 (checked), ids slots experts < e (moe_route), act slots x im.
-            launch!(
-                self,
-                "moe_gate_up_slots",
-                gate_up_cfg,
-                gate_up,
-                &im32,
-                &h32,
-                &x.data,
-                &k32,
-                &ids,
-                &mut act
-            );
-            let down_cfg = LaunchConfig {
-                grid_dim: (h.div_ceil(LANE_ROWS_PER_BLOCK) as u32, tokens as u32, 1),
-                block_dim: (32 * LANE_WARPS, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            // Contract: down is e x h x im bf16 with im % 8 == 0; act, ids, weights as written
-            // above; shared (when given) tokens x h and its gate tokens values (checked); out
-            // tokens x h.
-            match &shared {
-                Some(sh) => launch!(
-                    self,
-                    "moe_down_combine",
-                    down_cfg,
-                    down,
-                    &h32,
-                    &im32,
-                    &act,
-                    &k32,
-                    &ids,
-                    &weights,
-                    &sh.out.data,
-                    &sh.gate.data,
-                    &mut out.data
-                ),
-                None => launch!(
-                    self,
-                    "moe_down_combine",
-                    down_cfg,
-                    down,
-                    &h32,
-                    &im32,
-                    &act,
-                    &k32,
-                    &ids,
-                    &weights,
-                    &null,
-                    &null,
-                    &mut out.data
-                ),
-            }
-            return out;
-        }
+        (ids, weights)
+    }
 
+    /// The by-slot path for a few tokens: each (token, rank) slot, the shared expert as rank k,
+    /// runs its gate/up rows; then each token its down rows, combined in rank order.
+    #[allow(clippy::too_many_arguments)]
+    fn moe_slots(
+        &self,
+        x: &CudaBuf,
+        w: &Stacked<'_>,
+        ids: &CudaSlice<i32>,
+        weights: &CudaSlice<f32>,
+        k: usize,
+        tokens: usize,
+        shared: Option<SharedMats>,
+    ) -> CudaBuf {
+        let ranks = k + usize::from(shared.is_some());
+        let ims = shared.as_ref().map_or(0, |s| s.ims);
+        let act_stride = w.im.max(ims);
+        let slots = tokens * ranks;
+        // Each act row's first `rows` of its rank are written by the blocks of its slot, and only
+        // those are read.
+        let mut act: CudaSlice<u16> =
+            self.alloc_for_overwrite("moe activations", slots * act_stride);
+        let mut out = CudaBuf {
+            data: self.alloc_for_overwrite("moe output", tokens * w.h),
+            len: tokens * w.h,
+        };
+        let params = shared.map_or_else(MoeShared::default, |s| s.params);
+        let (im32, h32, k32, ranks32, stride32) = (
+            w.im as i32,
+            w.h as i32,
+            k as i32,
+            ranks as i32,
+            act_stride as i32,
+        );
+        let gate_up_cfg = LaunchConfig {
+            grid_dim: (
+                act_stride.div_ceil(LANE_ROWS_PER_BLOCK) as u32,
+                slots as u32,
+                1,
+            ),
+            block_dim: (32 * LANE_WARPS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // Contract: gate_up is e x 2im x h bf16 with h % 8 == 0 (fused_applies), the shared
+        // expert's gate/up ims x h and down h x ims bf16 with ims % 8 == 0 (SharedMats::of); x
+        // holds tokens x h f32 (checked), ids tokens x k experts < e (moe_route), act slots x
+        // act_stride.
+        launch!(
+            self,
+            "moe_gate_up_slots",
+            gate_up_cfg,
+            w.gate_up,
+            &im32,
+            &h32,
+            &x.data,
+            &k32,
+            &ranks32,
+            ids,
+            &params,
+            &mut act,
+            &stride32
+        );
+        let down_cfg = LaunchConfig {
+            grid_dim: (w.h.div_ceil(DOWN_ROWS_PER_BLOCK) as u32, tokens as u32, 1),
+            block_dim: (32 * DOWN_WARPS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // Contract: down is e x h x im bf16 with im % 8 == 0; act, ids, weights as written above;
+        // the shared gate logits hold tokens values (checked); out tokens x h.
+        launch!(
+            self,
+            "moe_down_combine",
+            down_cfg,
+            w.down,
+            &h32,
+            &im32,
+            &act,
+            &stride32,
+            &k32,
+            &ranks32,
+            ids,
+            weights,
+            &params,
+            &mut out.data
+        );
+        out
+    }
+
+    /// The grouped path for many tokens: slots grouped by expert, each expert's work blocks on the
+    /// tensor cores, then the weighted combine with the shared expert's output.
+    #[allow(clippy::too_many_arguments)]
+    fn moe_grouped(
+        &self,
+        x: &CudaBuf,
+        w: &Stacked<'_>,
+        ids: &CudaSlice<i32>,
+        weights: &CudaSlice<f32>,
+        k: usize,
+        tokens: usize,
+        shared: Option<(CudaBuf, &CudaBuf)>,
+    ) -> CudaBuf {
+        let slots = tokens * k;
+        let (t32, e32, k32, h32, im32) =
+            (tokens as i32, w.e as i32, k as i32, w.h as i32, w.im as i32);
         // Most work blocks there can be: each expert's slots split into blocks of BLOCK_ROWS.
-        let max_blocks = (slots / BLOCK_ROWS + e.min(slots)).min(slots);
+        let max_blocks = (slots / BLOCK_ROWS + w.e.min(slots)).min(slots);
         let slots32 = slots as i32;
-        // Every sorted entry and used block is written by moe_plan, every y row of a slot by the
-        // block that holds it.
+        // Every sorted entry and used block is written by moe_plan, every act and y row of a slot
+        // by the block that holds it.
         let mut sorted: CudaSlice<i32> = self.alloc_for_overwrite("moe slot order", slots);
         let mut blocks: CudaSlice<i32> =
             self.alloc_for_overwrite("moe work blocks", 4 * max_blocks);
         let mut block_count: CudaSlice<i32> = self.alloc_for_overwrite("moe block count", 1);
-        let mut y: CudaSlice<f32> = self.alloc_for_overwrite("moe expert outputs", slots * h);
+        let mut act: CudaSlice<u16> = self.alloc_for_overwrite("moe activations", slots * w.im);
+        let mut y: CudaSlice<f32> = self.alloc_for_overwrite("moe expert outputs", slots * w.h);
+        let mut out = CudaBuf {
+            data: self.alloc_for_overwrite("moe output", tokens * w.h),
+            len: tokens * w.h,
+        };
         let plan_cfg = LaunchConfig {
             grid_dim: (1, 1, 1),
             block_dim: (1024, 1, 1),
@@ -298,7 +401,7 @@ impl CudaBackend {
             self,
             "moe_plan",
             plan_cfg,
-            &ids,
+            ids,
             &slots32,
             &e32,
             &block_rows,
@@ -306,7 +409,7 @@ impl CudaBackend {
             &mut blocks,
             &mut block_count
         );
-        let x_bf16 = self.cast_to_bf16(x, tokens * h);
+        let x_bf16 = self.cast_to_bf16(x, tokens * w.h);
         let gemm_cfg = |rows: usize| LaunchConfig {
             grid_dim: (rows.div_ceil(TILE_ROWS) as u32, max_blocks as u32, 1),
             block_dim: (32 * WARPS, 1, 1),
@@ -318,8 +421,8 @@ impl CudaBackend {
         launch!(
             self,
             "moe_gate_up",
-            gemm_cfg(im),
-            gate_up,
+            gemm_cfg(w.im),
+            w.gate_up,
             &im32,
             &h32,
             &x_bf16,
@@ -333,8 +436,8 @@ impl CudaBackend {
         launch!(
             self,
             "moe_down",
-            gemm_cfg(h),
-            down,
+            gemm_cfg(w.h),
+            w.down,
             &h32,
             &im32,
             &act,
@@ -343,21 +446,22 @@ impl CudaBackend {
             &blocks,
             &mut y
         );
-        let combine_cfg = Self::elementwise_config(tokens * h);
-        // Contract: y holds slots x h, weights slots; shared (when given) tokens x h and its gate
-        // tokens values (checked); out tokens x h.
+        let null: u64 = 0;
+        let combine_cfg = Self::elementwise_config(tokens * w.h);
+        // Contract: y holds slots x h, weights slots; the shared output tokens x h (computed here)
+        // and its gate logits tokens values (checked); out tokens x h.
         match &shared {
-            Some(sh) => launch!(
+            Some((shared_out, gate_logits)) => launch!(
                 self,
                 "moe_combine",
                 combine_cfg,
                 &y,
-                &weights,
+                weights,
                 &t32,
                 &k32,
                 &h32,
-                &sh.out.data,
-                &sh.gate.data,
+                &shared_out.data,
+                &gate_logits.data,
                 &mut out.data
             ),
             None => launch!(
@@ -365,7 +469,7 @@ impl CudaBackend {
                 "moe_combine",
                 combine_cfg,
                 &y,
-                &weights,
+                weights,
                 &t32,
                 &k32,
                 &h32,
@@ -375,5 +479,73 @@ impl CudaBackend {
             ),
         }
         out
+    }
+}
+
+/// The stacked experts' device data and geometry.
+struct Stacked<'a> {
+    gate_up: &'a CudaSlice<u16>,
+    down: &'a CudaSlice<u16>,
+    e: usize,
+    im: usize,
+    h: usize,
+}
+
+/// `MoeShared` of moe.cu, field for field.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct MoeShared {
+    gate: u64,
+    up: u64,
+    down: u64,
+    gate_logits: u64,
+    ims: i32,
+}
+
+// SAFETY: `MoeShared` is `repr(C)` with the field types and order of the CUDA struct (four 8-byte
+// pointers, then a 32-bit int; both sides pad to 40 bytes), so its bytes are what the kernel
+// expects as a by-value parameter.
+unsafe impl DeviceRepr for MoeShared {}
+
+/// The shared expert as the slot kernels read it (raw device pointers; the matrices outlive the
+/// op that uses them).
+struct SharedMats {
+    params: MoeShared,
+    ims: usize,
+}
+
+impl SharedMats {
+    /// `None` when the slot kernels cannot read this shared expert: f32 weights, rows that are
+    /// not whole 16-byte vectors, or shapes other than `[ims, h]` / `[h, ims]`.
+    fn of(s: &SharedExpert<'_, CudaMat, CudaBuf>, h: usize) -> Option<Self> {
+        let ims = s.gate.rows;
+        let shapes_fit = s.gate.cols == h
+            && (s.up.rows, s.up.cols) == (ims, h)
+            && (s.down.rows, s.down.cols) == (h, ims)
+            && ims > 0
+            && ims.is_multiple_of(8);
+        let (MatData::Bf16(g), MatData::Bf16(u), MatData::Bf16(d)) =
+            (&s.gate.data, &s.up.data, &s.down.data)
+        else {
+            return None;
+        };
+        if !shapes_fit {
+            return None;
+        }
+        let ptr = |m: &CudaSlice<u16>| {
+            let (p, _record) = m.device_ptr(m.stream());
+            p
+        };
+        let (gate_logits, _record) = s.gate_logits.data.device_ptr(s.gate_logits.data.stream());
+        Some(Self {
+            params: MoeShared {
+                gate: ptr(g),
+                up: ptr(u),
+                down: ptr(d),
+                gate_logits,
+                ims: ims as i32,
+            },
+            ims,
+        })
     }
 }

@@ -322,16 +322,13 @@ impl<B: Backend> Model<B> {
         };
         match &w.shared {
             Some((shared, gate)) => {
-                // One launch for everything that reads x: the router, the shared expert's gate
-                // and its gate/up projections.
-                let [router_logits, shared_gate, g, u] =
-                    self.linears(x, [&w.router, gate, &shared.gate, &shared.up], t);
-                let mut act = be.scratch(be.buf_len(&g));
-                be.silu_mul(&g, &u, &mut act);
-                let out = self.linear(&act, &shared.down, t);
+                // One launch for the router and the shared expert's gate (both read x).
+                let [router_logits, gate_logits] = self.linears(x, [&w.router, gate], t);
                 let shared = SharedExpert {
-                    out,
-                    gate: &shared_gate,
+                    gate: &shared.gate,
+                    up: &shared.up,
+                    down: &shared.down,
+                    gate_logits: &gate_logits,
                 };
                 be.moe_experts(x, &router_logits, &w.experts, routing, t, Some(shared))
             }

@@ -263,7 +263,7 @@ pub trait Backend: Send + Sync {
         experts: &Experts<Self::Mat>,
         routing: MoeRouting,
         tokens: usize,
-        shared: Option<SharedExpert<'_, Self::Buf>>,
+        shared: Option<SharedExpert<'_, Self::Mat, Self::Buf>>,
     ) -> Self::Buf {
         moe::moe_per_expert(self, x, router_logits, experts, routing, tokens, shared)
     }

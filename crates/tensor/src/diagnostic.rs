@@ -273,7 +273,7 @@ impl<B: Backend> Backend for BrokenAttention<B> {
         experts: &Experts<Self::Mat>,
         routing: MoeRouting,
         tokens: usize,
-        shared: Option<SharedExpert<'_, Self::Buf>>,
+        shared: Option<SharedExpert<'_, Self::Mat, Self::Buf>>,
     ) -> Self::Buf {
         self.inner
             .moe_experts(x, router_logits, experts, routing, tokens, shared)

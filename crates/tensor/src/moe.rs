@@ -49,11 +49,14 @@ pub struct Experts<M> {
     pub weights: ExpertWeights<M>,
 }
 
-/// The shared expert's output `[T, h]` and its gate logits `[T, 1]`: added to the routed experts'
-/// output scaled by `sigmoid(gate)`.
-pub struct SharedExpert<'a, Buf> {
-    pub out: Buf,
-    pub gate: &'a Buf,
+/// The shared expert of a MoE block: a SwiGLU MLP (`gate`, `up [ims, h]`, `down [h, ims]`) every
+/// token runs, its output scaled by `sigmoid` of the token's gate logit (`gate_logits [T, 1]`) and
+/// added to the routed experts' output.
+pub struct SharedExpert<'a, M, Buf> {
+    pub gate: &'a M,
+    pub up: &'a M,
+    pub down: &'a M,
+    pub gate_logits: &'a Buf,
 }
 
 /// Uploads every expert matrix on its own (the generic storage).
@@ -86,7 +89,7 @@ pub fn moe_per_expert<B: Backend + ?Sized>(
     experts: &Experts<B::Mat>,
     routing: MoeRouting,
     tokens: usize,
-    shared: Option<SharedExpert<'_, B::Buf>>,
+    shared: Option<SharedExpert<'_, B::Mat, B::Buf>>,
 ) -> B::Buf {
     let ExpertWeights::PerExpert { gate, up, down } = &experts.weights else {
         panic!(
@@ -125,9 +128,27 @@ pub fn moe_per_expert<B: Backend + ?Sized>(
         backend.scatter_add_rows(&mut out, &ye, hidden, &rows, &weights);
     }
     if let Some(shared) = shared {
-        let mut s = shared.out;
-        backend.sigmoid_scale_rows(&mut s, shared.gate, hidden);
+        let mut s = shared_expert_output(backend, x, &shared, tokens);
+        backend.sigmoid_scale_rows(&mut s, shared.gate_logits, hidden);
         backend.add_inplace(&mut out, &s);
     }
+    out
+}
+
+/// The shared expert's MLP output `[T, h]`, before its gate.
+pub fn shared_expert_output<B: Backend + ?Sized>(
+    backend: &B,
+    x: &B::Buf,
+    shared: &SharedExpert<'_, B::Mat, B::Buf>,
+    tokens: usize,
+) -> B::Buf {
+    let (ims, hidden) = backend.mat_shape(shared.gate);
+    let mut g = backend.scratch(tokens * ims);
+    let mut u = backend.scratch(tokens * ims);
+    backend.matmul_group(x, &[shared.gate, shared.up], &mut [&mut g, &mut u], tokens);
+    let mut act = backend.scratch(tokens * ims);
+    backend.silu_mul(&g, &u, &mut act);
+    let mut out = backend.scratch(tokens * hidden);
+    backend.matmul(&act, shared.down, &mut out, tokens);
     out
 }
