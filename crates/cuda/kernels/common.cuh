@@ -80,5 +80,14 @@ __device__ __forceinline__ void bf16x8_to_f32(const uint4 v, float* f) {
     }
 }
 
+// Eight activations of an f32 row rounded to bf16, as cast_f32_to_bf16 stores them: the CUDA-core
+// GEMV kernels read the f32 activations themselves (a few KB, from L2) and save the cast's launch.
+__device__ __forceinline__ void load_rounded8(const float* p, float* f) {
+    const float4 a = *(const float4*)p, b = *(const float4*)(p + 4);
+    const float in[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) f[i] = bf16_to_f32(f32_to_bf16(in[i]));
+}
+
 // Grid-stride loop over `n` elements.
 #define FOR_EACH(i, n) for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (i64)(n); i += (i64)gridDim.x * blockDim.x)

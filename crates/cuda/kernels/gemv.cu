@@ -129,15 +129,6 @@ __device__ __forceinline__ void gemv_block(const GemvGroup& group, const bf16_bi
 #define GEMV_LANE_UNROLL 4
 #endif
 
-// Eight activations of an f32 row rounded to bf16, as cast_f32_to_bf16 stores them: the lane kernel
-// reads the f32 activations itself (they are a few KB, from L2) and saves the cast's launch.
-__device__ __forceinline__ void load_rounded8(const float* p, float* f) {
-    const float4 a = *(const float4*)p, b = *(const float4*)(p + 4);
-    const float in[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-#pragma unroll
-    for (int i = 0; i < 8; ++i) f[i] = bf16_to_f32(f32_to_bf16(in[i]));
-}
-
 template <int T>
 __device__ __forceinline__ void gemv_lanes(const GemvGroup& group, const float* __restrict__ x, int k) {
     const int lane = threadIdx.x & 31;

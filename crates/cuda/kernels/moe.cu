@@ -289,14 +289,6 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS)
 #define MOE_DOWN_ROWS 2
 #define MOE_DOWN_ITEMS 5
 
-// Eight activations from f32 rounded to bf16 (what cast_f32_to_bf16 would have stored).
-__device__ __forceinline__ void load_x8_rounded(const float* p, float* f) {
-    const float4 a = *(const float4*)p, b = *(const float4*)(p + 4);
-    const float in[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-#pragma unroll
-    for (int i = 0; i < 8; ++i) f[i] = bf16_to_f32(f32_to_bf16(in[i]));
-}
-
 __device__ __forceinline__ float dot8(const uint4 w, const float* x, float acc) {
     float wf[8];
     bf16x8_to_f32(w, wf);
@@ -386,7 +378,7 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_LANE_WARPS)
             const int v = v0 + 32 * u;
             if (v >= vecs) continue;
             float xf[8];
-            load_x8_rounded(xr + 8 * v, xf);
+            load_rounded8(xr + 8 * v, xf);
 #pragma unroll
             for (int s = 0; s < 2; ++s)
 #pragma unroll

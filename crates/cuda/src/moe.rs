@@ -185,7 +185,7 @@ impl CudaBackend {
         if tokens == 0 {
             return self.scratch(0);
         }
-        let (ids, weights) = self.moe_route(router_logits, tokens, e, routing);
+        let routes = self.moe_route(router_logits, tokens, e, routing);
         let fused_shared = match &shared {
             None => Some(None),
             Some(s) => SharedMats::of(s, h).map(Some),
@@ -199,7 +199,7 @@ impl CudaBackend {
                     im,
                     h,
                 };
-                self.moe_slots(x, &stacked, &ids, &weights, k, tokens, fused)
+                self.moe_slots(x, &stacked, &routes, fused)
             }
             _ if tokens <= SLOT_PATH_MAX_TOKENS => {
                 // A shared expert the slot kernels cannot read (f32, or rows not whole vectors):
@@ -211,7 +211,7 @@ impl CudaBackend {
                     im,
                     h,
                 };
-                let mut out = self.moe_slots(x, &stacked, &ids, &weights, k, tokens, None);
+                let mut out = self.moe_slots(x, &stacked, &routes, None);
                 if let Some(s) = &shared {
                     let mut y = shared_expert_output(self, x, s, tokens);
                     self.sigmoid_scale_rows_op(&mut y, s.gate_logits, h);
@@ -230,7 +230,7 @@ impl CudaBackend {
                 let shared_out = shared
                     .as_ref()
                     .map(|s| (shared_expert_output(self, x, s, tokens), s.gate_logits));
-                self.moe_grouped(x, &stacked, &ids, &weights, k, tokens, shared_out)
+                self.moe_grouped(x, &stacked, &routes, shared_out)
             }
         }
     }
@@ -242,7 +242,7 @@ impl CudaBackend {
         tokens: usize,
         experts: usize,
         routing: MoeRouting,
-    ) -> (CudaSlice<i32>, CudaSlice<f32>) {
+    ) -> Routes {
         let slots = tokens * routing.top_k;
         // Every id and weight is written by moe_route.
         let mut ids: CudaSlice<i32> = self.alloc_for_overwrite("moe expert ids", slots);
@@ -268,22 +268,30 @@ impl CudaBackend {
             &mut ids,
             &mut weights
         );
-        (ids, weights)
+        Routes {
+            ids,
+            weights,
+            k: routing.top_k,
+            tokens,
+        }
     }
 
     /// The by-slot path for a few tokens: each (token, rank) slot, the shared expert as rank k,
     /// runs its gate/up rows; then each token its down rows, combined in rank order.
-    #[allow(clippy::too_many_arguments)]
     fn moe_slots(
         &self,
         x: &CudaBuf,
         w: &Stacked<'_>,
-        ids: &CudaSlice<i32>,
-        weights: &CudaSlice<f32>,
-        k: usize,
-        tokens: usize,
+        routes: &Routes,
         shared: Option<SharedMats>,
     ) -> CudaBuf {
+        let Routes {
+            ids,
+            weights,
+            k,
+            tokens,
+        } = routes;
+        let (k, tokens) = (*k, *tokens);
         let ranks = k + usize::from(shared.is_some());
         let ims = shared.as_ref().map_or(0, |s| s.ims);
         let act_stride = w.im.max(ims);
@@ -360,17 +368,20 @@ impl CudaBackend {
 
     /// The grouped path for many tokens: slots grouped by expert, each expert's work blocks on the
     /// tensor cores, then the weighted combine with the shared expert's output.
-    #[allow(clippy::too_many_arguments)]
     fn moe_grouped(
         &self,
         x: &CudaBuf,
         w: &Stacked<'_>,
-        ids: &CudaSlice<i32>,
-        weights: &CudaSlice<f32>,
-        k: usize,
-        tokens: usize,
+        routes: &Routes,
         shared: Option<(CudaBuf, &CudaBuf)>,
     ) -> CudaBuf {
+        let Routes {
+            ids,
+            weights,
+            k,
+            tokens,
+        } = routes;
+        let (k, tokens) = (*k, *tokens);
         let slots = tokens * k;
         let (t32, e32, k32, h32, im32) =
             (tokens as i32, w.e as i32, k as i32, w.h as i32, w.im as i32);
@@ -480,6 +491,14 @@ impl CudaBackend {
         }
         out
     }
+}
+
+/// What `moe_route` chose: `ids` and `weights [tokens, k]`, rank order.
+struct Routes {
+    ids: CudaSlice<i32>,
+    weights: CudaSlice<f32>,
+    k: usize,
+    tokens: usize,
 }
 
 /// The stacked experts' device data and geometry.
