@@ -2,17 +2,17 @@
 // Every path starts with
 //   moe_route         router logits [T, E] -> top-k expert ids and weights per token
 // then, for many tokens (tensor cores, grouped by expert):
-//   moe_plan          slots (token, rank) grouped by expert into work blocks of <= MOE_BLOCK_ROWS
-//   moe_gate_up       act[slot] = silu(gate_e x) * up_e x, every work block of every expert in one launch
-//   moe_down          y[slot]   = down_e act[slot], likewise
+//   moe_plan          slots (token, rank) grouped by expert into work blocks of <= 8 x TILES slots
+//   moe_gate_up_t*    act[slot] = silu(gate_e x) * up_e x, every work block of every expert in one launch
+//   moe_down_t*       y[slot]   = down_e act[slot], likewise
 //   moe_combine       out[t]    = sum over ranks of weight * y (+ the gated shared expert)
 // and for a few tokens (CUDA cores, by slot; see moe_gate_up_slots):
 //   moe_gate_up_slots, moe_down_combine
 //
 // Expert weights are stacked: gate_up [E * 2 * im, h] (expert e's im gate rows, then its im up rows)
-// and down [E * h, im], bf16. A work block reads its expert's rows once for up to MOE_BLOCK_ROWS slots
-// (the tensor-core skinny GEMM of gemv.cu with the activations gathered per column), so a prefill
-// reads each expert about slots / E / 32 times.
+// and down [E * h, im], bf16. A work block reads its expert's rows once for up to 8 x TILES slots
+// (the tensor-core skinny GEMM of gemv.cu with the activations gathered per column; TILES 1 for a
+// decode batch, 4 for a prefill), so a prefill reads each expert about slots / E / 32 times.
 //
 // Determinism: a slot's products do not depend on which other slots share its work block (each mma
 // column is its own dot product, K in a fixed order), activations and outputs are indexed by slot,
@@ -21,8 +21,6 @@
 
 #define MOE_MAX_EXPERTS 512
 #define MOE_EXPERTS_PER_LANE (MOE_MAX_EXPERTS / 32)
-#define MOE_BLOCK_TILES 4
-#define MOE_BLOCK_ROWS (8 * MOE_BLOCK_TILES)
 #define MOE_WARPS 8
 
 // One warp per token. Ranks by probability, highest first, ties to the lower expert index (the
@@ -157,18 +155,20 @@ extern "C" __global__ void moe_plan(const int* __restrict__ ids, int slots, int 
 }
 
 // One work block of one expert against 16 of its output rows (GATE_UP: 16 gate rows and the 16 up
-// rows that pair with them). The warps split K in interleaved 32-column pieces as gemv.cu's
-// tensor-core kernel does and add their totals in warp order. Column g of token tile t is slot
+// rows that pair with them), for up to 8 * TILES slots. The warps split K in interleaved 32-column
+// pieces as gemv.cu's tensor-core kernel does; their totals are added in warp order (warp 0's, then
+// warp 1's added to it, ...) through shared memory. Column g of token tile t is slot
 // sorted[first + 8t + g]; its activations are row `slot / row_divisor` of `x` (the token for the
-// gate/up projection, the slot itself for down).
-template <bool GATE_UP>
+// gate/up projection, the slot itself for down). Tiles past the block's slots are skipped, so a
+// slot's result is the same whatever TILES the launch uses.
+template <bool GATE_UP, int TILES>
 __device__ __forceinline__ void moe_tile(const bf16_bits* __restrict__ w, int out_rows, int k,
                                          const bf16_bits* __restrict__ x, int row_divisor,
                                          const int* __restrict__ sorted, const int* __restrict__ block_count,
                                          const int4* __restrict__ blocks, bf16_bits* __restrict__ act,
                                          float* __restrict__ y) {
     constexpr int SETS = GATE_UP ? 2 : 1;
-    __shared__ float totals[MOE_WARPS][SETS * MOE_BLOCK_TILES * 4][32];
+    __shared__ float totals[SETS * TILES * 4][32];
     if ((int)blockIdx.y >= *block_count) return;
     const int4 work = blocks[blockIdx.y];
     const int expert = work.x, first = work.y, rows = work.z;
@@ -182,35 +182,35 @@ __device__ __forceinline__ void moe_tile(const bf16_bits* __restrict__ w, int ou
         wr[s][0] = row_lo < out_rows ? base + ((i64)s * out_rows + row_lo) * k : nullptr;
         wr[s][1] = row_hi < out_rows ? base + ((i64)s * out_rows + row_hi) * k : nullptr;
     }
-    const bf16_bits* xr[MOE_BLOCK_TILES];
+    const bf16_bits* xr[TILES];
 #pragma unroll
-    for (int t = 0; t < MOE_BLOCK_TILES; ++t) {
+    for (int t = 0; t < TILES; ++t) {
         const int j = 8 * t + g;
         xr[t] = j < rows ? x + (i64)(sorted[first + j] / row_divisor) * k : nullptr;
     }
 
-    float acc[SETS][MOE_BLOCK_TILES][4];
+    float acc[SETS][TILES][4];
 #pragma unroll
     for (int s = 0; s < SETS; ++s)
 #pragma unroll
-        for (int t = 0; t < MOE_BLOCK_TILES; ++t) acc[s][t][0] = acc[s][t][1] = acc[s][t][2] = acc[s][t][3] = 0.0f;
+        for (int t = 0; t < TILES; ++t) acc[s][t][0] = acc[s][t][1] = acc[s][t][2] = acc[s][t][3] = 0.0f;
 
     const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
     for (int col0 = warp * 32; col0 < k; col0 += MOE_WARPS * 32) {
         const int col = col0 + 8 * c;
         const bool in = col < k;
-        uint4 wv[SETS][2], xv[MOE_BLOCK_TILES];
+        uint4 wv[SETS][2], xv[TILES];
 #pragma unroll
         for (int s = 0; s < SETS; ++s) {
             wv[s][0] = (in && wr[s][0]) ? load_streaming(wr[s][0] + col) : zero;
             wv[s][1] = (in && wr[s][1]) ? load_streaming(wr[s][1] + col) : zero;
         }
 #pragma unroll
-        for (int t = 0; t < MOE_BLOCK_TILES; ++t) xv[t] = (in && xr[t]) ? *(const uint4*)(xr[t] + col) : zero;
+        for (int t = 0; t < TILES; ++t) xv[t] = (in && xr[t]) ? *(const uint4*)(xr[t] + col) : zero;
 #pragma unroll
         for (int s = 0; s < SETS; ++s) {
 #pragma unroll
-            for (int t = 0; t < MOE_BLOCK_TILES; ++t) {
+            for (int t = 0; t < TILES; ++t) {
                 if (8 * t >= rows) continue;  // the whole tile is past the block's slots
                 float piece[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                 mma_bf16(piece, wv[s][0].x, wv[s][1].x, wv[s][0].y, wv[s][1].y, xv[t].x, xv[t].y);
@@ -220,54 +220,60 @@ __device__ __forceinline__ void moe_tile(const bf16_bits* __restrict__ w, int ou
             }
         }
     }
+    for (int v = 0; v < MOE_WARPS; ++v) {
+        if (warp == v) {
 #pragma unroll
-    for (int s = 0; s < SETS; ++s)
+            for (int s = 0; s < SETS; ++s)
 #pragma unroll
-        for (int t = 0; t < MOE_BLOCK_TILES; ++t)
+                for (int t = 0; t < TILES; ++t)
 #pragma unroll
-            for (int i = 0; i < 4; ++i) totals[warp][(s * MOE_BLOCK_TILES + t) * 4 + i][lane] = acc[s][t][i];
-    __syncthreads();
+                    for (int i = 0; i < 4; ++i) {
+                        float& total = totals[(s * TILES + t) * 4 + i][lane];
+                        total = v == 0 ? acc[s][t][i] : total + acc[s][t][i];
+                    }
+        }
+        __syncthreads();
+    }
     if (warp != 0) return;
-    // acc[s][t][i]: row g (i < 2) or g + 8, column 8t + 2c + (i & 1).
+    // totals[(s, t, i)]: row g (i < 2) or g + 8, column 8t + 2c + (i & 1).
 #pragma unroll
-    for (int t = 0; t < MOE_BLOCK_TILES; ++t) {
+    for (int t = 0; t < TILES; ++t) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const int j = 8 * t + 2 * c + (i & 1);
             const int row = i < 2 ? row_lo : row_hi;
             if (j >= rows || row >= out_rows) continue;
-            float sum[SETS];
-#pragma unroll
-            for (int s = 0; s < SETS; ++s) {
-                sum[s] = 0.0f;
-                for (int v = 0; v < MOE_WARPS; ++v) sum[s] += totals[v][(s * MOE_BLOCK_TILES + t) * 4 + i][lane];
-            }
             const int slot = sorted[first + j];
+            const float first_sum = totals[t * 4 + i][lane];
             if (GATE_UP) {
-                act[(i64)slot * out_rows + row] = f32_to_bf16(silu_f(sum[0]) * sum[SETS - 1]);
+                const float up = totals[(TILES + t) * 4 + i][lane];
+                act[(i64)slot * out_rows + row] = f32_to_bf16(silu_f(first_sum) * up);
             } else {
-                y[(i64)slot * out_rows + row] = sum[0];
+                y[(i64)slot * out_rows + row] = first_sum;
             }
         }
     }
 }
 
-// act [slots, im] (bf16) from xb [tokens, h] (bf16). Grid: (ceil(im / 16), most work blocks) blocks
-// of 32 * MOE_WARPS threads; h % 8 == 0 and 16-byte aligned rows (checked by the launcher).
-extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS)
-    moe_gate_up(const bf16_bits* __restrict__ gate_up, int im, int h, const bf16_bits* __restrict__ xb, int top_k,
-                const int* __restrict__ sorted, const int* __restrict__ block_count, const int4* __restrict__ blocks,
-                bf16_bits* __restrict__ act) {
-    moe_tile<true>(gate_up, im, h, xb, top_k, sorted, block_count, blocks, act, nullptr);
-}
-
-// y [slots, h] (f32) from act [slots, im]. Grid: (ceil(h / 16), most work blocks); im % 8 == 0.
-extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS)
-    moe_down(const bf16_bits* __restrict__ down, int h, int im, const bf16_bits* __restrict__ act,
-             const int* __restrict__ sorted, const int* __restrict__ block_count, const int4* __restrict__ blocks,
-             float* __restrict__ y) {
-    moe_tile<false>(down, h, im, act, 1, sorted, block_count, blocks, nullptr, y);
-}
+// moe_gate_up_t{TILES}: act [slots, im] (bf16) from xb [tokens, h] (bf16); moe_down_t{TILES}: y
+// [slots, h] (f32) from act. Work blocks of up to 8 * TILES slots (moe_plan's block_rows). Grid:
+// (ceil(rows / 16), most work blocks) blocks of 32 * MOE_WARPS threads; h and im % 8 == 0 and
+// 16-byte aligned rows (checked by the launcher).
+#define MOE_GROUPED_KERNELS(TILES)                                                                        \
+    extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS) moe_gate_up_t##TILES(                   \
+        const bf16_bits* __restrict__ gate_up, int im, int h, const bf16_bits* __restrict__ xb, int top_k, \
+        const int* __restrict__ sorted, const int* __restrict__ block_count, const int4* __restrict__ blocks, \
+        bf16_bits* __restrict__ act) {                                                                     \
+        moe_tile<true, TILES>(gate_up, im, h, xb, top_k, sorted, block_count, blocks, act, nullptr);     \
+    }                                                                                                      \
+    extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS) moe_down_t##TILES(                      \
+        const bf16_bits* __restrict__ down, int h, int im, const bf16_bits* __restrict__ act,              \
+        const int* __restrict__ sorted, const int* __restrict__ block_count, const int4* __restrict__ blocks, \
+        float* __restrict__ y) {                                                                           \
+        moe_tile<false, TILES>(down, h, im, act, 1, sorted, block_count, blocks, nullptr, y);            \
+    }
+MOE_GROUPED_KERNELS(1)
+MOE_GROUPED_KERNELS(4)
 
 // Decode (a few tokens) on the CUDA cores, organised by slot rather than by expert, so no plan is
 // needed: moe_gate_up_slots gives each slot (token, rank) its own blocks, and moe_down_combine

@@ -49,8 +49,10 @@ pub const FILES: [KernelFile; 12] = [
         functions: &[
             "moe_route",
             "moe_plan",
-            "moe_gate_up",
-            "moe_down",
+            "moe_gate_up_t1",
+            "moe_down_t1",
+            "moe_gate_up_t4",
+            "moe_down_t4",
             "moe_gate_up_slots",
             "moe_down_combine",
             "moe_combine",

@@ -165,9 +165,9 @@ fn fused_moe_matches_the_reference() {
         let Some(c) = case(&mut rng, shape, top_k, renorm, shared) else {
             return;
         };
-        // 1-4: the by-slot kernels (a decode, an MTP verify); 5, 33 and 300: the grouped ones
-        // (300 puts many slots on each expert: several work blocks).
-        for tokens in [1, 3, 4, 5, 33, 300] {
+        // 1-4: the by-slot kernels (a decode, an MTP verify); 5 and 33: the grouped ones with
+        // 8-slot work blocks; 300 and 700: with 32-slot blocks, several per expert.
+        for tokens in [1, 3, 4, 5, 33, 300, 700] {
             let x = rng.vec(tokens * h, 1.0);
             let logits = rng.vec(tokens * experts, 3.0);
             let gate = rng.vec(tokens, 2.0);
@@ -212,7 +212,8 @@ fn fused_moe_breaks_routing_ties_like_the_reference() {
 
 /// A token's output does not depend on what else is batched: bit for bit the same within each path
 /// (by slot up to 4 tokens: alone, in a decode batch or an MTP verify; grouped beyond: in a small
-/// batch or a prefill of 200 tokens), and within the bf16 tolerance across the two. The shared
+/// batch or a prefill of 700 tokens, whatever work-block size), and within the bf16 tolerance across
+/// the two. The shared
 /// expert runs inside the by-slot kernels but through the dense ops on the grouped path, whose
 /// GEMMs change kernel past 32 rows (`GEMV_MAX_TOKENS`), so with it the grouped range ends there.
 #[test]
@@ -224,10 +225,12 @@ fn fused_moe_is_batch_invariant_bitwise() {
         hidden: 128,
     };
     let h = shape.hidden;
-    let x = rng.vec(200 * h, 1.0);
-    let logits = rng.vec(200 * 32, 3.0);
-    let shared_gate = rng.vec(200, 2.0);
-    for (shared, grouped_widest) in [(None, 200), (Some(64), 32)] {
+    let x = rng.vec(700 * h, 1.0);
+    let logits = rng.vec(700 * 32, 3.0);
+    let shared_gate = rng.vec(700, 2.0);
+    // Without a shared expert the grouped range spans both work-block sizes (8 and 32 slots: up to
+    // 64 tokens and more).
+    for (shared, grouped_widest) in [(None, 700), (Some(64), 32)] {
         let Some(c) = case(&mut rng, shape, 4, true, shared) else {
             return;
         };
@@ -240,7 +243,11 @@ fn fused_moe_is_batch_invariant_bitwise() {
             )
             .0
         };
-        for (path, widest) in [(vec![1, 2, 3], 4), (vec![5, 17, 31], grouped_widest)] {
+        let grouped: Vec<usize> = [5, 17, 31, 200]
+            .into_iter()
+            .filter(|&t| t < grouped_widest)
+            .collect();
+        for (path, widest) in [(vec![1, 2, 3], 4), (grouped, grouped_widest)] {
             let all = rows(widest);
             for tokens in path {
                 assert_eq!(
