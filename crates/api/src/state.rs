@@ -2,10 +2,11 @@
 //! compiled chat templates, server settings, the degeneration detector every output is watched with,
 //! the health monitor and the metrics. Construction only; the routes decide what to do with it.
 
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use deltaserve_engine::SharedEngine;
+use deltaserve_grammar::{GrammarCompiler, ToolCallFormat};
 use deltaserve_health::DegenerationDetector;
 use deltaserve_text::{ChatTemplate, TemplateError, Tokenizer};
 
@@ -156,6 +157,8 @@ pub struct AppState {
     model_identity: RwLock<ModelIdentity>,
     /// The engine's limits for /server_info and /get_load, once the pools are planned.
     engine_capacity: RwLock<Option<EngineCapacity>>,
+    /// The vocabulary as the grammar engine sees it, built on the first constrained request.
+    grammar: OnceLock<Result<Arc<GrammarCompiler>, String>>,
 }
 
 impl AppState {
@@ -193,6 +196,7 @@ impl AppState {
             default_seeds,
             model_identity: RwLock::new(model_identity),
             engine_capacity: RwLock::new(None),
+            grammar: OnceLock::new(),
             created: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map(|d| d.as_secs())
@@ -281,6 +285,30 @@ impl AppState {
     /// (the engine then picks a fresh one).
     pub fn default_seed(&self) -> Option<u64> {
         self.default_seeds.as_ref().map(SeedSequence::next_seed)
+    }
+
+    /// The grammar compiler for this model (logit rows of `vocab_size`), built once.
+    pub fn grammar_compiler(&self, vocab_size: usize) -> Result<Arc<GrammarCompiler>, ApiError> {
+        self.grammar
+            .get_or_init(|| {
+                let vocab = vocab_size.max(self.tokenizer.vocab_size());
+                GrammarCompiler::new(Arc::clone(&self.tokenizer), vocab)
+                    .map(Arc::new)
+                    .map_err(|e| e.to_string())
+            })
+            .clone()
+            .map_err(|e| ApiError::internal(format!("constrained decoding is unavailable: {e}")))
+    }
+
+    /// The tool-call syntax of the model's template: Qwen3-Coder XML when the template writes
+    /// `<function=`, JSON in `<tool_call>` when it writes `<tool_call>` otherwise.
+    pub fn tool_call_format(&self) -> ToolCallFormat {
+        let template = self.tokenizer.chat_template_for(true).unwrap_or_default();
+        if !template.contains("<function=") && template.contains("<tool_call>") {
+            ToolCallFormat::Hermes
+        } else {
+            ToolCallFormat::Qwen3Coder
+        }
     }
 
     /// The chat template for a request with or without tools.

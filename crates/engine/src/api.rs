@@ -57,6 +57,53 @@ pub struct GenerationRequest {
 
 pub type RequestId = u64;
 
+/// The tokens a constraint allows at the next position: bit `id % 32` of word `id / 32`. Ids past
+/// the end of `words` are not allowed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TokenMask {
+    pub words: Vec<u32>,
+}
+
+impl TokenMask {
+    pub fn allows(&self, id: u32) -> bool {
+        self.words
+            .get(id as usize / 32)
+            .is_some_and(|w| w >> (id % 32) & 1 == 1)
+    }
+
+    /// Whether no token of a `vocab`-sized row is allowed.
+    pub fn allows_none(&self, vocab: usize) -> bool {
+        (0..vocab as u32).all(|id| !self.allows(id))
+    }
+
+    /// A copy of `logits` with every token the mask forbids at negative infinity.
+    pub fn apply(&self, logits: &[f32]) -> Vec<f32> {
+        logits
+            .iter()
+            .enumerate()
+            .map(|(id, &l)| {
+                if self.allows(id as u32) {
+                    l
+                } else {
+                    f32::NEG_INFINITY
+                }
+            })
+            .collect()
+    }
+}
+
+/// Constrained decoding: decides which tokens one request may generate next (a compiled grammar
+/// such as a JSON schema). The engine asks for the mask before every position it samples for the
+/// request and reports every token it commits, in order; drafts are never reported, only the tokens
+/// verification keeps. Errors end the request with an error event.
+pub trait TokenConstraint: Send {
+    /// Tokens allowed at the next position; `None` when any token is (e.g. while the model is still
+    /// reasoning and the grammar has not started).
+    fn allowed(&mut self) -> Result<Option<TokenMask>, String>;
+    /// The request committed `token`.
+    fn commit(&mut self, token: u32) -> Result<(), String>;
+}
+
 /// Log-probability information of one generated token.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TokenLogprob {
@@ -118,6 +165,8 @@ pub enum SubmitError {
     QueueFull(usize),
     #[error("the engine has stopped")]
     Stopped,
+    #[error("this engine cannot constrain decoding (no grammar support)")]
+    ConstraintUnsupported,
 }
 
 /// A snapshot of the engine's occupancy.
@@ -138,6 +187,18 @@ pub type EventReceiver = tokio::sync::mpsc::UnboundedReceiver<EngineEvent>;
 pub trait EngineHandle: Send + Sync {
     fn submit(&self, request: GenerationRequest)
         -> Result<(RequestId, EventReceiver), SubmitError>;
+    /// Submits a request whose tokens `constraint` decides (constrained decoding). Engines that
+    /// cannot constrain refuse a constraint rather than ignore it.
+    fn submit_constrained(
+        &self,
+        request: GenerationRequest,
+        constraint: Option<Box<dyn TokenConstraint>>,
+    ) -> Result<(RequestId, EventReceiver), SubmitError> {
+        match constraint {
+            None => self.submit(request),
+            Some(_) => Err(SubmitError::ConstraintUnsupported),
+        }
+    }
     /// Stops a request; its receiver gets `Finished { reason: Abort }` unless it already finished.
     /// Frees its KV blocks and state slot. Unknown or finished ids are ignored.
     fn abort(&self, id: RequestId);

@@ -1,7 +1,7 @@
 //! One request inside the engine: its tokens (prompt then generated), how many of them the cache
 //! already holds, the KV blocks and state slot it owns, its sampler state and its event channel.
 
-use crate::api::{EngineEvent, GenerationRequest, RequestId, Usage};
+use crate::api::{EngineEvent, GenerationRequest, RequestId, TokenConstraint, Usage};
 use crate::rng::Rng;
 use crate::sampler::PenaltyHistory;
 use std::time::Instant;
@@ -27,6 +27,9 @@ pub struct Sequence {
     pub preemptions: usize,
     /// Present when this sequence decodes speculatively with the MTP head.
     pub spec: Option<SpecState>,
+    /// Constrained decoding: the grammar that decides which tokens may come next. It has seen every
+    /// generated token (it survives preemption, which recomputes the cache, not the tokens).
+    pub constraint: Option<Box<dyn TokenConstraint>>,
 }
 
 /// A speculating sequence's extra state.
@@ -68,6 +71,7 @@ impl Sequence {
             },
             preemptions: 0,
             spec: None,
+            constraint: None,
         }
     }
 
