@@ -66,7 +66,16 @@ async fn chat(
     arrival: Instant,
 ) -> Result<Response, ApiError> {
     let body = read_json(body, state.config.max_body_bytes)?;
-    let request = ChatRequest::parse(&body, &state.config.limits)?;
+    chat_body(state, &body, arrival).await
+}
+
+/// A chat completion for a parsed JSON body (also how /v1/responses runs its requests).
+pub(crate) async fn chat_body(
+    state: Arc<AppState>,
+    body: &Value,
+    arrival: Instant,
+) -> Result<Response, ApiError> {
+    let request = ChatRequest::parse(body, &state.config.limits)?;
     check_model(&state, request.params.model.as_deref())?;
     let engine = state.engine()?;
     let with_tools = !request.tools.is_empty();
@@ -115,6 +124,7 @@ async fn chat(
                 .then_some(prompt.opens_reasoning),
             tools: (state.config.tool_call_parser && with_tools)
                 .then(|| ToolSchemas::from_tools(&request.tools)),
+            tool_format: state.tool_call_format(),
             call_id_prefix: format!("call_{id_suffix}_{i}_"),
         })
         .collect();

@@ -6,8 +6,9 @@ use std::sync::{Arc, OnceLock, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use deltaserve_engine::SharedEngine;
-use deltaserve_grammar::{GrammarCompiler, ToolCallFormat};
+use deltaserve_grammar::GrammarCompiler;
 use deltaserve_health::DegenerationDetector;
+use deltaserve_text::ToolCallFormat;
 use deltaserve_text::{ChatTemplate, TemplateError, Tokenizer};
 
 use crate::args::{DegenerationAction, ServeArgs};
@@ -32,8 +33,10 @@ pub struct ServerConfig {
     pub model_aliases: Vec<String>,
     /// `--reasoning-parser qwen3`: split output into reasoning_content and content.
     pub reasoning_parser: bool,
-    /// `--tool-call-parser qwen3_coder`: parse tool calls out of output.
+    /// Parse tool calls out of output (on for every served model).
     pub tool_call_parser: bool,
+    /// `--tool-call-parser`: the tool-call syntax (`None`: the one the chat template writes).
+    pub tool_call_format: Option<ToolCallFormat>,
     /// `--enable-metrics`: serve /metrics.
     pub enable_metrics: bool,
     /// /health runs a probe generation when none succeeded within this interval.
@@ -81,7 +84,11 @@ impl ServerConfig {
             model_name: args.model_name(),
             model_aliases: args.model_aliases(),
             reasoning_parser: args.reasoning_parser.is_some(),
-            tool_call_parser: args.tool_call_parser.is_some(),
+            tool_call_parser: true,
+            tool_call_format: args
+                .tool_call_parser
+                .as_deref()
+                .and_then(ToolCallFormat::from_parser_name),
             enable_metrics: args.enable_metrics,
             health_interval: args.health_interval(),
             health_probe_timeout: Duration::from_secs(60),
@@ -109,6 +116,7 @@ impl ServerConfig {
             model_aliases: Vec::new(),
             reasoning_parser: true,
             tool_call_parser: true,
+            tool_call_format: None,
             enable_metrics: true,
             health_interval: Duration::from_secs(30),
             health_probe_timeout: Duration::from_secs(60),
@@ -300,15 +308,15 @@ impl AppState {
             .map_err(|e| ApiError::internal(format!("constrained decoding is unavailable: {e}")))
     }
 
-    /// The tool-call syntax of the model's template: Qwen3-Coder XML when the template writes
-    /// `<function=`, JSON in `<tool_call>` when it writes `<tool_call>` otherwise.
+    /// The tool-call syntax outputs are parsed (and forced calls constrained) in: the one
+    /// `--tool-call-parser` names, else the one the model's template writes (Qwen3-Coder XML when it
+    /// writes `<function=`, JSON in `<tool_call>` when it writes `<tool_call>` without it).
     pub fn tool_call_format(&self) -> ToolCallFormat {
-        let template = self.tokenizer.chat_template_for(true).unwrap_or_default();
-        if !template.contains("<function=") && template.contains("<tool_call>") {
-            ToolCallFormat::Hermes
-        } else {
-            ToolCallFormat::Qwen3Coder
-        }
+        self.config.tool_call_format.unwrap_or_else(|| {
+            ToolCallFormat::from_template(
+                self.tokenizer.chat_template_for(true).unwrap_or_default(),
+            )
+        })
     }
 
     /// The chat template for a request with or without tools.

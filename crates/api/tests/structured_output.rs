@@ -28,6 +28,11 @@ fn demo_dir() -> PathBuf {
 /// The demo model behind the server, with MTP speculation (k = 3) on; requests turn it off with
 /// `disable_speculation`.
 async fn start() -> SocketAddr {
+    start_with_template(None).await
+}
+
+/// `start`, with `template` replacing the model's chat template when given.
+async fn start_with_template(template: Option<&str>) -> SocketAddr {
     let dir = demo_dir();
     let config = ModelConfig::from_dir(&dir).unwrap();
     let backend = CpuBackend::new(0);
@@ -58,7 +63,11 @@ async fn start() -> SocketAddr {
             }),
         },
     );
-    let tokenizer = Arc::new(Tokenizer::from_dir(&dir).unwrap());
+    let mut tokenizer = Tokenizer::from_dir(&dir).unwrap();
+    if let Some(template) = template {
+        tokenizer = tokenizer.with_chat_template(template.to_string());
+    }
+    let tokenizer = Arc::new(tokenizer);
     let state = Arc::new(AppState::new(ServerConfig::new("demo"), tokenizer));
     state.attach_engine(engine);
     state.health.set(HealthStatus::Ready);
@@ -530,4 +539,74 @@ async fn speculation_and_streaming_change_nothing_under_a_grammar() {
         }
     }
     assert!(drafted > 0, "the speculative requests never drafted");
+}
+
+/// A Hermes-style template (Qwen2.5 / Qwen3-Next write tool calls as JSON in `<tool_call>`).
+const HERMES_TEMPLATE: &str = "{%- if tools %}<|im_start|>system\nYou may call these functions:\n\
+{%- for tool in tools %}\n- {{ tool.function.name }}: {{ tool.function.description }}{% endfor %}\n\
+Call one as <tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n\
+{% endif %}{%- for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n\
+{% endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+
+/// Tools whose arguments are bounded: the demo model never saw JSON calls, and a free JSON string
+/// or number in its hands can run to `max_tokens`; the grammar enforces the bounds.
+fn bounded_tools() -> Value {
+    json!([
+        {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 16}},
+                "required": ["city"]}}},
+        {"type": "function", "function": {"name": "calculator", "description": "Evaluate arithmetic",
+            "parameters": {"type": "object", "properties": {
+                "a": {"type": "integer", "minimum": -999, "maximum": 999},
+                "b": {"type": "integer", "minimum": -999, "maximum": 999},
+                "op": {"enum": ["+", "-", "*"]}},
+                "required": ["a", "b", "op"]}}}
+    ])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_tool_calls_of_hermes_templates_are_forced_and_parsed() {
+    let addr = start_with_template(Some(HERMES_TEMPLATE)).await;
+    let tools = bounded_tools;
+    for question in ["Is it raining in Atlanta right now?", "What is 47 + 38?"] {
+        let body = chat(
+            question,
+            json!({"tools": tools(), "tool_choice": "required", "parallel_tool_calls": false}),
+        );
+        let reply = post(addr, &body).await;
+        assert_eq!(message(&reply).2, "tool_calls", "{}", reply.body);
+        let made = calls(&reply);
+        assert_eq!(made.len(), 1, "{}", reply.body);
+        let (name, arguments) = &made[0];
+        let schema = tools()
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["function"]["name"] == *name)
+            .unwrap_or_else(|| panic!("unknown function {name}"))["function"]["parameters"]
+            .clone();
+        validate(arguments, &schema, &schema, name).unwrap();
+        // The JSON went to tool_calls, not to the content.
+        let content = &reply.json()["choices"][0]["message"]["content"];
+        assert!(content.is_null(), "{}", reply.body);
+
+        let mut streamed_body = body.clone();
+        streamed_body["stream"] = json!(true);
+        let stream = post(addr, &streamed_body).await;
+        let mut streamed_calls = Vec::new();
+        for event in stream.events() {
+            for call in event["choices"][0]["delta"]["tool_calls"]
+                .as_array()
+                .into_iter()
+                .flatten()
+            {
+                streamed_calls.push((
+                    call["function"]["name"].as_str().unwrap().to_string(),
+                    serde_json::from_str::<Value>(call["function"]["arguments"].as_str().unwrap())
+                        .unwrap(),
+                ));
+            }
+        }
+        assert_eq!(streamed_calls, made, "streaming changed the calls");
+    }
 }

@@ -5,18 +5,10 @@
 //! `<tool_call>\n{"name": NAME, "arguments": {...}}\n</tool_call>`). Written in llguidance's Lark
 //! syntax; argument values are held to the tool's parameter schema where the syntax allows.
 
+pub use deltaserve_text::ToolCallFormat;
 use serde_json::{json, Map, Value};
 
 use crate::{with_json_style, GrammarError};
-
-/// The tool-call syntax the model's template teaches it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ToolCallFormat {
-    /// Qwen3-Coder XML (`qwen3_coder` parser).
-    Qwen3Coder,
-    /// JSON inside `<tool_call>` (SGLang's `qwen`, vLLM's `hermes` parser).
-    Hermes,
-}
 
 /// What the output must be.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -143,13 +135,19 @@ fn regex_escape(text: &str) -> String {
     out
 }
 
-/// `{"name": NAME, "arguments": PARAMETERS}` for the JSON-in-`<tool_call>` syntax.
+/// `{"name": NAME, "arguments": PARAMETERS}` for the JSON-in-`<tool_call>` syntax. The arguments
+/// hold the declared parameters only (`additionalProperties: false` unless the schema says
+/// otherwise), as in the XML syntax, where only declared names can be written.
 fn hermes_call_schema(f: &Value) -> Value {
     let name = f.get("name").cloned().unwrap_or(Value::Null);
-    let parameters = f
+    let mut parameters = f
         .get("parameters")
         .cloned()
         .unwrap_or_else(|| json!({"type": "object"}));
+    if let Value::Object(map) = &mut parameters {
+        map.entry("additionalProperties")
+            .or_insert(Value::Bool(false));
+    }
     json!({
         "type": "object",
         "properties": {"name": {"const": name}, "arguments": parameters},
