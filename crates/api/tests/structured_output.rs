@@ -610,3 +610,108 @@ async fn json_tool_calls_of_hermes_templates_are_forced_and_parsed() {
         assert_eq!(streamed_calls, made, "streaming changed the calls");
     }
 }
+
+async fn post_responses(addr: SocketAddr, body: &Value) -> Reply {
+    request(
+        addr,
+        "POST",
+        "/v1/responses",
+        Some(body.to_string().into_bytes()),
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn responses_api_subset_with_text_format_and_function_tools() {
+    let addr = start().await;
+    let schema = schemas().remove(0);
+    let reply = post_responses(
+        addr,
+        &json!({"model": "demo", "input": "What is 47 + 38?", "temperature": 0,
+                "max_output_tokens": 400,
+                "text": {"format": {"type": "json_schema", "name": "sum", "schema": schema, "strict": true}}}),
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let body = reply.json();
+    assert_eq!(body["object"], "response");
+    assert_eq!(body["status"], "completed", "{}", reply.body);
+    let output = body["output"].as_array().unwrap();
+    assert_eq!(output[0]["type"], "reasoning", "{}", reply.body);
+    let message = output.iter().find(|o| o["type"] == "message").unwrap();
+    let text = message["content"][0]["text"].as_str().unwrap();
+    let value: Value = serde_json::from_str(text).unwrap();
+    validate(&value, &schema, &schema, "$").unwrap();
+    assert!(body["usage"]["output_tokens"].as_u64().unwrap() > 0);
+
+    // Function tools in the Responses form, and a forced call.
+    let flat_tools: Vec<Value> = tools()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            let mut f = t["function"].clone();
+            f["type"] = json!("function");
+            f
+        })
+        .collect();
+    let reply = post_responses(
+        addr,
+        &json!({"input": [{"role": "user", "content": [{"type": "input_text", "text": "Tell me a joke."}]}],
+                "instructions": "You are terse.", "tools": flat_tools, "tool_choice": "required",
+                "temperature": 0, "max_output_tokens": 400}),
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let body = reply.json();
+    let call = body["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["type"] == "function_call")
+        .unwrap_or_else(|| panic!("no function call: {}", reply.body))
+        .clone();
+    assert!(call["call_id"].as_str().is_some_and(|id| !id.is_empty()));
+    assert!(["get_weather", "calculator"].contains(&call["name"].as_str().unwrap()));
+    let arguments: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+    assert!(arguments.is_object());
+
+    // The call's result goes back as input items; the model answers in text.
+    let reply = post_responses(
+        addr,
+        &json!({"input": [
+            {"role": "user", "content": "What's the weather like in Paris?"},
+            {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{\"city\": \"Paris\"}"},
+            {"type": "function_call_output", "call_id": "call_1",
+             "output": "{\"city\": \"Paris\", \"temperature\": 18, \"unit\": \"celsius\", \"condition\": \"sunny\"}"}],
+            "tools": flat_tools, "temperature": 0, "max_output_tokens": 300}),
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+
+    // What the subset does not do is a 400 naming the field.
+    for (extra, field) in [
+        (json!({"stream": true}), "stream"),
+        (
+            json!({"previous_response_id": "resp_1"}),
+            "previous_response_id",
+        ),
+        (json!({"tools": [{"type": "web_search"}]}), "tools[0].type"),
+        (
+            json!({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}),
+            "input[0].content[0]",
+        ),
+        (
+            json!({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "wizard"}}}}),
+            "text.format",
+        ),
+    ] {
+        let mut body = json!({"input": "Hi", "max_output_tokens": 20});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let reply = post_responses(addr, &body).await;
+        assert_eq!(reply.status, 400, "{extra}: {}", reply.body);
+        assert_eq!(reply.json()["error"]["param"], field, "{}", reply.body);
+    }
+}
