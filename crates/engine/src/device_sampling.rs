@@ -43,8 +43,7 @@ impl<B: Backend> Worker<B> {
         if work.iter().any(|w| {
             let seq = &running[w.index];
             // A constrained request's row is masked by its grammar on the host (no device mask yet).
-            (w.samples && seq.constraint.is_some())
-                || needs_host_logits(&seq.request.sampling, w.drafts > 0)
+            (w.samples && seq.constrained) || needs_host_logits(&seq.request.sampling, w.drafts > 0)
         }) {
             return None;
         }

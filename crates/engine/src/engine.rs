@@ -170,6 +170,7 @@ impl EngineHandle for LocalEngine {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         self.queued.fetch_add(1, Ordering::Relaxed);
         let mut seq = Box::new(Sequence::new(id, request, seed, tx));
+        seq.constrained = constraint.is_some();
         seq.constraint = constraint;
         if !self.send(Command::Submit(seq)) {
             self.queued.fetch_sub(1, Ordering::Relaxed);
@@ -349,11 +350,46 @@ impl<B: Backend> Worker<B> {
         for slot in events.fresh_slots {
             self.cache.reset_slot(&self.model.backend, slot as usize);
         }
-        let out = self.forward(&work);
+        let out = self.forward_with_masks(&work);
         let extends = self.commit(&work, &out);
         if self.speculative.is_some() {
             self.draft(extends);
         }
+    }
+
+    /// `forward`, with the grammar masks of the constrained rows this step samples (without drafts)
+    /// computed on another thread meanwhile; each lands in its sequence's `mask_ahead`.
+    fn forward_with_masks(&mut self, work: &[Scheduled]) -> StepOutput {
+        let mut ahead: Vec<(usize, Box<dyn TokenConstraint>)> = Vec::new();
+        for w in work.iter().filter(|w| w.samples && w.drafts == 0) {
+            if let Some(constraint) = self.scheduler.running[w.index].constraint.take() {
+                ahead.push((w.index, constraint));
+            }
+        }
+        if ahead.is_empty() {
+            return self.forward(work);
+        }
+        std::thread::scope(|scope| {
+            let masks = scope.spawn(move || {
+                ahead
+                    .into_iter()
+                    .map(|(index, mut constraint)| {
+                        let mask = constraint.allowed();
+                        (index, constraint, mask)
+                    })
+                    .collect::<Vec<_>>()
+            });
+            let out = self.forward(work);
+            let masks = masks
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            for (index, constraint, mask) in masks {
+                let seq = &mut self.scheduler.running[index];
+                seq.constraint = Some(constraint);
+                seq.mask_ahead = Some(mask);
+            }
+            out
+        })
     }
 
     /// Runs one ragged forward over the scheduled work.
@@ -507,7 +543,12 @@ impl<B: Backend> Worker<B> {
                     vec![(token, None)]
                 } else if w.samples {
                     let row_logits = &out.logits[rows.first_logit * vocab..][..vocab];
-                    let sampled = sampler::constrain(row_logits, seq.constraint.as_deref_mut())
+                    let mask = match seq.mask_ahead.take() {
+                        Some(mask) => mask,
+                        None => seq.constraint.as_mut().map_or(Ok(None), |c| c.allowed()),
+                    };
+                    let sampled = mask
+                        .and_then(|mask| sampler::apply_mask(row_logits, mask))
                         .map(|row| {
                             sampler::sample(&row, &seq.request.sampling, &seq.history, &mut seq.rng)
                         })

@@ -2,7 +2,7 @@
 //! a draw from the request's own RNG (or argmax when greedy), plus OpenAI-style logprobs taken from
 //! the raw logits. The processed distribution is exposed so speculative sampling can use it exactly.
 
-use crate::api::{SamplingParams, TokenConstraint, TokenLogprob};
+use crate::api::{SamplingParams, TokenConstraint, TokenLogprob, TokenMask};
 use crate::rng::Rng;
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -146,10 +146,15 @@ pub fn constrain<'a>(
     row: &'a [f32],
     constraint: Option<&mut (dyn TokenConstraint + 'static)>,
 ) -> Result<Cow<'a, [f32]>, String> {
-    let Some(constraint) = constraint else {
-        return Ok(Cow::Borrowed(row));
-    };
-    match constraint.allowed()? {
+    match constraint {
+        None => Ok(Cow::Borrowed(row)),
+        Some(constraint) => apply_mask(row, constraint.allowed()?),
+    }
+}
+
+/// `row` under a constraint's answer for its position (`None`: any token).
+pub fn apply_mask(row: &[f32], mask: Option<TokenMask>) -> Result<Cow<'_, [f32]>, String> {
+    match mask {
         None => Ok(Cow::Borrowed(row)),
         Some(mask) if mask.allows_none(row.len()) => {
             Err("the output grammar allows no further token".to_string())
