@@ -73,7 +73,15 @@ impl TokenMask {
 
     /// Whether no token of a `vocab`-sized row is allowed.
     pub fn allows_none(&self, vocab: usize) -> bool {
-        (0..vocab as u32).all(|id| !self.allows(id))
+        let full = vocab / 32;
+        let words_clear = self.words.iter().take(full).all(|&w| w == 0);
+        let tail = vocab % 32;
+        let tail_clear = tail == 0
+            || self
+                .words
+                .get(full)
+                .is_none_or(|&w| w & ((1u32 << tail) - 1) == 0);
+        words_clear && tail_clear
     }
 
     /// A copy of `logits` with every token the mask forbids at negative infinity.
@@ -212,3 +220,21 @@ pub trait EngineHandle: Send + Sync {
 }
 
 pub type SharedEngine = Arc<dyn EngineHandle>;
+
+#[cfg(test)]
+mod tests {
+    use super::TokenMask;
+
+    #[test]
+    fn masks_allow_their_bits_only() {
+        let mask = TokenMask {
+            words: vec![0, 1 << 3],
+        };
+        assert!(mask.allows(35) && !mask.allows(34) && !mask.allows(99));
+        assert!(!mask.allows_none(36));
+        assert!(mask.allows_none(35), "token 35 is outside a 35-token row");
+        assert!(mask.allows_none(10));
+        assert_eq!(mask.apply(&[1.0; 36])[35], 1.0);
+        assert_eq!(mask.apply(&[1.0; 36])[3], f32::NEG_INFINITY);
+    }
+}
