@@ -4,9 +4,10 @@ larger batch (N requests in flight at once). A client only: it starts nothing.
 
     python3 scripts/bench_structured.py --base-url http://127.0.0.1:30000 --batches 1,16
 
-Each request is greedy with thinking off; throughput is completion tokens over wall time of the whole
-batch. The constrained requests ask for a JSON object under a schema whose string fields are long
-enough that replies run to about the same length as unconstrained ones. Standard library only.
+Each request is greedy with thinking off: the plain ones run to --max-tokens with `ignore_eos`, the
+constrained ones write one JSON string field (the demo model rarely closes it before the budget; the
+mean tokens per request are printed to check the lengths match). Throughput is completion tokens
+over the wall time of the whole batch, the best of --repeats runs. Standard library only.
 """
 
 import argparse
@@ -17,13 +18,8 @@ import urllib.request
 
 SCHEMA = {
     "type": "object",
-    "properties": {
-        "summary": {"type": "string", "maxLength": 400},
-        "steps": {"type": "array", "items": {"type": "string", "maxLength": 200}, "maxItems": 8},
-        "answer": {"type": "integer"},
-    },
-    "required": ["summary", "steps", "answer"],
-    "additionalProperties": False,
+    "properties": {"notes": {"type": "string"}},
+    "required": ["notes"],
 }
 
 QUESTIONS = [
@@ -52,6 +48,8 @@ def run_batch(url, batch, max_tokens, constrained):
             "max_tokens": max_tokens,
             "chat_template_kwargs": {"enable_thinking": False},
         }
+        if not constrained:
+            body["ignore_eos"] = True
         if constrained:
             body["response_format"] = {
                 "type": "json_schema",
@@ -78,17 +76,21 @@ def main():
     args = parser.parse_args()
     url = args.base_url.rstrip("/") + "/v1/chat/completions"
     run_batch(url, 1, 8, True)  # builds the grammar vocabulary once, outside the measurement
-    print("batch | plain tok/s | json_schema tok/s | change")
+    print("batch | plain tok/s | json_schema tok/s | change | tokens per request (plain / json)")
     for batch in [int(b) for b in args.batches.split(",")]:
-        rates = {}
+        rates, lengths = {}, {}
         for constrained in (False, True):
             best = 0.0
             for _ in range(args.repeats):
                 tokens, elapsed = run_batch(url, batch, args.max_tokens, constrained)
                 best = max(best, tokens / elapsed)
+                lengths[constrained] = tokens / batch
             rates[constrained] = best
         change = (rates[True] / rates[False] - 1.0) * 100.0
-        print(f"{batch} | {rates[False]:.1f} | {rates[True]:.1f} | {change:+.1f} %")
+        print(
+            f"{batch} | {rates[False]:.1f} | {rates[True]:.1f} | {change:+.1f} % | "
+            f"{lengths[False]:.0f} / {lengths[True]:.0f}"
+        )
 
 
 if __name__ == "__main__":

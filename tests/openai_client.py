@@ -249,7 +249,7 @@ def main():
                     "description": "Current weather in a city",
                     "parameters": {
                         "type": "object",
-                        "properties": {"city": {"type": "string"}},
+                        "properties": {"city": {"type": "string", "maxLength": 32}},
                         "required": ["city"],
                     },
                 },
@@ -257,7 +257,7 @@ def main():
         ]
         response = client.chat.completions.create(
             model=model,
-            messages=[{"role": "user", "content": "Tell me a joke."}],
+            messages=[{"role": "user", "content": "Is it raining in Atlanta right now?"}],
             tools=tools,
             tool_choice="required",
             temperature=0.0,

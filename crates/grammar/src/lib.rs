@@ -419,6 +419,22 @@ mod tests {
             &named,
             "<tool_call>\n<function=search>\n<parameter=query>\nrust <b>\n</parameter>\n</function>\n</tool_call>"
         ));
+        let short = c
+            .compile(&GrammarSpec::Tools(ToolGrammar {
+                tools: vec![
+                    json!({"type": "function", "function": {"name": "f", "parameters": {
+                    "type": "object", "properties": {"s": {"type": "string", "maxLength": 3}}}}}),
+                ],
+                format: ToolCallFormat::Qwen3Coder,
+                mode: ToolMode::Required,
+                parallel: false,
+            }))
+            .unwrap();
+        let call = |v: &str| {
+            format!("<tool_call>\n<function=f>\n<parameter=s>\n{v}\n</parameter>\n</function>\n</tool_call>")
+        };
+        assert!(accepts(&short, &call("abc")));
+        assert!(!accepts(&short, &call("abcd")));
         let one = tools(ToolCallFormat::Qwen3Coder, ToolMode::AtMostOne, false);
         assert!(accepts(&one, &format!("Let me check.\n{xml}")));
         assert!(accepts(&one, "No call needed."));

@@ -157,8 +157,9 @@ fn hermes_call_schema(f: &Value) -> Value {
 }
 
 /// The rules of one function's XML call (`fn_{i}` and its parameters): the parameters in schema
-/// order, required ones always present. String values are free text up to `</parameter>`, string
-/// enums one of their values; values of other types are JSON under the parameter's schema.
+/// order, required ones always present. String values are free text up to `</parameter>` (within
+/// `minLength` / `maxLength`), string enums one of their values; values of other types are JSON
+/// under the parameter's schema.
 fn xml_function(i: usize, f: &Value) -> Result<Vec<String>, GrammarError> {
     let name = f
         .get("name")
@@ -204,9 +205,16 @@ fn xml_function(i: usize, f: &Value) -> Result<Vec<String>, GrammarError> {
                 lark_string("\n</parameter>\n")
             ));
         } else if kinds.is_empty() || kinds.contains(&"string") {
+            // Free text, as long as `minLength` / `maxLength` allow.
+            let min = schema.get("minLength").and_then(Value::as_u64).unwrap_or(0);
+            let length = match schema.get("maxLength").and_then(Value::as_u64) {
+                Some(max) => format!("{{{min},{max}}}"),
+                None if min > 0 => format!("{{{min},}}"),
+                None => "*".to_string(),
+            };
             rules.push(format!("{rule}: {head} v_{i}_{j}"));
             rules.push(format!(
-                "v_{i}_{j}[suffix={}]: /(?s:.*)/",
+                "v_{i}_{j}[suffix={}]: /(?s:.{length})/",
                 lark_string("\n</parameter>\n")
             ));
         } else {
