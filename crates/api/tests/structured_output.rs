@@ -352,6 +352,23 @@ async fn regex_and_ebnf_replies_match_their_grammar() {
         "{content:?}"
     );
 
+    // /v1/completions takes the same fields.
+    let reply = request(
+        addr,
+        "POST",
+        "/v1/completions",
+        Some(
+            json!({"prompt": "Is 91 prime? Answer:", "max_tokens": 20, "temperature": 0,
+                   "regex": " (Yes|No)\\."})
+            .to_string()
+            .into_bytes(),
+        ),
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let text = reply.json()["choices"][0]["text"].clone();
+    assert!(text == " Yes." || text == " No.", "{}", reply.body);
+
     let ebnf = "root ::= \"The answer is \" number \".\"\nnumber ::= [1-9] [0-9]{0,2}";
     let reply = post(addr, &chat("What is 47 + 38?", json!({"ebnf": ebnf}))).await;
     let (content, _, finish, _) = message(&reply);

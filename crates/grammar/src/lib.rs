@@ -363,6 +363,39 @@ mod tests {
     }
 
     #[test]
+    fn unsupported_schema_features_are_named() {
+        let c = compiler();
+        for (schema, named) in [
+            (
+                json!({"type": "object", "if": {"required": ["a"]}, "then": {"required": ["b"]}}),
+                "if",
+            ),
+            (
+                json!({"type": "object", "dependentSchemas": {"a": {"required": ["b"]}}}),
+                "dependentSchemas",
+            ),
+            (
+                json!({"type": "string", "format": "idn-email"}),
+                "idn-email",
+            ),
+            (json!({"$ref": "http://example.com/x.json"}), "$ref"),
+            (
+                json!({"type": "array", "contains": {"type": "integer"}}),
+                "contains",
+            ),
+            (
+                json!({"type": "integer", "minimum": 5, "maximum": 1}),
+                "minimum",
+            ),
+        ] {
+            let error = c
+                .compile(&GrammarSpec::JsonSchema(schema.clone()))
+                .unwrap_err();
+            assert!(error.0.contains(named), "{schema}: {}", error.0);
+        }
+    }
+
+    #[test]
     fn gbnf_grammars_compile() {
         let c = compiler();
         let g = c
