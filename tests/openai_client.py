@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Client-side test of a running deltaserve (or any OpenAI-compatible server) with the official `openai`
 package: models, chat (whole and streamed, reasoning_content, usage), thinking switched off, logprobs,
-n > 1, completions, and error classes. It starts nothing; pass --base-url of a running server.
+n > 1, completions, error classes, and structured output (`chat.completions.parse` and `responses.parse`
+with a Pydantic model, a forced tool call). It starts nothing; pass --base-url of a running server.
 
     .venv/bin/python tests/openai_client.py --base-url http://127.0.0.1:30000
 
@@ -10,10 +11,20 @@ Requires: openai>=1.40 (pip install openai).
 """
 
 import argparse
+import json
 import sys
 import traceback
+from typing import Literal
 
 import openai
+import pydantic
+
+
+class Sum(pydantic.BaseModel):
+    """A structured answer; bounded so that even a weak model's output is short."""
+
+    operation: Literal["add", "subtract"]
+    answer: int = pydantic.Field(ge=0, le=200)
 
 
 class Checks:
@@ -211,6 +222,54 @@ def main():
         except openai.BadRequestError as exc:
             expect(exc.body and exc.body.get("param") == "temperature", f"error body {exc.body}")
 
+    def parse_chat():
+        completion = client.chat.completions.parse(
+            model=model,
+            messages=[{"role": "user", "content": "What is 47 + 38?"}],
+            response_format=Sum,
+            temperature=0.0,
+            max_tokens=400,
+        )
+        parsed = completion.choices[0].message.parsed
+        expect(isinstance(parsed, Sum), f"parsed {parsed!r} from {completion.choices[0].message.content!r}")
+
+    def parse_responses():
+        response = client.responses.parse(
+            model=model, input="What is 47 + 38?", text_format=Sum, temperature=0.0, max_output_tokens=400
+        )
+        expect(response.status == "completed", f"status {response.status}")
+        expect(isinstance(response.output_parsed, Sum), f"output_parsed {response.output_parsed!r}")
+
+    def forced_tool_call():
+        tools = [
+            {
+                "type": "function",
+                "function": {
+                    "name": "get_weather",
+                    "description": "Current weather in a city",
+                    "parameters": {
+                        "type": "object",
+                        "properties": {"city": {"type": "string", "maxLength": 32}},
+                        "required": ["city"],
+                    },
+                },
+            }
+        ]
+        response = client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": "Is it raining in Atlanta right now?"}],
+            tools=tools,
+            tool_choice="required",
+            temperature=0.0,
+            max_tokens=400,
+        )
+        choice = response.choices[0]
+        expect(choice.finish_reason == "tool_calls", f"finish_reason {choice.finish_reason}")
+        calls = choice.message.tool_calls or []
+        expect(len(calls) >= 1, "no tool call")
+        expect(calls[0].function.name == "get_weather", f"called {calls[0].function.name}")
+        expect("city" in json.loads(calls[0].function.arguments), f"arguments {calls[0].function.arguments}")
+
     checks.run("chat (whole)", chat_whole)
     checks.run("chat (streamed, include_usage)", chat_streamed)
     checks.run("chat with thinking off", thinking_off)
@@ -218,6 +277,9 @@ def main():
     checks.run("chat n=2", n_choices)
     checks.run("completions (whole and streamed)", completions)
     checks.run("errors (404 model, 400 temperature)", errors)
+    checks.run("chat.completions.parse (Pydantic response_format)", parse_chat)
+    checks.run("responses.parse (Pydantic text_format)", parse_responses)
+    checks.run("tool_choice required", forced_tool_call)
     print(f"{checks.passed} passed, {checks.failed} failed")
     return 1 if checks.failed else 0
 

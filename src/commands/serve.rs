@@ -220,12 +220,11 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
             eprintln!("compatibility: {note}");
         }
     }
-    // Every model this server runs (Qwen3.5 / Qwen3.6 / Qwen3-Next) writes <think> blocks and
-    // Qwen3-Coder XML tool calls, so their parsers are on unless other ones are named.
+    // Every model this server runs (Qwen3.5 / Qwen3.6 / Qwen3-Next) writes <think> blocks, so the
+    // reasoning parser is on unless another one is named. Tool calls are always parsed, in the
+    // syntax --tool-call-parser names or else the one the chat template writes.
     args.reasoning_parser
         .get_or_insert_with(|| "qwen3".to_string());
-    args.tool_call_parser
-        .get_or_insert_with(|| "qwen3_coder".to_string());
     let speculative = args.validate()?;
     if args.served_model_name.is_empty()
         && args.model_path().as_os_str() == crate::demo_model::DEMO_MODEL_NAME

@@ -96,7 +96,8 @@ pub struct ServeArgs {
     /// Split model output into reasoning_content and content: qwen3.
     #[arg(long)]
     pub reasoning_parser: Option<String>,
-    /// Parse tool calls out of model output: qwen3_coder.
+    /// Parse tool calls out of model output: qwen3_coder (XML) or hermes / qwen (JSON in
+    /// <tool_call>); default: the syntax the chat template writes.
     #[arg(long)]
     pub tool_call_parser: Option<String>,
     /// Tensor-parallel degree (1, the default: every backend runs on one device).
@@ -510,10 +511,11 @@ impl ServeArgs {
             }
         }
         if let Some(parser) = &self.tool_call_parser {
-            if parser != "qwen3_coder" {
+            if deltaserve_text::ToolCallFormat::from_parser_name(parser).is_none() {
                 return refuse(format!(
-                    "--tool-call-parser {parser:?} is not supported; the only tool-call parser is \
-                     \"qwen3_coder\" (the XML <tool_call><function=...> format of Qwen3.5 / Qwen3-Coder)"
+                    "--tool-call-parser {parser:?} is not supported; the tool-call parsers are \
+                     \"qwen3_coder\" (the XML <tool_call><function=...> format of Qwen3.5 / Qwen3.6) and \
+                     \"hermes\" (also spelled \"qwen\", \"qwen25\": JSON in <tool_call>, Qwen3-Next)"
                 ));
             }
         }
@@ -725,8 +727,8 @@ mod tests {
         assert!(e.contains("--tp-size 2") && e.contains("cpu"), "{e}");
         let e = refused("--model-path m --reasoning-parser deepseek-r1");
         assert!(e.contains("deepseek-r1") && e.contains("qwen3"), "{e}");
-        let e = refused("--model-path m --tool-call-parser hermes");
-        assert!(e.contains("hermes"), "{e}");
+        let e = refused("--model-path m --tool-call-parser mistral");
+        assert!(e.contains("mistral") && e.contains("hermes"), "{e}");
         let e = refused("--model-path m --attention-backend flashinfer-xl");
         assert!(e.contains("flashinfer-xl"), "{e}");
         let e = refused("--model-path m --dp-size 2");

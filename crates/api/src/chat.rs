@@ -9,17 +9,18 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
+use deltaserve_grammar::{GrammarSpec, ToolGrammar, ToolMode};
 use deltaserve_text::{prompt_opens_reasoning, RenderOptions, TemplateError, ToolSchemas};
 use futures_util::stream::{BoxStream, SelectAll};
 use futures_util::StreamExt;
 use serde_json::{json, Map, Value};
 
 use crate::chat_output::{MessageDelta, OutputParsing, StreamParser};
-use crate::choices::{start_choices, Prompt};
+use crate::choices::{compile_grammar, start_choices, Prompt};
 use crate::common::{account_choice, check_model, choice_error, finish_error, read_json};
 use crate::error::ApiError;
 use crate::generation::{ChoiceItem, ChoiceRun, ChoiceUsage, FinishKind, TokenInfo};
-use crate::request::ChatRequest;
+use crate::request::{ChatRequest, ToolChoice};
 use crate::response::{
     chat_logprobs, sse_event, tool_call_chunk_json, tool_call_json, usage_json, ResponseHead,
     SSE_DONE,
@@ -65,7 +66,16 @@ async fn chat(
     arrival: Instant,
 ) -> Result<Response, ApiError> {
     let body = read_json(body, state.config.max_body_bytes)?;
-    let request = ChatRequest::parse(&body, &state.config.limits)?;
+    chat_body(state, &body, arrival).await
+}
+
+/// A chat completion for a parsed JSON body (also how /v1/responses runs its requests).
+pub(crate) async fn chat_body(
+    state: Arc<AppState>,
+    body: &Value,
+    arrival: Instant,
+) -> Result<Response, ApiError> {
+    let request = ChatRequest::parse(body, &state.config.limits)?;
     check_model(&state, request.params.model.as_deref())?;
     let engine = state.engine()?;
     let with_tools = !request.tools.is_empty();
@@ -92,6 +102,10 @@ async fn chat(
         ids,
         opens_reasoning: prompt_opens_reasoning(&prompt_text),
     };
+    let grammar = match chat_grammar(&state, &request) {
+        Some((spec, field)) => Some(compile_grammar(&state, &engine, &spec, field)?),
+        None => None,
+    };
     let runs = start_choices(
         &state,
         &engine,
@@ -100,6 +114,7 @@ async fn chat(
         0,
         arrival,
         "messages",
+        grammar.as_deref(),
     )?;
     let head = ResponseHead::new("chatcmpl", &state.config.model_name);
     let id_suffix = head.id.trim_start_matches("chatcmpl-").to_string();
@@ -109,6 +124,7 @@ async fn chat(
                 .then_some(prompt.opens_reasoning),
             tools: (state.config.tool_call_parser && with_tools)
                 .then(|| ToolSchemas::from_tools(&request.tools)),
+            tool_format: state.tool_call_format(),
             call_id_prefix: format!("call_{id_suffix}_{i}_"),
         })
         .collect();
@@ -126,6 +142,34 @@ async fn chat(
         Ok(sse_response(stream.into_stream()))
     } else {
         complete(&state, head, runs, &parsing, logprobs, prompt.ids.len()).await
+    }
+}
+
+/// The grammar a chat request's output follows, and the field that asked for it: a forced tool call
+/// (`tool_choice` "required" or a named function), at most one call (`parallel_tool_calls: false`),
+/// or `response_format` / `regex` / `ebnf`.
+fn chat_grammar(state: &AppState, request: &ChatRequest) -> Option<(GrammarSpec, &'static str)> {
+    let tools = |mode| {
+        GrammarSpec::Tools(ToolGrammar {
+            tools: request.tools.clone(),
+            format: state.tool_call_format(),
+            mode,
+            parallel: request.parallel_tool_calls,
+        })
+    };
+    match &request.tool_choice {
+        ToolChoice::Required => Some((tools(ToolMode::Required), "tool_choice")),
+        ToolChoice::Function(name) => Some((tools(ToolMode::Named(name.clone())), "tool_choice")),
+        _ => match &request.params.grammar {
+            Some(g) => Some((g.spec.clone(), g.field)),
+            None if !request.parallel_tool_calls
+                && !request.tools.is_empty()
+                && state.config.tool_call_parser =>
+            {
+                Some((tools(ToolMode::AtMostOne), "parallel_tool_calls"))
+            }
+            None => None,
+        },
     }
 }
 

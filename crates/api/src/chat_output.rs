@@ -1,10 +1,11 @@
 //! Splits one choice's chat output into reasoning, content and tool calls, whole (non-streaming) or as
 //! deltas (streaming), by chaining the deltaserve-text parsers: reasoning first (qwen3), then tool
-//! calls (qwen3_coder) on the content. No engine, no JSON.
+//! calls (qwen3_coder XML or hermes JSON, as the model writes them) on the content. No engine, no JSON.
 
 use deltaserve_text::{
-    parse_tool_calls, split_reasoning, ParsedToolCall, ReasoningStream, ToolCallChunk,
-    ToolCallStream, ToolSchemas,
+    parse_hermes_tool_calls, parse_tool_calls, split_reasoning, HermesToolCallStream,
+    ParsedToolCall, ReasoningStream, ToolCallChunk, ToolCallDelta, ToolCallFormat, ToolCallStream,
+    ToolSchemas,
 };
 
 /// Which parsers a request's output goes through.
@@ -14,6 +15,8 @@ pub struct OutputParsing {
     pub reasoning: Option<bool>,
     /// The tools' schemas when tool calls are parsed.
     pub tools: Option<ToolSchemas>,
+    /// The syntax tool calls are written in.
+    pub tool_format: ToolCallFormat,
     /// Prefix of the tool-call ids of this choice.
     pub call_id_prefix: String,
 }
@@ -39,7 +42,14 @@ impl OutputParsing {
         };
         let (content, tool_calls) = match (&self.tools, content) {
             (Some(schemas), Some(content)) => {
-                let split = parse_tool_calls(&content, schemas, &self.call_id_prefix);
+                let split = match self.tool_format {
+                    ToolCallFormat::Qwen3Coder => {
+                        parse_tool_calls(&content, schemas, &self.call_id_prefix)
+                    }
+                    ToolCallFormat::Hermes => {
+                        parse_hermes_tool_calls(&content, &self.call_id_prefix)
+                    }
+                };
                 (split.content, split.calls)
             }
             (_, content) => (content, Vec::new()),
@@ -55,10 +65,44 @@ impl OutputParsing {
     pub fn stream(&self) -> StreamParser {
         StreamParser {
             reasoning: self.reasoning.map(ReasoningStream::new),
-            tools: self
-                .tools
-                .clone()
-                .map(|schemas| ToolCallStream::new(schemas, &self.call_id_prefix)),
+            tools: self.tools.clone().map(|schemas| match self.tool_format {
+                ToolCallFormat::Qwen3Coder => {
+                    ToolParser::Xml(ToolCallStream::new(schemas, &self.call_id_prefix))
+                }
+                ToolCallFormat::Hermes => {
+                    ToolParser::Json(HermesToolCallStream::new(&self.call_id_prefix))
+                }
+            }),
+        }
+    }
+}
+
+/// The streaming tool-call parser of one choice.
+#[derive(Debug, Clone)]
+enum ToolParser {
+    Xml(ToolCallStream),
+    Json(HermesToolCallStream),
+}
+
+impl ToolParser {
+    fn push(&mut self, text: &str) -> ToolCallDelta {
+        match self {
+            Self::Xml(p) => p.push(text),
+            Self::Json(p) => p.push(text),
+        }
+    }
+
+    fn finish(&mut self) -> ToolCallDelta {
+        match self {
+            Self::Xml(p) => p.finish(),
+            Self::Json(p) => p.finish(),
+        }
+    }
+
+    fn call_count(&self) -> usize {
+        match self {
+            Self::Xml(p) => p.call_count(),
+            Self::Json(p) => p.call_count(),
         }
     }
 }
@@ -81,7 +125,7 @@ impl MessageDelta {
 #[derive(Debug, Clone)]
 pub struct StreamParser {
     reasoning: Option<ReasoningStream>,
-    tools: Option<ToolCallStream>,
+    tools: Option<ToolParser>,
 }
 
 impl StreamParser {
@@ -131,6 +175,6 @@ impl StreamParser {
 
     /// Tool calls emitted so far.
     pub fn call_count(&self) -> usize {
-        self.tools.as_ref().map_or(0, ToolCallStream::call_count)
+        self.tools.as_ref().map_or(0, ToolParser::call_count)
     }
 }

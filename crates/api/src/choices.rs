@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use deltaserve_engine::{GenerationRequest, SamplingParams, SharedEngine};
+use deltaserve_grammar::Grammar;
 use deltaserve_text::ThinkTokenIds;
 
 use crate::error::ApiError;
@@ -21,8 +22,27 @@ pub struct Prompt {
     pub opens_reasoning: bool,
 }
 
+/// Compiles the request's output grammar (`params.grammar`, or `tools` for a forced tool call);
+/// errors are 400s naming the field that asked for it.
+pub fn compile_grammar(
+    state: &AppState,
+    engine: &SharedEngine,
+    spec: &deltaserve_grammar::GrammarSpec,
+    field: &str,
+) -> Result<Arc<Grammar>, ApiError> {
+    let compiler = state.grammar_compiler(engine.vocab_size())?;
+    compiler.compile(spec).map(Arc::new).map_err(|e| {
+        ApiError::invalid(
+            field,
+            format!("`{field}` cannot be used as an output grammar: {e}"),
+        )
+    })
+}
+
 /// Submits `params.n` choices of `prompt`; their sampling uses choice indices `first_index..`.
-/// `prompt_field` names the request field blamed when the prompt is too long.
+/// `prompt_field` names the request field blamed when the prompt is too long. Under `grammar` each
+/// choice is constrained by it (after the think block when the prompt opens one).
+#[allow(clippy::too_many_arguments)]
 pub fn start_choices(
     state: &AppState,
     engine: &SharedEngine,
@@ -31,6 +51,7 @@ pub fn start_choices(
     first_index: usize,
     arrival: Instant,
     prompt_field: &str,
+    grammar: Option<&Grammar>,
 ) -> Result<Vec<ChoiceRun>, ApiError> {
     if prompt.ids.is_empty() {
         return Err(ApiError::invalid(
@@ -99,7 +120,15 @@ pub fn start_choices(
                 timeout: state.config.request_timeout,
                 cut: state.shutdown_cut.subscribe(),
             };
-            ChoiceRun::start(engine.clone(), Arc::clone(tokenizer), spec, arrival).map_err(|e| {
+            let constraint = grammar.map(|g| g.constraint(prompt.opens_reasoning));
+            ChoiceRun::start(
+                engine.clone(),
+                Arc::clone(tokenizer),
+                spec,
+                constraint,
+                arrival,
+            )
+            .map_err(|e| {
                 let error = ApiError::from_submit(e);
                 if error.status == 400 {
                     error.with_param(prompt_field)

@@ -627,8 +627,13 @@ mod tests {
         assert_eq!(args.reasoning_parser.as_deref(), Some("qwen3"));
         assert_eq!(notes[0].flag, "--reasoning-parser deepseek_r1");
         let (args, _) = resolved("--tool-call-parser hermes");
+        assert!(args.validate().is_ok());
+        let (args, _) = resolved("--tool-call-parser llama3_json");
         let e = args.validate().unwrap_err().0;
-        assert!(e.contains("hermes") && e.contains("qwen3_coder"), "{e}");
+        assert!(
+            e.contains("llama3_json") && e.contains("qwen3_coder"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -13,7 +13,7 @@ use futures_util::stream::{BoxStream, SelectAll};
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 
-use crate::choices::{start_choices, Prompt};
+use crate::choices::{compile_grammar, start_choices, Prompt};
 use crate::common::{account_choice, check_model, choice_error, finish_error, read_json};
 use crate::error::ApiError;
 use crate::generation::{ChoiceItem, ChoiceRun, ChoiceUsage};
@@ -48,6 +48,10 @@ async fn complete(
     check_model(&state, request.params.model.as_deref())?;
     let engine = state.engine()?;
     let tags = ThinkTokenIds::from_tokenizer(&state.tokenizer);
+    let grammar = match &request.params.grammar {
+        Some(g) => Some(compile_grammar(&state, &engine, &g.spec, g.field)?),
+        None => None,
+    };
     let mut runs = Vec::new();
     let mut plans = Vec::new();
     let mut prompt_tokens = 0;
@@ -83,6 +87,7 @@ async fn complete(
             first_index,
             arrival,
             "prompt",
+            grammar.as_deref(),
         )?);
         for _ in 0..request.params.n {
             plans.push(ChoicePlan {

@@ -183,6 +183,7 @@ impl ApiError {
             SubmitError::BadToken { .. } => Self::invalid("prompt", message),
             SubmitError::QueueFull(_) => Self::queue_full(message),
             SubmitError::Stopped => Self::unavailable(message),
+            SubmitError::ConstraintUnsupported => Self::internal(message),
         }
     }
 }

@@ -362,8 +362,11 @@ pub static FOREIGN_FLAGS: &[ForeignFlag] = &[
         long: "grammar-backend",
         origin: Origin::Sglang,
         takes: Takes::One,
-        verdict: |_, _| {
-            note("deltaserve has no constrained decoding: a request asking for JSON output (response_format) is refused with 400")
+        verdict: |_, values| {
+            match values.first().map(String::as_str) {
+            Some("llguidance") => Verdict::Same,
+            _ => note("deltaserve constrains output (response_format, regex, ebnf, forced tool calls) with llguidance, whatever backend is named"),
+        }
         },
     },
     ForeignFlag {

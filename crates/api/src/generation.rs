@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use deltaserve_engine::{
     EngineEvent, EventReceiver, FinishReason, GenerationRequest, RequestId, SharedEngine,
-    SubmitError, TokenLogprob,
+    SubmitError, TokenConstraint, TokenLogprob,
 };
 use deltaserve_health::StreamEnd;
 use deltaserve_text::{count_reasoning_tokens, Detokenizer, ThinkTokenIds, Tokenizer};
@@ -162,9 +162,10 @@ impl ChoiceRun {
         engine: SharedEngine,
         tokenizer: Arc<Tokenizer>,
         spec: ChoiceSpec,
+        constraint: Option<Box<dyn TokenConstraint>>,
         arrival: Instant,
     ) -> Result<Self, SubmitError> {
-        let (id, events) = engine.submit(spec.request.clone())?;
+        let (id, events) = engine.submit_constrained(spec.request.clone(), constraint)?;
         let stop_ids = spec.request.stop_token_ids.iter().copied().collect();
         let kept_special = PARSER_TAGS
             .iter()

@@ -28,6 +28,7 @@ pub mod metrics;
 pub mod output_watch;
 pub mod request;
 mod response;
+mod responses;
 mod routes;
 pub mod server;
 mod server_seed;

@@ -3,8 +3,9 @@
 //! the field. Tokenizing and submitting are done by the route handlers.
 
 use deltaserve_engine::SamplingParams;
+use deltaserve_grammar::GrammarSpec;
 use deltaserve_text::{ChatMessage, GenerationDefaults};
-use serde_json::{Map, Value};
+use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
 use crate::fields::{describe, Fields};
@@ -38,6 +39,116 @@ pub struct GenerationParams {
     pub include_usage: bool,
     /// Alternatives per token; `None` = no logprobs.
     pub logprobs: Option<usize>,
+    /// Constrained decoding (`response_format`, `regex`, `ebnf`, or a forced tool call).
+    pub grammar: Option<OutputGrammar>,
+}
+
+/// A grammar the output must follow, and the request field that asked for it (named in errors).
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutputGrammar {
+    pub spec: GrammarSpec,
+    pub field: &'static str,
+}
+
+/// `response_format`, SGLang's `regex` and `ebnf`: at most one of them. `{"type": "text"}` asks for
+/// nothing.
+fn parse_output_grammar(f: &Fields) -> Result<Option<OutputGrammar>, ApiError> {
+    let mut found = Vec::new();
+    if let Some(spec) = parse_response_format(f)? {
+        found.push(OutputGrammar {
+            spec,
+            field: "response_format",
+        });
+    }
+    if let Some(regex) = f.string("regex")? {
+        found.push(OutputGrammar {
+            spec: GrammarSpec::Regex(regex.to_string()),
+            field: "regex",
+        });
+    }
+    if let Some(ebnf) = f.string("ebnf")? {
+        found.push(OutputGrammar {
+            spec: GrammarSpec::Ebnf(ebnf.to_string()),
+            field: "ebnf",
+        });
+    }
+    if found.len() > 1 {
+        return Err(ApiError::invalid(
+            found[1].field,
+            format!(
+                "`{}` and `{}` both constrain the output; give one of them",
+                found[0].field, found[1].field
+            ),
+        ));
+    }
+    Ok(found.pop())
+}
+
+/// OpenAI's `response_format`: `text`, `json_object` or `json_schema` with
+/// `{"name", "schema", "strict"}` (the schema is enforced whether `strict` is set or not).
+fn parse_response_format(f: &Fields) -> Result<Option<GrammarSpec>, ApiError> {
+    let Some(format) = f.get("response_format") else {
+        return Ok(None);
+    };
+    let kind = format.get("type").and_then(Value::as_str);
+    match kind {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(GrammarSpec::JsonObject)),
+        Some("json_schema") => {
+            let Some(spec) = format.get("json_schema").and_then(Value::as_object) else {
+                return Err(ApiError::invalid(
+                    "response_format.json_schema",
+                    "`response_format.json_schema` must be an object {\"name\": ..., \"schema\": {...}}",
+                ));
+            };
+            match spec.get("name") {
+                None | Some(Value::String(_)) => {}
+                Some(other) => {
+                    return Err(ApiError::invalid(
+                        "response_format.json_schema.name",
+                        format!(
+                            "`response_format.json_schema.name` must be a string, found {}",
+                            describe(other)
+                        ),
+                    ))
+                }
+            }
+            match spec.get("strict") {
+                None | Some(Value::Null) | Some(Value::Bool(_)) => {}
+                Some(other) => {
+                    return Err(ApiError::invalid(
+                        "response_format.json_schema.strict",
+                        format!(
+                            "`response_format.json_schema.strict` must be true or false, found {}",
+                            describe(other)
+                        ),
+                    ))
+                }
+            }
+            match spec.get("schema") {
+                // OpenAI allows leaving the schema out: any JSON value then.
+                None | Some(Value::Null) => Ok(Some(GrammarSpec::JsonSchema(json!({})))),
+                Some(schema @ (Value::Object(_) | Value::Bool(_))) => {
+                    Ok(Some(GrammarSpec::JsonSchema(schema.clone())))
+                }
+                Some(other) => Err(ApiError::invalid(
+                    "response_format.json_schema.schema",
+                    format!(
+                        "`response_format.json_schema.schema` must be a JSON schema object, found {}",
+                        describe(other)
+                    ),
+                )),
+            }
+        }
+        _ => Err(ApiError::invalid(
+            "response_format",
+            format!(
+                "`response_format` must be {{\"type\": \"text\"}}, {{\"type\": \"json_object\"}} or \
+                 {{\"type\": \"json_schema\", \"json_schema\": {{...}}}}, found {}",
+                describe(format)
+            ),
+        )),
+    }
 }
 
 impl GenerationParams {
@@ -122,6 +233,14 @@ impl GenerationParams {
                 ));
             }
         }
+        let grammar = parse_output_grammar(f)?;
+        if grammar.is_some() && f.bool("ignore_eos")? == Some(true) {
+            return Err(ApiError::invalid(
+                "ignore_eos",
+                "`ignore_eos` cannot be combined with a grammar: a constrained output ends with an \
+                 end-of-sequence token",
+            ));
+        }
         Ok(Self {
             model: f.string("model")?.map(str::to_string),
             temperature: f.float("temperature")?.map(|t| t as f32),
@@ -146,6 +265,7 @@ impl GenerationParams {
             stream,
             include_usage,
             logprobs: None,
+            grammar,
         })
         .and_then(|params| {
             if let Some(t) = params.temperature {
@@ -237,12 +357,16 @@ impl GenerationParams {
 }
 
 /// How a chat request wants tools handled.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ToolChoice {
     /// The model may call a tool (the default when tools are given).
     Auto,
     /// Tools are not shown to the model and output is never parsed as a call.
     None,
+    /// The output is tool calls only (enforced by a grammar).
+    Required,
+    /// The output is one call of this function (enforced by a grammar).
+    Function(String),
 }
 
 /// A validated /v1/chat/completions request.
@@ -253,6 +377,8 @@ pub struct ChatRequest {
     /// Tool definitions passed to the template; empty when none or `tool_choice` is "none".
     pub tools: Vec<Value>,
     pub tool_choice: ToolChoice,
+    /// `parallel_tool_calls` (default true): false allows at most one call.
+    pub parallel_tool_calls: bool,
     /// `chat_template_kwargs` with a top-level `enable_thinking` merged in.
     pub template_kwargs: Map<String, Value>,
     /// SGLang's `separate_reasoning` (default true): false keeps reasoning inside `content`.
@@ -280,11 +406,42 @@ impl ChatRequest {
         };
         let messages = parse_messages(&f, limits)?;
         let tool_choice = parse_tool_choice(&f)?;
-        let tools = match (f.array("tools")?, tool_choice) {
+        let tools = match (f.array("tools")?, &tool_choice) {
             (None, _) | (Some(_), ToolChoice::None) => Vec::new(),
-            (Some(tools), ToolChoice::Auto) => validate_tools(tools)?,
+            (Some(tools), _) => validate_tools(tools)?,
         };
-        check_response_format(&f)?;
+        let parallel_tool_calls = f.bool("parallel_tool_calls")?.unwrap_or(true);
+        match &tool_choice {
+            ToolChoice::Required | ToolChoice::Function(_) if tools.is_empty() => {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    "`tool_choice` requires a tool call but `tools` is empty or missing",
+                ))
+            }
+            ToolChoice::Function(name)
+                if !tools
+                    .iter()
+                    .any(|t| t.pointer("/function/name").and_then(Value::as_str) == Some(name)) =>
+            {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    format!("`tool_choice` names the function {name:?}, which is not in `tools`"),
+                ))
+            }
+            ToolChoice::Required | ToolChoice::Function(_) if params.grammar.is_some() => {
+                let field = params
+                    .grammar
+                    .as_ref()
+                    .map_or("response_format", |g| g.field);
+                return Err(ApiError::unsupported(
+                    field,
+                    format!(
+                        "`{field}` cannot be combined with a `tool_choice` that forces a tool call"
+                    ),
+                ));
+            }
+            _ => {}
+        }
         let mut template_kwargs = f
             .object("chat_template_kwargs")?
             .cloned()
@@ -299,6 +456,7 @@ impl ChatRequest {
             messages,
             tools,
             tool_choice,
+            parallel_tool_calls,
             template_kwargs,
             separate_reasoning: f.bool("separate_reasoning")?.unwrap_or(true),
         })
@@ -364,19 +522,25 @@ fn parse_tool_choice(f: &Fields) -> Result<ToolChoice, ApiError> {
         None => Ok(ToolChoice::Auto),
         Some(Value::String(choice)) if choice == "auto" => Ok(ToolChoice::Auto),
         Some(Value::String(choice)) if choice == "none" => Ok(ToolChoice::None),
-        Some(Value::String(choice)) if choice == "required" => Err(ApiError::unsupported(
-            "tool_choice",
-            "`tool_choice: \"required\"` is not supported: this server does not constrain decoding to force a \
-             call; use \"auto\" or \"none\"",
-        )),
-        Some(Value::Object(_)) => Err(ApiError::unsupported(
-            "tool_choice",
-            "a named `tool_choice` is not supported: this server does not constrain decoding to force a \
-             call; use \"auto\" or \"none\"",
-        )),
+        Some(Value::String(choice)) if choice == "required" => Ok(ToolChoice::Required),
+        Some(object @ Value::Object(_)) => {
+            match object.pointer("/function/name").and_then(Value::as_str) {
+                Some(name) if object.get("type").and_then(Value::as_str) == Some("function") => {
+                    Ok(ToolChoice::Function(name.to_string()))
+                }
+                _ => Err(ApiError::invalid(
+                    "tool_choice",
+                    format!(
+                        "a named `tool_choice` must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}, \
+                         found {}",
+                        describe(object)
+                    ),
+                )),
+            }
+        }
         Some(other) => Err(ApiError::invalid(
             "tool_choice",
-            format!("`tool_choice` must be \"auto\", \"none\" or \"required\", found {}", describe(other)),
+            format!("`tool_choice` must be \"auto\", \"none\", \"required\" or a named function, found {}", describe(other)),
         )),
     }
 }
@@ -410,31 +574,6 @@ fn validate_tools(tools: &[Value]) -> Result<Vec<Value>, ApiError> {
         }
     }
     Ok(tools.to_vec())
-}
-
-/// Only plain text output is offered: JSON modes would need constrained decoding, and an unenforced
-/// JSON mode would hand clients unparseable output they were promised was JSON.
-fn check_response_format(f: &Fields) -> Result<(), ApiError> {
-    let Some(format) = f.get("response_format") else {
-        return Ok(());
-    };
-    match format.get("type").and_then(Value::as_str) {
-        Some("text") => Ok(()),
-        Some(kind @ ("json_object" | "json_schema")) => Err(ApiError::unsupported(
-            "response_format",
-            format!(
-                "`response_format` {kind:?} is not supported: this server has no constrained decoding and will \
-                 not promise JSON it cannot enforce; ask for JSON in the prompt and validate it client-side"
-            ),
-        )),
-        _ => Err(ApiError::invalid(
-            "response_format",
-            format!(
-                "`response_format` must be {{\"type\": \"text\"}}, found {}",
-                describe(format)
-            ),
-        )),
-    }
 }
 
 /// One prompt of a /v1/completions request.
@@ -600,8 +739,25 @@ mod tests {
                 "tool_choice",
             ),
             (
-                json!({"messages": user(), "response_format": {"type": "json_object"}}),
+                json!({"messages": user(), "response_format": {"type": "json"}}),
                 "response_format",
+            ),
+            (
+                json!({"messages": user(), "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": 3}}}),
+                "response_format.json_schema.schema",
+            ),
+            (
+                json!({"messages": user(), "regex": "a+", "ebnf": "root ::= \"a\""}),
+                "ebnf",
+            ),
+            (
+                json!({"messages": user(), "regex": "a+", "ignore_eos": true}),
+                "ignore_eos",
+            ),
+            (
+                json!({"messages": user(), "tool_choice": {"type": "function", "function": {"name": "g"}},
+                       "tools": [{"type": "function", "function": {"name": "f"}}]}),
+                "tool_choice",
             ),
             (
                 json!({"messages": user(), "temperature": "hot"}),

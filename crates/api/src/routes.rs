@@ -1,5 +1,6 @@
 //! The router: every route, the request-counting and API-key middlewares, the body-size limit, and the
-//! small routes (/v1/models, /health, /metrics). Generation routes live in chat.rs and completions.rs.
+//! small routes (/v1/models, /health, /metrics). Generation routes live in chat.rs, completions.rs
+//! and responses.rs.
 
 use std::sync::Arc;
 
@@ -18,13 +19,15 @@ use crate::chat::chat_completions;
 use crate::completions::completions;
 use crate::error::ApiError;
 use crate::health::HealthReport;
+use crate::responses::responses;
 use crate::state::AppState;
 use crate::worker_info::{flush_cache, get_load, model_info, server_info};
 
 /// Route names used as the metrics label; anything else is counted as "other".
-const ROUTES: [&str; 13] = [
+const ROUTES: [&str; 14] = [
     "/v1/chat/completions",
     "/v1/completions",
+    "/v1/responses",
     "/v1/models",
     "/health",
     "/health_generate",
@@ -44,6 +47,7 @@ pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
+        .route("/v1/responses", post(responses))
         .route("/v1/models", get(list_models))
         .route("/v1/models/{model}", get(get_model))
         .route("/health", get(health))

@@ -2,11 +2,13 @@
 //! compiled chat templates, server settings, the degeneration detector every output is watched with,
 //! the health monitor and the metrics. Construction only; the routes decide what to do with it.
 
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use deltaserve_engine::SharedEngine;
+use deltaserve_grammar::GrammarCompiler;
 use deltaserve_health::DegenerationDetector;
+use deltaserve_text::ToolCallFormat;
 use deltaserve_text::{ChatTemplate, TemplateError, Tokenizer};
 
 use crate::args::{DegenerationAction, ServeArgs};
@@ -31,8 +33,10 @@ pub struct ServerConfig {
     pub model_aliases: Vec<String>,
     /// `--reasoning-parser qwen3`: split output into reasoning_content and content.
     pub reasoning_parser: bool,
-    /// `--tool-call-parser qwen3_coder`: parse tool calls out of output.
+    /// Parse tool calls out of output (on for every served model).
     pub tool_call_parser: bool,
+    /// `--tool-call-parser`: the tool-call syntax (`None`: the one the chat template writes).
+    pub tool_call_format: Option<ToolCallFormat>,
     /// `--enable-metrics`: serve /metrics.
     pub enable_metrics: bool,
     /// /health runs a probe generation when none succeeded within this interval.
@@ -80,7 +84,11 @@ impl ServerConfig {
             model_name: args.model_name(),
             model_aliases: args.model_aliases(),
             reasoning_parser: args.reasoning_parser.is_some(),
-            tool_call_parser: args.tool_call_parser.is_some(),
+            tool_call_parser: true,
+            tool_call_format: args
+                .tool_call_parser
+                .as_deref()
+                .and_then(ToolCallFormat::from_parser_name),
             enable_metrics: args.enable_metrics,
             health_interval: args.health_interval(),
             health_probe_timeout: Duration::from_secs(60),
@@ -108,6 +116,7 @@ impl ServerConfig {
             model_aliases: Vec::new(),
             reasoning_parser: true,
             tool_call_parser: true,
+            tool_call_format: None,
             enable_metrics: true,
             health_interval: Duration::from_secs(30),
             health_probe_timeout: Duration::from_secs(60),
@@ -156,6 +165,8 @@ pub struct AppState {
     model_identity: RwLock<ModelIdentity>,
     /// The engine's limits for /server_info and /get_load, once the pools are planned.
     engine_capacity: RwLock<Option<EngineCapacity>>,
+    /// The vocabulary as the grammar engine sees it, built on the first constrained request.
+    grammar: OnceLock<Result<Arc<GrammarCompiler>, String>>,
 }
 
 impl AppState {
@@ -193,6 +204,7 @@ impl AppState {
             default_seeds,
             model_identity: RwLock::new(model_identity),
             engine_capacity: RwLock::new(None),
+            grammar: OnceLock::new(),
             created: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map(|d| d.as_secs())
@@ -281,6 +293,30 @@ impl AppState {
     /// (the engine then picks a fresh one).
     pub fn default_seed(&self) -> Option<u64> {
         self.default_seeds.as_ref().map(SeedSequence::next_seed)
+    }
+
+    /// The grammar compiler for this model (logit rows of `vocab_size`), built once.
+    pub fn grammar_compiler(&self, vocab_size: usize) -> Result<Arc<GrammarCompiler>, ApiError> {
+        self.grammar
+            .get_or_init(|| {
+                let vocab = vocab_size.max(self.tokenizer.vocab_size());
+                GrammarCompiler::new(Arc::clone(&self.tokenizer), vocab)
+                    .map(Arc::new)
+                    .map_err(|e| e.to_string())
+            })
+            .clone()
+            .map_err(|e| ApiError::internal(format!("constrained decoding is unavailable: {e}")))
+    }
+
+    /// The tool-call syntax outputs are parsed (and forced calls constrained) in: the one
+    /// `--tool-call-parser` names, else the one the model's template writes (Qwen3-Coder XML when it
+    /// writes `<function=`, JSON in `<tool_call>` when it writes `<tool_call>` without it).
+    pub fn tool_call_format(&self) -> ToolCallFormat {
+        self.config.tool_call_format.unwrap_or_else(|| {
+            ToolCallFormat::from_template(
+                self.tokenizer.chat_template_for(true).unwrap_or_default(),
+            )
+        })
     }
 
     /// The chat template for a request with or without tools.

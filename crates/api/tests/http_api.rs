@@ -826,7 +826,7 @@ async fn error_classes() {
             "stop_token_ids",
         ),
         (
-            json!({"messages": user("q"), "response_format": {"type": "json_object"}}),
+            json!({"messages": user("q"), "response_format": {"type": "yaml"}}),
             "response_format",
         ),
     ];

@@ -57,6 +57,61 @@ pub struct GenerationRequest {
 
 pub type RequestId = u64;
 
+/// The tokens a constraint allows at the next position: bit `id % 32` of word `id / 32`. Ids past
+/// the end of `words` are not allowed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TokenMask {
+    pub words: Vec<u32>,
+}
+
+impl TokenMask {
+    pub fn allows(&self, id: u32) -> bool {
+        self.words
+            .get(id as usize / 32)
+            .is_some_and(|w| w >> (id % 32) & 1 == 1)
+    }
+
+    /// Whether no token of a `vocab`-sized row is allowed.
+    pub fn allows_none(&self, vocab: usize) -> bool {
+        let full = vocab / 32;
+        let words_clear = self.words.iter().take(full).all(|&w| w == 0);
+        let tail = vocab % 32;
+        let tail_clear = tail == 0
+            || self
+                .words
+                .get(full)
+                .is_none_or(|&w| w & ((1u32 << tail) - 1) == 0);
+        words_clear && tail_clear
+    }
+
+    /// A copy of `logits` with every token the mask forbids at negative infinity.
+    pub fn apply(&self, logits: &[f32]) -> Vec<f32> {
+        logits
+            .iter()
+            .enumerate()
+            .map(|(id, &l)| {
+                if self.allows(id as u32) {
+                    l
+                } else {
+                    f32::NEG_INFINITY
+                }
+            })
+            .collect()
+    }
+}
+
+/// Constrained decoding: decides which tokens one request may generate next (a compiled grammar
+/// such as a JSON schema). The engine asks for the mask before every position it samples for the
+/// request and reports every token it commits, in order; drafts are never reported, only the tokens
+/// verification keeps. Errors end the request with an error event.
+pub trait TokenConstraint: Send {
+    /// Tokens allowed at the next position; `None` when any token is (e.g. while the model is still
+    /// reasoning and the grammar has not started).
+    fn allowed(&mut self) -> Result<Option<TokenMask>, String>;
+    /// The request committed `token`.
+    fn commit(&mut self, token: u32) -> Result<(), String>;
+}
+
 /// Log-probability information of one generated token.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TokenLogprob {
@@ -118,6 +173,8 @@ pub enum SubmitError {
     QueueFull(usize),
     #[error("the engine has stopped")]
     Stopped,
+    #[error("this engine cannot constrain decoding (no grammar support)")]
+    ConstraintUnsupported,
 }
 
 /// A snapshot of the engine's occupancy.
@@ -138,6 +195,18 @@ pub type EventReceiver = tokio::sync::mpsc::UnboundedReceiver<EngineEvent>;
 pub trait EngineHandle: Send + Sync {
     fn submit(&self, request: GenerationRequest)
         -> Result<(RequestId, EventReceiver), SubmitError>;
+    /// Submits a request whose tokens `constraint` decides (constrained decoding). Engines that
+    /// cannot constrain refuse a constraint rather than ignore it.
+    fn submit_constrained(
+        &self,
+        request: GenerationRequest,
+        constraint: Option<Box<dyn TokenConstraint>>,
+    ) -> Result<(RequestId, EventReceiver), SubmitError> {
+        match constraint {
+            None => self.submit(request),
+            Some(_) => Err(SubmitError::ConstraintUnsupported),
+        }
+    }
     /// Stops a request; its receiver gets `Finished { reason: Abort }` unless it already finished.
     /// Frees its KV blocks and state slot. Unknown or finished ids are ignored.
     fn abort(&self, id: RequestId);
@@ -151,3 +220,21 @@ pub trait EngineHandle: Send + Sync {
 }
 
 pub type SharedEngine = Arc<dyn EngineHandle>;
+
+#[cfg(test)]
+mod tests {
+    use super::TokenMask;
+
+    #[test]
+    fn masks_allow_their_bits_only() {
+        let mask = TokenMask {
+            words: vec![0, 1 << 3],
+        };
+        assert!(mask.allows(35) && !mask.allows(34) && !mask.allows(99));
+        assert!(!mask.allows_none(36));
+        assert!(mask.allows_none(35), "token 35 is outside a 35-token row");
+        assert!(mask.allows_none(10));
+        assert_eq!(mask.apply(&[1.0; 36])[35], 1.0);
+        assert_eq!(mask.apply(&[1.0; 36])[3], f32::NEG_INFINITY);
+    }
+}

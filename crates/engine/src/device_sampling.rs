@@ -1,7 +1,7 @@
 //! Sampling on the backend's device when it has a sampler (the cuda backend): a step's logits stay
 //! on the GPU and only token ids come back. Used only when no request in the step needs the logits
-//! themselves (logprobs, penalties, or a sampled speculative verify, which compares distributions);
-//! otherwise the logits come to the host and the host sampler runs, exactly as on the CPU backends.
+//! themselves (logprobs, penalties, a sampled speculative verify, which compares distributions, or a
+//! grammar, whose token mask is applied to host logits); otherwise the logits come to the host and the host sampler runs, exactly as on the CPU backends.
 
 use crate::api::SamplingParams;
 use crate::engine::Worker;
@@ -42,7 +42,8 @@ impl<B: Backend> Worker<B> {
         let running = &self.scheduler.running;
         if work.iter().any(|w| {
             let seq = &running[w.index];
-            needs_host_logits(&seq.request.sampling, w.drafts > 0)
+            // A constrained request's row is masked by its grammar on the host (no device mask yet).
+            (w.samples && seq.constrained) || needs_host_logits(&seq.request.sampling, w.drafts > 0)
         }) {
             return None;
         }

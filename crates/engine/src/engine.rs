@@ -131,6 +131,14 @@ impl EngineHandle for LocalEngine {
         &self,
         request: GenerationRequest,
     ) -> Result<(RequestId, EventReceiver), SubmitError> {
+        self.submit_constrained(request, None)
+    }
+
+    fn submit_constrained(
+        &self,
+        request: GenerationRequest,
+        constraint: Option<Box<dyn TokenConstraint>>,
+    ) -> Result<(RequestId, EventReceiver), SubmitError> {
         if request.prompt_ids.is_empty() {
             return Err(SubmitError::EmptyPrompt);
         }
@@ -161,9 +169,10 @@ impl EngineHandle for LocalEngine {
         let seed = request.sampling.seed.unwrap_or_else(|| fresh_seed(id));
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         self.queued.fetch_add(1, Ordering::Relaxed);
-        if !self.send(Command::Submit(Box::new(Sequence::new(
-            id, request, seed, tx,
-        )))) {
+        let mut seq = Box::new(Sequence::new(id, request, seed, tx));
+        seq.constrained = constraint.is_some();
+        seq.constraint = constraint;
+        if !self.send(Command::Submit(seq)) {
             self.queued.fetch_sub(1, Ordering::Relaxed);
             return Err(SubmitError::Stopped);
         }
@@ -294,6 +303,17 @@ impl<B: Backend> Worker<B> {
         }
     }
 
+    /// Ends a running request with an error event (its constraint failed) and frees what it holds.
+    fn fail_by_id(&mut self, id: RequestId, message: &str) {
+        if let Some(i) = self.scheduler.running.iter().position(|s| s.id == id) {
+            let mut seq = self.scheduler.running.remove(i);
+            self.scheduler.release(&mut seq);
+            seq.send(EngineEvent::Error {
+                message: format!("constrained decoding failed: {message}"),
+            });
+        }
+    }
+
     /// Ends a request wherever it is (queued or running) and frees what it holds.
     fn finish_by_id(&mut self, id: RequestId, reason: FinishReason) {
         if let Some(i) = self.scheduler.waiting.iter().position(|s| s.id == id) {
@@ -330,11 +350,46 @@ impl<B: Backend> Worker<B> {
         for slot in events.fresh_slots {
             self.cache.reset_slot(&self.model.backend, slot as usize);
         }
-        let out = self.forward(&work);
+        let out = self.forward_with_masks(&work);
         let extends = self.commit(&work, &out);
         if self.speculative.is_some() {
             self.draft(extends);
         }
+    }
+
+    /// `forward`, with the grammar masks of the constrained rows this step samples (without drafts)
+    /// computed on another thread meanwhile; each lands in its sequence's `mask_ahead`.
+    fn forward_with_masks(&mut self, work: &[Scheduled]) -> StepOutput {
+        let mut ahead: Vec<(usize, Box<dyn TokenConstraint>)> = Vec::new();
+        for w in work.iter().filter(|w| w.samples && w.drafts == 0) {
+            if let Some(constraint) = self.scheduler.running[w.index].constraint.take() {
+                ahead.push((w.index, constraint));
+            }
+        }
+        if ahead.is_empty() {
+            return self.forward(work);
+        }
+        std::thread::scope(|scope| {
+            let masks = scope.spawn(move || {
+                ahead
+                    .into_iter()
+                    .map(|(index, mut constraint)| {
+                        let mask = constraint.allowed();
+                        (index, constraint, mask)
+                    })
+                    .collect::<Vec<_>>()
+            });
+            let out = self.forward(work);
+            let masks = masks
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            for (index, constraint, mask) in masks {
+                let seq = &mut self.scheduler.running[index];
+                seq.constraint = Some(constraint);
+                seq.mask_ahead = Some(mask);
+            }
+            out
+        })
     }
 
     /// Runs one ragged forward over the scheduled work.
@@ -416,6 +471,7 @@ impl<B: Backend> Worker<B> {
         let hidden_size = self.model.config.hidden_size;
         let context = self.context_length;
         let mut finished = Vec::new();
+        let mut failed: Vec<(RequestId, String)> = Vec::new();
         let mut extends = Vec::new();
         let mut decoded = 0;
         for (w, rows) in work.iter().zip(&out.rows) {
@@ -446,14 +502,21 @@ impl<B: Backend> Worker<B> {
                         &drafts,
                         &mut seq.history,
                     ),
-                    None => speculative::verify(
+                    None => match speculative::verify_constrained(
                         &target,
                         &drafts,
                         &dists,
                         &seq.request.sampling,
                         &mut seq.history,
                         &mut seq.rng,
-                    ),
+                        seq.constraint.as_deref_mut(),
+                    ) {
+                        Ok(v) => v,
+                        Err(message) => {
+                            failed.push((seq.id, message));
+                            continue;
+                        }
+                    },
                 };
                 // Roll the GDN state back to just after the last accepted token.
                 let snapshot = spec.snapshot_slots[v.accepted] as usize;
@@ -480,12 +543,26 @@ impl<B: Backend> Worker<B> {
                     vec![(token, None)]
                 } else if w.samples {
                     let row_logits = &out.logits[rows.first_logit * vocab..][..vocab];
-                    let token = sampler::sample(
-                        row_logits,
-                        &seq.request.sampling,
-                        &seq.history,
-                        &mut seq.rng,
-                    );
+                    let mask = match seq.mask_ahead.take() {
+                        Some(mask) => mask,
+                        None => seq.constraint.as_mut().map_or(Ok(None), |c| c.allowed()),
+                    };
+                    let sampled = mask
+                        .and_then(|mask| sampler::apply_mask(row_logits, mask))
+                        .map(|row| {
+                            sampler::sample(&row, &seq.request.sampling, &seq.history, &mut seq.rng)
+                        })
+                        .and_then(|token| match seq.constraint.as_mut() {
+                            Some(c) => c.commit(token).map(|()| token),
+                            None => Ok(token),
+                        });
+                    let token = match sampled {
+                        Ok(token) => token,
+                        Err(message) => {
+                            failed.push((seq.id, message));
+                            continue;
+                        }
+                    };
                     seq.history.record(token);
                     vec![(
                         token,
@@ -541,6 +618,9 @@ impl<B: Backend> Worker<B> {
         EngineMetrics::add(&self.metrics.generated_tokens, decoded as u64);
         for (id, reason) in finished {
             self.finish_by_id(id, reason);
+        }
+        for (id, message) in failed {
+            self.fail_by_id(id, &message);
         }
         self.log_decode(decoded);
         extends

@@ -2,8 +2,9 @@
 //! a draw from the request's own RNG (or argmax when greedy), plus OpenAI-style logprobs taken from
 //! the raw logits. The processed distribution is exposed so speculative sampling can use it exactly.
 
-use crate::api::{SamplingParams, TokenLogprob};
+use crate::api::{SamplingParams, TokenConstraint, TokenLogprob, TokenMask};
 use crate::rng::Rng;
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 /// Tokens seen so far by one request, for the penalties.
@@ -127,12 +128,39 @@ pub fn processed_distribution(
                 .max(1),
         );
     }
+    // Tokens a grammar forbids (logit -inf) have weight 0 and sort last: never keep them, so not
+    // even a rounding remainder in `draw` can pick one.
+    keep = keep.min(weights.iter().take_while(|&&w| w > 0.0).count().max(1));
     let kept_total: f64 = weights[..keep].iter().sum();
     order[..keep]
         .iter()
         .zip(&weights[..keep])
         .map(|(&i, &w)| (i, (w / kept_total) as f32))
         .collect()
+}
+
+/// The logits a request samples from at its next position: `row` itself, or, under a constraint
+/// that restricts this position, a copy with every forbidden token at negative infinity. An error
+/// when the constraint fails or allows no token of the row.
+pub fn constrain<'a>(
+    row: &'a [f32],
+    constraint: Option<&mut (dyn TokenConstraint + 'static)>,
+) -> Result<Cow<'a, [f32]>, String> {
+    match constraint {
+        None => Ok(Cow::Borrowed(row)),
+        Some(constraint) => apply_mask(row, constraint.allowed()?),
+    }
+}
+
+/// `row` under a constraint's answer for its position (`None`: any token).
+pub fn apply_mask(row: &[f32], mask: Option<TokenMask>) -> Result<Cow<'_, [f32]>, String> {
+    match mask {
+        None => Ok(Cow::Borrowed(row)),
+        Some(mask) if mask.allows_none(row.len()) => {
+            Err("the output grammar allows no further token".to_string())
+        }
+        Some(mask) => Ok(Cow::Owned(mask.apply(row))),
+    }
 }
 
 /// Draws from a processed distribution with one uniform number.

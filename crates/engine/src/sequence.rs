@@ -1,7 +1,7 @@
 //! One request inside the engine: its tokens (prompt then generated), how many of them the cache
 //! already holds, the KV blocks and state slot it owns, its sampler state and its event channel.
 
-use crate::api::{EngineEvent, GenerationRequest, RequestId, Usage};
+use crate::api::{EngineEvent, GenerationRequest, RequestId, TokenConstraint, TokenMask, Usage};
 use crate::rng::Rng;
 use crate::sampler::PenaltyHistory;
 use std::time::Instant;
@@ -27,6 +27,14 @@ pub struct Sequence {
     pub preemptions: usize,
     /// Present when this sequence decodes speculatively with the MTP head.
     pub spec: Option<SpecState>,
+    /// Constrained decoding: the grammar that decides which tokens may come next. It has seen every
+    /// generated token (it survives preemption, which recomputes the cache, not the tokens).
+    pub constraint: Option<Box<dyn TokenConstraint>>,
+    /// Whether the request was submitted with a constraint (it is then sampled on the host).
+    pub constrained: bool,
+    /// The constraint's mask for the position this step samples, computed while the forward pass
+    /// ran; taken by the sampler.
+    pub mask_ahead: Option<Result<Option<TokenMask>, String>>,
 }
 
 /// A speculating sequence's extra state.
@@ -68,6 +76,9 @@ impl Sequence {
             },
             preemptions: 0,
             spec: None,
+            constraint: None,
+            constrained: false,
+            mask_ahead: None,
         }
     }
 

@@ -4,9 +4,9 @@
 //! sampling (accept with min(1, p/q), else resample from the normalised residual max(0, p - q)), so
 //! the output distribution equals non-speculative sampling under the same penalties and filters.
 
-use crate::api::SamplingParams;
+use crate::api::{SamplingParams, TokenConstraint};
 use crate::rng::Rng;
-use crate::sampler::{draw, processed_distribution, PenaltyHistory};
+use crate::sampler::{constrain, draw, processed_distribution, PenaltyHistory};
 
 /// Test-only fault injection for the drafter: never set by the server.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -102,36 +102,61 @@ pub fn verify(
     history: &mut PenaltyHistory,
     rng: &mut Rng,
 ) -> Verification {
+    verify_constrained(target, drafts, draft_dists, params, history, rng, None)
+        .expect("verification without a constraint cannot fail")
+}
+
+/// `verify` under a constraint (a grammar): row `j` is masked by what the constraint allows after
+/// the tokens emitted before it, so a draft the grammar forbids has target probability 0 and is
+/// rejected, and the correction is drawn from the allowed tokens only. Every emitted token is
+/// committed to the constraint, in order; nothing else is (rejected drafts never reach it). Greedy
+/// requests therefore emit exactly what non-speculative constrained decoding emits.
+pub fn verify_constrained(
+    target: &[&[f32]],
+    drafts: &[u32],
+    draft_dists: &[Vec<(u32, f32)>],
+    params: &SamplingParams,
+    history: &mut PenaltyHistory,
+    rng: &mut Rng,
+    mut constraint: Option<&mut (dyn TokenConstraint + 'static)>,
+) -> Result<Verification, String> {
     debug_assert_eq!(target.len(), drafts.len() + 1);
     let mut emitted = Vec::with_capacity(drafts.len() + 1);
     for (j, &draft) in drafts.iter().enumerate() {
-        let p = processed_distribution(target[j], params, history);
+        let row = constrain(target[j], constraint.as_deref_mut())?;
+        let p = processed_distribution(&row, params, history);
         let ratio =
             probability(&p, draft) / probability(&draft_dists[j], draft).max(f64::MIN_POSITIVE);
         // Ratios of 0 and of at least 1 decide without a random number (so greedy spends none).
-        if ratio >= 1.0 || (ratio > 0.0 && rng.next_f64() < ratio) {
-            emitted.push(draft);
-            history.record(draft);
-            continue;
-        }
-        let token = draw(&residual(&p, &draft_dists[j]), rng);
+        let accept = ratio >= 1.0 || (ratio > 0.0 && rng.next_f64() < ratio);
+        let token = if accept {
+            draft
+        } else {
+            draw(&residual(&p, &draft_dists[j]), rng)
+        };
         emitted.push(token);
         history.record(token);
-        return Verification {
-            accepted: j,
-            emitted,
-        };
+        if let Some(c) = constraint.as_deref_mut() {
+            c.commit(token)?;
+        }
+        if !accept {
+            return Ok(Verification {
+                accepted: j,
+                emitted,
+            });
+        }
     }
-    let bonus = draw(
-        &processed_distribution(target[drafts.len()], params, history),
-        rng,
-    );
+    let row = constrain(target[drafts.len()], constraint.as_deref_mut())?;
+    let bonus = draw(&processed_distribution(&row, params, history), rng);
     emitted.push(bonus);
     history.record(bonus);
-    Verification {
+    if let Some(c) = constraint {
+        c.commit(bonus)?;
+    }
+    Ok(Verification {
         accepted: drafts.len(),
         emitted,
-    }
+    })
 }
 
 /// Greedy verification from the target's argmax per row (`argmaxes[j]` after the committed token

@@ -5,6 +5,7 @@
 mod chat_template;
 mod detokenizer;
 mod generation_config;
+mod hermes;
 mod messages;
 mod pyformat;
 mod reasoning;
@@ -16,6 +17,7 @@ mod tool_calls;
 pub use chat_template::{ChatTemplate, RenderOptions, TemplateError, RESERVED_VARIABLES};
 pub use detokenizer::Detokenizer;
 pub use generation_config::GenerationDefaults;
+pub use hermes::{parse_hermes_tool_calls, HermesToolCallStream, ToolCallFormat};
 pub use messages::{ChatMessage, FunctionCall, MessageContent, ToolCall};
 pub use reasoning::{
     count_reasoning_tokens, prompt_ids_open_reasoning, prompt_opens_reasoning, split_reasoning,

@@ -186,6 +186,15 @@ impl Tokenizer {
         })
     }
 
+    /// The tokenizer as tokenizer.json would hold it (with the added tokens of tokenizer_config.json
+    /// registered), for libraries that read a vocabulary in that form (the grammar engine).
+    pub fn to_json(&self) -> Result<Value, TokenizerError> {
+        serde_json::to_value(&self.inner).map_err(|e| TokenizerError::Encode {
+            chars: 0,
+            message: format!("serializing the tokenizer: {e}"),
+        })
+    }
+
     /// Token ids of `text`. `add_special_tokens` applies the tokenizer's post-processor (BOS etc.);
     /// chat prompts are encoded without it because the template already wrote every special token.
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizerError> {
