@@ -19,6 +19,7 @@ pub mod kernels;
 mod layout;
 mod libraries;
 mod mat;
+mod nccl;
 mod options;
 mod profile;
 mod sampling;
@@ -26,7 +27,8 @@ mod upload_cache;
 
 pub use backend::CudaBackend;
 pub use buffer::CudaBuf;
-pub use detect::usable_gpu;
+pub use detect::{gpu_count, usable_gpu};
 pub use error::CudaError;
 pub use mat::CudaMat;
+pub use nccl::{NcclCommunicator, NcclGroup};
 pub use options::{CudaOptions, GdnPrefill, GemmPrecision};
