@@ -30,5 +30,5 @@ pub use buffer::CudaBuf;
 pub use detect::{gpu_count, usable_gpu};
 pub use error::CudaError;
 pub use mat::CudaMat;
-pub use nccl::{NcclCommunicator, NcclGroup};
+pub use nccl::NcclCommunicator;
 pub use options::{CudaOptions, GdnPrefill, GemmPrecision};

@@ -3,7 +3,7 @@
 //! own NCCL communicator, all made at once by `ncclCommInitAll` over the backends' streams. Every
 //! collective is queued on the rank's own stream, in order with its ops, so no extra
 //! synchronisation is needed. NCCL is loaded at run time like the other CUDA libraries; without a
-//! driver or without NCCL, `NcclGroup::new` returns an error (nothing panics).
+//! driver or without NCCL, `NcclCommunicator::group` returns an error (nothing panics).
 
 use crate::backend::{device_failure, CudaBackend};
 use crate::buffer::CudaBuf;
@@ -32,13 +32,10 @@ pub struct NcclCommunicator {
     aborted: Arc<AtomicBool>,
 }
 
-/// Makes the NCCL communicators of a tensor-parallel group.
-pub struct NcclGroup;
-
-impl NcclGroup {
-    /// One communicator per backend (rank `r` on `backends[r]`'s GPU and stream). The backends
+impl NcclCommunicator {
+    /// The NCCL group of these backends: one communicator per backend (rank `r` on `backends[r]`'s GPU and stream). The backends
     /// must be on distinct GPUs.
-    pub fn new(backends: &[CudaBackend]) -> Result<Vec<NcclCommunicator>, CudaError> {
+    pub fn group(backends: &[CudaBackend]) -> Result<Vec<NcclCommunicator>, CudaError> {
         let mut ordinals: Vec<usize> = backends.iter().map(|b| b.ctx.ordinal()).collect();
         ordinals.sort_unstable();
         ordinals.dedup();

@@ -7,7 +7,7 @@
 #[path = "../../model/tests/support/fixtures.rs"]
 mod fixtures;
 
-use deltaserve_cuda::{CudaBackend, CudaOptions, GemmPrecision, NcclGroup};
+use deltaserve_cuda::{CudaBackend, CudaOptions, GemmPrecision, NcclCommunicator};
 use deltaserve_model::config::ModelConfig;
 use deltaserve_model::safetensors::SafetensorsSource;
 use deltaserve_model::{load_tensor_parallel, ForwardInput, Model};
@@ -54,7 +54,7 @@ fn backends(test: &str) -> Option<Vec<CudaBackend>> {
 }
 
 fn nccl(backends: &[CudaBackend], test: &str) -> Option<Vec<Box<dyn Communicator<CudaBackend>>>> {
-    match NcclGroup::new(backends) {
+    match NcclCommunicator::group(backends) {
         Ok(comms) => Some(
             comms
                 .into_iter()
