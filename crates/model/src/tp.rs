@@ -189,6 +189,8 @@ pub(crate) struct TpRank<B: Backend> {
     pub comm: Box<dyn Communicator<B>>,
     pub shard: Shard,
     followers: Mutex<Vec<Follower>>,
+    /// `(free, total)` device memory of each follower's GPU right after its weights loaded.
+    follower_memory: Vec<Option<(usize, usize)>>,
 }
 
 impl<B: Backend> TpRank<B> {
@@ -201,6 +203,7 @@ impl<B: Backend> TpRank<B> {
             comm,
             shard,
             followers: Mutex::new(Vec::new()),
+            follower_memory: Vec::new(),
         }
     }
 }
@@ -251,6 +254,23 @@ impl<B: Backend> Model<B> {
     /// The communicator's kind (`in-process`, `nccl`), when the model is split.
     pub fn communicator_kind(&self) -> Option<&'static str> {
         self.tp.as_ref().map(|tp| tp.comm.kind())
+    }
+
+    /// `(free, total)` bytes of device memory on the tightest rank (the least free, the smallest
+    /// total): what the cache pools of every rank are planned from, since every rank holds pools of
+    /// the same size. Followers report what they had right after loading. `None` for backends that
+    /// run from host memory.
+    pub fn device_memory(&self) -> Option<(usize, usize)> {
+        let mut memory = self
+            .backend
+            .free_device_memory()
+            .zip(self.backend.total_device_memory())?;
+        if let Some(tp) = &self.tp {
+            for (free, total) in tp.follower_memory.iter().flatten() {
+                memory = (memory.0.min(*free), memory.1.min(*total));
+            }
+        }
+        Some(memory)
     }
 
     /// Runs `local` on this rank after sending `command` to every follower, then waits for them.
@@ -447,6 +467,18 @@ pub fn load_tensor_parallel<B: Backend + 'static>(
     });
     let leader = leader?;
     let others = others.into_iter().collect::<Result<Vec<_>, _>>()?;
+    let mut leader = leader;
+    let follower_memory = others
+        .iter()
+        .map(|m| {
+            m.backend
+                .free_device_memory()
+                .zip(m.backend.total_device_memory())
+        })
+        .collect();
+    if let Some(tp) = &mut leader.tp {
+        tp.follower_memory = follower_memory;
+    }
     let mut followers = Vec::with_capacity(others.len());
     for model in others {
         let rank = model.shard().rank;
