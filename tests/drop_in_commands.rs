@@ -1,5 +1,6 @@
 //! Real SGLang and vLLM serve command lines for Qwen3.5 / Qwen3.6 / Qwen3-Next start `deltaserve serve`
-//! unchanged but for the model (the demo model) and parallel sizes (1): each server reaches /health
+//! unchanged but for the model (the demo model) and parallel sizes (1, but the seeds' own line keeps
+//! its `--tp-size 2`): each server reaches /health
 //! 200, answers a chat request, and printed one `compatibility:` line for every flag it accepted but
 //! handles its own way (docs/compatibility-flags.md, class 2).
 
@@ -51,14 +52,15 @@ fn template_file() -> PathBuf {
 
 fn command_lines(template: &str) -> Vec<DropIn> {
     let mut lines = vec![
-        // The seeds' SGLang command for Qwen3.6-27B.
+        // The seeds' SGLang command for Qwen3.6-27B, exactly, tensor parallelism included (two
+        // in-process ranks on the cpu backend here; two GPUs over NCCL on cuda).
         line(
             "seeds: sglang.launch_server Qwen3.6-27B",
             &[
                 "--model-path",
                 "demo",
                 "--tp-size",
-                "1",
+                "2",
                 "--speculative-algorithm",
                 "NEXTN",
                 "--speculative-num-steps",
