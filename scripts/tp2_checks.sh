@@ -8,6 +8,9 @@
 #           greedy split vs whole and MTP on vs off under the split), doctor --tp-size 2 on the demo
 #           and the fixtures, serve --tp-size 2 with MTP + smoke + bench serve, and the seeds' serve
 #           line on the 27B shape (dummy weights) with the planner capped at 48 GB per GPU.
+#   single  on ONE GPU (kind nvidia-h200): the TP GPU tests with a one-rank NCCL group, and serve
+#           through the tensor-parallel path with a one-rank NCCL group (--tp-force-communicator)
+#           with MTP + smoke: the NCCL plumbing proven before two GPUs are lent.
 #   bench   the 27B shape (dummy weights): decode batch 1 and prefill, TP 2 against TP 1 in the same
 #           run; bench serve at concurrency 1, 16 and 64 against serve --tp-size 2 and --tp-size 1.
 # Every process started here runs with NVLink multicast (NVLS) off: never cuMulticastCreate.
@@ -94,6 +97,23 @@ if [ "$part" = checks ]; then
     echo "27b seeds line did not become healthy (see serve-27b-seeds.log)"
   fi
   grep -E "tensor parallel|KV pool|state-slot|note" "$out/serve-27b-seeds.log"
+  stop_server
+fi
+
+if [ "$part" = single ]; then
+  DELTASERVE_TP_GPUS=1 "$bins/tensor_parallel" --test-threads=1 --nocapture >"$out/test-tensor_parallel-1gpu.log" 2>&1
+  echo "test tensor_parallel (1 GPU, one-rank NCCL group): rc=$?"
+  grep -E "skipped|max \|diff\||identical|accepted" "$out/test-tensor_parallel-1gpu.log"
+  port=18082
+  if serve_wait $port "$out/serve-nccl1.log" --backend cuda --tp-force-communicator --enable-metrics \
+      --speculative-algorithm NEXTN --speculative-num-steps 3 --speculative-eagle-topk 1 \
+      --speculative-num-draft-tokens 4; then
+    "$ds" smoke --url "http://127.0.0.1:$port" >"$out/smoke-nccl1.log" 2>&1
+    echo "smoke (one-rank NCCL group, MTP): rc=$?"
+  else
+    echo "serve with a one-rank NCCL group did not become healthy (see serve-nccl1.log)"
+  fi
+  grep -E "tensor parallel|canary" "$out/serve-nccl1.log"
   stop_server
 fi
 

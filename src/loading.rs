@@ -56,6 +56,10 @@ pub struct ModelArgs {
     /// in-process ranks (cpu, reference; --threads is then shared among them).
     #[arg(long = "tp-size", alias = "tensor-parallel-size", default_value_t = 1)]
     pub tp_size: usize,
+    /// With --tp-size 1, run through the tensor-parallel path anyway: a one-rank group (NCCL on
+    /// cuda) whose collectives change nothing. Checks the communicator's plumbing on one GPU.
+    #[arg(long = "tp-force-communicator", hide = true)]
+    pub tp_force_communicator: bool,
 }
 
 /// Decode batches up to this size are replayed as CUDA graphs by default: all of their matmuls run
@@ -168,7 +172,7 @@ pub fn load_model(args: &ModelArgs) -> Result<AnyModel> {
     let broken = broken_attention_requested(args)?;
     let (config, source) = open_source(args)?;
     let dir = &args.model_path;
-    if args.tp_size != 1 {
+    if args.tp_size != 1 || args.tp_force_communicator {
         return load_split(args, broken, config, source.as_ref());
     }
     Ok(
@@ -207,7 +211,8 @@ pub fn load_model(args: &ModelArgs) -> Result<AnyModel> {
     )
 }
 
-/// `--tp-size N` (N > 1): N ranks, each with its own backend, in one process.
+/// `--tp-size N` (N > 1, or 1 with --tp-force-communicator): N ranks, each with its own backend,
+/// in one process.
 fn load_split(
     args: &ModelArgs,
     broken: bool,

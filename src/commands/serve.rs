@@ -52,6 +52,7 @@ fn model_args(args: &ServeArgs) -> ModelArgs {
             Some(name) => name.to_string(),
         },
         tp_size: args.tp_size.unwrap_or(1),
+        tp_force_communicator: args.tp_force_communicator,
     }
 }
 

@@ -108,6 +108,10 @@ pub struct ServeArgs {
     /// GPUs (e.g. 48 with --tp-size 2 for two 48 GB cards) on bigger ones.
     #[arg(long, value_name = "GB")]
     pub device_memory_cap_gb: Option<f64>,
+    /// With --tp-size 1, run through the tensor-parallel path anyway (a one-rank NCCL group on
+    /// cuda): checks the communicator's plumbing on one GPU.
+    #[arg(long, hide = true)]
+    pub tp_force_communicator: bool,
     /// Data-parallel degree (1, the default: one engine per process).
     #[arg(long, value_name = "N")]
     pub dp_size: Option<usize>,

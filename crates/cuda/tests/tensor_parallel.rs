@@ -11,6 +11,7 @@ mod fixtures;
 use deltaserve_cuda::{CudaBackend, CudaOptions, GemmPrecision, NcclCommunicator};
 use deltaserve_model::config::ModelConfig;
 use deltaserve_model::safetensors::SafetensorsSource;
+use deltaserve_model::weights::Weights;
 use deltaserve_model::{load_tensor_parallel, ForwardInput, Model};
 use deltaserve_tensor::{Backend, BatchLayout, Communicator};
 use fixtures::{blocks_of, fixture_dirs, full_cache, ids, max_abs_diff};
@@ -158,18 +159,10 @@ fn fixtures_split_over_the_gpus_match_the_whole_model() {
         let Some(mut whole_backends) = backends(test) else {
             return;
         };
-        whole_backends.truncate(1);
-        let whole = load_tensor_parallel(
-            whole_backends,
-            vec![Box::new(
-                deltaserve_tensor::InProcessGroup::new(1).remove(0),
-            )],
-            &config,
-            &source,
-            true,
-            &mut |_, _| {},
-        )
-        .unwrap();
+        let backend = whole_backends.swap_remove(0);
+        drop(whole_backends);
+        let weights = Weights::load(&backend, &config, &source, true, &mut |_, _| {}).unwrap();
+        let whole = Model::new(config.clone(), backend, weights);
         let want = prefill_logits(&whole, &prompt);
         drop(whole);
         let Some(split_backends) = backends(test) else {
@@ -313,8 +306,10 @@ fn demo_heldout_split_over_the_gpus_with_and_without_mtp() {
             prompts.len()
         );
     };
-    let Some(whole) = load(1) else {
-        return;
+    let whole = {
+        let backend = CudaBackend::with_options(0, CudaOptions::default()).unwrap();
+        let weights = Weights::load(&backend, &config, &source, true, &mut |_, _| {}).unwrap();
+        Model::new(config.clone(), backend, weights)
     };
     let (whole, _, _) = replies(whole, false);
     let Some(split) = load(n) else {

@@ -175,12 +175,14 @@ impl<B: Backend> Model<B> {
     }
 
     /// `embed[ids]`, `[T, hidden]`. Split over the vocabulary: each rank looks up the ids it
-    /// holds (the others read its zero row) and the sum over ranks is the whole lookup.
+    /// holds (the others read its zero row) and the sum over ranks is the whole lookup. (A
+    /// one-rank group runs the same collectives, which then change nothing: it checks the
+    /// communicator's plumbing on one device.)
     pub(crate) fn embed(&self, ids: &[u32]) -> B::Buf {
         let be = &self.backend;
         let mut h = be.scratch(ids.len() * self.config.hidden_size);
         match &self.tp {
-            Some(tp) if !tp.shard.is_whole() => {
+            Some(tp) => {
                 let (from, to) = tp.shard.range(self.config.vocab_size);
                 let zero_row = (to - from) as u32;
                 let local: Vec<u32> = ids
@@ -197,7 +199,7 @@ impl<B: Backend> Model<B> {
                 be.embedding(&self.weights.embed, &local, &mut h);
                 tp.comm.all_reduce_sum(be, &mut h);
             }
-            _ => be.embedding(&self.weights.embed, ids, &mut h),
+            None => be.embedding(&self.weights.embed, ids, &mut h),
         }
         h
     }
@@ -206,9 +208,7 @@ impl<B: Backend> Model<B> {
     /// when the model is whole).
     fn all_reduce(&self, x: &mut B::Buf) {
         if let Some(tp) = &self.tp {
-            if !tp.shard.is_whole() {
-                tp.comm.all_reduce_sum(&self.backend, x);
-            }
+            tp.comm.all_reduce_sum(&self.backend, x);
         }
     }
 
@@ -229,7 +229,7 @@ impl<B: Backend> Model<B> {
         let local_vocab = be.mat_shape(head).0;
         let mut logits = be.scratch(rows * local_vocab);
         be.matmul(&normed, head, &mut logits, rows);
-        if let Some(tp) = self.tp.as_ref().filter(|tp| !tp.shard.is_whole()) {
+        if let Some(tp) = &self.tp {
             logits = tp.comm.all_gather_cols(be, &logits, rows, local_vocab);
         }
         let hidden = if hidden_rows == logit_rows {

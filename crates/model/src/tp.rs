@@ -410,7 +410,8 @@ fn run_follower<B: Backend>(
 
 /// Loads `config` split over one rank per backend (`comms[r]` is rank `r`'s end of the group) and
 /// starts the followers: the returned model is rank 0, and drives the others. `progress` follows
-/// rank 0's loading. With one backend this is the ordinary, unsplit model.
+/// rank 0's loading. With one backend the model is whole but still runs its collectives (no-ops
+/// on one rank), which checks a communicator's plumbing on one device.
 pub fn load_tensor_parallel<B: Backend + 'static>(
     backends: Vec<B>,
     comms: Vec<Box<dyn Communicator<B>>>,
@@ -423,9 +424,11 @@ pub fn load_tensor_parallel<B: Backend + 'static>(
     let size = backends.len();
     let local = rank_config(config, size)?;
     if size == 1 {
+        // A one-rank group: the whole model, through the communicator all the same.
         let backend = backends.into_iter().next().expect("one backend");
+        let comm = comms.into_iter().next().expect("one communicator");
         let weights = Weights::load(&backend, config, source, load_mtp, progress)?;
-        return Ok(Model::new(local, backend, weights));
+        return Ok(Model::with_rank(local, backend, weights, comm));
     }
     // Rank 0 loads on this thread (with progress), the others on their own threads at once.
     let mut ranks: Vec<(B, Box<dyn Communicator<B>>)> = backends.into_iter().zip(comms).collect();
