@@ -62,9 +62,9 @@ pub struct ModelArgs {
     pub tp_force_communicator: bool,
 }
 
-/// Decode batches up to this size are replayed as CUDA graphs by default: all of their matmuls run
-/// on the skinny-GEMM kernels (32 rows at most), none on cuBLAS.
-pub const DEFAULT_CUDA_GRAPH_MAX_BS: usize = 32;
+/// Decode batches up to this size are replayed as CUDA graphs by default. Measured on the H200
+/// (35B-A3B shape): a batch-64 step 34.2 ms launched, 28.8 ms replayed; larger sizes not measured.
+pub const DEFAULT_CUDA_GRAPH_MAX_BS: usize = 64;
 
 /// A model on whichever backend the flags chose. Made once per process, so the size difference
 /// between variants costs nothing worth a box.

@@ -48,11 +48,12 @@ pub struct SpeculativeRun {
     pub prefill: Phase,
     /// The MTP extend over the prompt's pairs and the first k drafts (before the first verify).
     pub mtp_prefill: Phase,
-    /// Per step: the verify forward of k+1 tokens, its logits and hidden rows to the host, the
-    /// target's argmax per row, and the snapshot commit.
+    /// Per step: the verify forward of k+1 tokens, its hidden rows to the host, the target's
+    /// greedy token per row (`greedy_rows`, on the device where the backend samples), and the
+    /// snapshot commit.
     pub verify: Phase,
     /// Per step: the MTP extend over the k+1 accepted pairs (which yields draft 1) and k-1 more
-    /// single-token draft forwards, each with its logits to the host and an argmax.
+    /// single-token draft forwards, each with its hidden row to the host and a greedy pick.
     pub draft: Phase,
 }
 
@@ -99,8 +100,24 @@ fn prompt_tokens(vocab: usize, len: usize) -> Vec<u32> {
         .collect()
 }
 
-/// Prefill of `prefill_len` tokens then `decode_len` greedy single-token steps, each step copying its
-/// logits to the host for the argmax.
+/// The greedy token of each of `rows` logits rows, picked as `serve` picks it: on the device when the
+/// backend samples there (only the ids come back), else from the logits copied to the host.
+fn greedy_rows<B: Backend>(m: &Model<B>, logits: &B::Buf, rows: usize) -> Vec<u32> {
+    let vocab = m.config.vocab_size;
+    let requests: Vec<RowSampling> = (0..rows as u32).map(RowSampling::greedy).collect();
+    m.backend
+        .sample_rows(logits, vocab, &requests)
+        .unwrap_or_else(|| {
+            m.backend
+                .to_host(logits)
+                .chunks_exact(vocab)
+                .map(argmax)
+                .collect()
+        })
+}
+
+/// Prefill of `prefill_len` tokens then `decode_len` greedy single-token steps, each picking its
+/// token as `serve` does (`greedy_rows`).
 pub fn plain_run<B: Backend>(
     m: &Model<B>,
     prefill_len: usize,
@@ -124,7 +141,7 @@ pub fn plain_run<B: Backend>(
         },
         &mut cache,
     );
-    let mut next = argmax(&m.backend.to_host(&out.logits));
+    let mut next = greedy_rows(m, &out.logits, 1)[0];
     prefill.step_s.push(start.elapsed().as_secs_f64());
     profiler.take_into(&mut prefill);
     let bar = indicatif::ProgressBar::new(decode_len as u64);
@@ -141,7 +158,7 @@ pub fn plain_run<B: Backend>(
             },
             &mut cache,
         );
-        next = argmax(&m.backend.to_host(&out.logits));
+        next = greedy_rows(m, &out.logits, 1)[0];
         decode.step_s.push(t0.elapsed().as_secs_f64());
         bar.inc(1);
     }
@@ -172,18 +189,7 @@ pub fn batched_decode_run<B: Backend>(
         ((i * blocks_per_seq) as u32..((i + 1) * blocks_per_seq) as u32).collect()
     };
     let vocab = m.config.vocab_size;
-    let pick = |logits: &B::Buf, rows: usize| -> Vec<u32> {
-        let requests: Vec<RowSampling> = (0..rows as u32).map(RowSampling::greedy).collect();
-        m.backend
-            .sample_rows(logits, vocab, &requests)
-            .unwrap_or_else(|| {
-                m.backend
-                    .to_host(logits)
-                    .chunks_exact(vocab)
-                    .map(argmax)
-                    .collect()
-            })
-    };
+    let pick = |logits: &B::Buf, rows: usize| greedy_rows(m, logits, rows);
     let mut next = Vec::with_capacity(batch);
     for i in 0..batch {
         cache.reset_slot(&m.backend, i);
@@ -275,7 +281,7 @@ impl<B: Backend> SpecSequence<B> {
             },
             &mut self.cache,
         )?;
-        let mut drafts = vec![argmax(&m.backend.to_host(&out.logits))];
+        let mut drafts = vec![greedy_rows(m, &out.logits, 1)[0]];
         let mut step_hidden = m.backend.to_host(&out.hidden);
         let computed = pos + pairs;
         for step in 2..=self.k {
@@ -293,7 +299,7 @@ impl<B: Backend> SpecSequence<B> {
                 },
                 &mut self.cache,
             )?;
-            drafts.push(argmax(&m.backend.to_host(&out.logits)));
+            drafts.push(greedy_rows(m, &out.logits, 1)[0]);
             step_hidden = m.backend.to_host(&out.hidden);
         }
         Ok(drafts)
@@ -343,7 +349,7 @@ pub fn speculative_run<B: Backend>(
         },
         &mut seq.cache,
     );
-    let mut last = argmax(&m.backend.to_host(&out.logits));
+    let mut last = greedy_rows(m, &out.logits, 1)[0];
     let hidden = m.backend.to_host(&out.hidden);
     prefill.step_s.push(start.elapsed().as_secs_f64());
     profiler.take_into(&mut prefill);
@@ -374,11 +380,10 @@ pub fn speculative_run<B: Backend>(
             },
             &mut seq.cache,
         );
-        let logits = m.backend.to_host(&out.logits);
         let hidden = m.backend.to_host(&out.hidden);
         // Greedy verification computes the target's choice at every row; forced acceptance then
         // keeps all k drafts anyway and takes the last row's choice as the bonus token.
-        let targets: Vec<u32> = logits.chunks_exact(vocab).map(argmax).collect();
+        let targets = greedy_rows(m, &out.logits, k + 1);
         let bonus = targets[k];
         seq.cache.copy_slot(&m.backend, seq.snapshot_slots[k], 0);
         verify.step_s.push(t0.elapsed().as_secs_f64());

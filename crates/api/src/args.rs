@@ -148,7 +148,7 @@ pub struct ServeArgs {
     #[arg(long = "cuda-matmul-precision", value_enum, default_value_t = CpuMatmulPrecision::Bf16)]
     pub cuda_matmul_precision: CpuMatmulPrecision,
     /// Largest decode batch recorded as a CUDA graph and replayed.
-    #[arg(long = "cuda-graph-max-bs", default_value_t = 32)]
+    #[arg(long = "cuda-graph-max-bs", default_value_t = 64)]
     pub cuda_graph_max_bs: usize,
     /// Launch every op one by one (no CUDA graphs).
     #[arg(long = "disable-cuda-graph")]

@@ -63,7 +63,7 @@ fn only(flag: &str, values: &[String], expected: u64, why: &str) -> Verdict {
 }
 
 const GRAPH_SIZES: &str =
-    "deltaserve records every decode batch size up to --cuda-graph-max-bs (default 32) on first use; set that flag instead";
+    "deltaserve records every decode batch size up to --cuda-graph-max-bs (default 64) on first use; set that flag instead";
 const NO_TORCH: &str =
     "deltaserve has no PyTorch to compile; its kernels are built by NVRTC at start-up (cuda) or ahead of time (cpu)";
 const OWN_KERNELS: &str =

@@ -50,5 +50,44 @@ __device__ float block_max(float v, float* scratch) {
     return m;
 }
 
+// ---- weight streaming and tensor-core helpers (gemv.cu, moe.cu) ----
+
+// Weights are read once per step: stream them past L1 so that the activations stay there.
+__device__ __forceinline__ uint4 load_streaming(const bf16_bits* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+// d += a (16x16, rows of W) * b (16x8, tokens), bf16 inputs, f32 accumulators.
+__device__ __forceinline__ void mma_bf16(float* d, unsigned int a0, unsigned int a1, unsigned int a2,
+                                         unsigned int a3, unsigned int b0, unsigned int b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void bf16x8_to_f32(const uint4 v, float* f) {
+    const unsigned int parts[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        f[2 * i] = __uint_as_float(parts[i] << 16);
+        f[2 * i + 1] = __uint_as_float(parts[i] & 0xffff0000u);
+    }
+}
+
+// Eight activations of an f32 row rounded to bf16, as cast_f32_to_bf16 stores them: the CUDA-core
+// GEMV kernels read the f32 activations themselves (a few KB, from L2) and save the cast's launch.
+__device__ __forceinline__ void load_rounded8(const float* p, float* f) {
+    const float4 a = *(const float4*)p, b = *(const float4*)(p + 4);
+    const float in[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) f[i] = bf16_to_f32(f32_to_bf16(in[i]));
+}
+
 // Grid-stride loop over `n` elements.
 #define FOR_EACH(i, n) for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (i64)(n); i += (i64)gridDim.x * blockDim.x)

@@ -1,6 +1,7 @@
 // Skinny GEMM for decode: out_m [T, N_m] = xb [T, K] @ W_m [N_m, K]^T for up to GEMV_MATRICES bf16
-// weight matrices that share the input, in one launch, for T <= 8 * GEMV_MAX_TOKEN_TILES rows. xb
-// is the activations already rounded to bf16 (`cast_f32_to_bf16`, as the cuBLAS path does).
+// weight matrices that share the input, in one launch, for T <= 8 * GEMV_MAX_TOKEN_TILES rows. The
+// tensor-core kernel reads xb, the activations already rounded to bf16 (`cast_f32_to_bf16`, as the
+// cuBLAS path does); the CUDA-core kernel for up to 4 rows rounds the f32 activations itself.
 //
 // Decode reads every weight once per step, so this is a bandwidth kernel; it runs on the tensor
 // cores only so that the multiply-adds cost almost no instructions. A block owns 16 consecutive
@@ -37,25 +38,6 @@ struct GemvGroup {
     int first_row[GEMV_MATRICES + 1];
     int count;
 };
-
-// Weights are read once per step: stream them past L1 so that the activations stay there.
-__device__ __forceinline__ uint4 load_streaming(const bf16_bits* p) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
-
-// d += a (16x16, rows of W) * b (16x8, tokens), bf16 inputs, f32 accumulators.
-__device__ __forceinline__ void mma_bf16(float* d, unsigned int a0, unsigned int a1, unsigned int a2,
-                                         unsigned int a3, unsigned int b0, unsigned int b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
 
 // The matrix holding global row `row` of the group and the row's index in it; -1 past the end.
 __device__ __forceinline__ int group_row(const GemvGroup& group, int row, int* local) {
@@ -132,8 +114,8 @@ __device__ __forceinline__ void gemv_block(const GemvGroup& group, const bf16_bi
 
 // Up to GEMV_LANE_TOKENS tokens on the CUDA cores: each warp owns GEMV_LANE_ROWS rows and reads
 // each row in 512-byte sweeps (lane l takes 16-byte vector l, l + 32, ...; whole cache lines per
-// instruction, as the memory system likes best), GEMV_LANE_UNROLL sweeps in flight; the bf16
-// activations come from L1, shared by the warps of an SM. Each lane sums its vectors in order and
+// instruction, as the memory system likes best), GEMV_LANE_UNROLL sweeps in flight; the f32
+// activations come from L1/L2, shared by the warps of an SM, and are rounded to bf16 on the way in. Each lane sums its vectors in order and
 // the warp reduces by butterfly: the same order for every token count up to GEMV_LANE_TOKENS, so a
 // one-token decode and a four-token verify compute a row bit for bit alike.
 #define GEMV_LANE_TOKENS 4
@@ -147,17 +129,8 @@ __device__ __forceinline__ void gemv_block(const GemvGroup& group, const bf16_bi
 #define GEMV_LANE_UNROLL 4
 #endif
 
-__device__ __forceinline__ void bf16x8_to_f32(const uint4 v, float* f) {
-    const unsigned int parts[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        f[2 * i] = __uint_as_float(parts[i] << 16);
-        f[2 * i + 1] = __uint_as_float(parts[i] & 0xffff0000u);
-    }
-}
-
 template <int T>
-__device__ __forceinline__ void gemv_lanes(const GemvGroup& group, const bf16_bits* __restrict__ xb, int k) {
+__device__ __forceinline__ void gemv_lanes(const GemvGroup& group, const float* __restrict__ x, int k) {
     const int lane = threadIdx.x & 31;
     const int first = (blockIdx.x * GEMV_LANE_WARPS + (threadIdx.x >> 5)) * GEMV_LANE_ROWS;
     int local[GEMV_LANE_ROWS], mat[GEMV_LANE_ROWS];
@@ -175,22 +148,21 @@ __device__ __forceinline__ void gemv_lanes(const GemvGroup& group, const bf16_bi
         for (int t = 0; t < T; ++t) acc[r][t] = 0.0f;
     const int vecs = k / 8;
     for (int base = lane; base < vecs; base += 32 * GEMV_LANE_UNROLL) {
-        uint4 wv[GEMV_LANE_ROWS][GEMV_LANE_UNROLL], xv[T][GEMV_LANE_UNROLL];
+        uint4 wv[GEMV_LANE_ROWS][GEMV_LANE_UNROLL];
 #pragma unroll
         for (int u = 0; u < GEMV_LANE_UNROLL; ++u) {
             const int v = base + 32 * u;
 #pragma unroll
             for (int r = 0; r < GEMV_LANE_ROWS; ++r)
                 wv[r][u] = (v < vecs && w[r]) ? load_streaming(w[r] + 8 * v) : make_uint4(0u, 0u, 0u, 0u);
-#pragma unroll
-            for (int t = 0; t < T; ++t)
-                xv[t][u] = v < vecs ? *(const uint4*)(xb + (i64)t * k + 8 * v) : make_uint4(0u, 0u, 0u, 0u);
         }
 #pragma unroll
         for (int u = 0; u < GEMV_LANE_UNROLL; ++u) {
+            const int v = base + 32 * u;
+            if (v >= vecs) continue;  // the weights there are zero: nothing to add
             float xf[T][8];
 #pragma unroll
-            for (int t = 0; t < T; ++t) bf16x8_to_f32(xv[t][u], xf[t]);
+            for (int t = 0; t < T; ++t) load_rounded8(x + (i64)t * k + 8 * v, xf[t]);
 #pragma unroll
             for (int r = 0; r < GEMV_LANE_ROWS; ++r) {
                 float wf[8];
@@ -223,8 +195,8 @@ __device__ __forceinline__ void gemv_lanes(const GemvGroup& group, const bf16_bi
 // threads.
 #define GEMV_LANE_KERNEL(T)                                                                             \
     extern "C" __global__ void __launch_bounds__(32 * GEMV_LANE_WARPS)                                 \
-        gemv_bf16_lanes_t##T(const GemvGroup group, const bf16_bits* __restrict__ xb, int tokens, int k) { \
-        gemv_lanes<T>(group, xb, k);                                                                    \
+        gemv_bf16_lanes_t##T(const GemvGroup group, const float* __restrict__ x, int tokens, int k) {   \
+        gemv_lanes<T>(group, x, k);                                                                     \
     }
 GEMV_LANE_KERNEL(1)
 GEMV_LANE_KERNEL(2)

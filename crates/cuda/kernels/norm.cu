@@ -15,10 +15,40 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, 
 // The residual add fused with the next norm: acc += x, then out = rms_norm(acc). Each thread reads
 // back only what it wrote, and the sums run in rms_norm's order, so the result is bit for bit the
 // two ops one after the other.
-extern "C" __global__ void add_rms_norm(float* acc, const float* x, const float* w, float* out, int dim, float eps) {
+// Values per thread add_rms_norm keeps in registers (dim <= 32 * blockDim.x, 8192 at 256 threads):
+// the loads of a row all issue before the first store, instead of one dependent round trip per
+// step (acc may alias nothing, but the compiler cannot know that through a loop of stores).
+#define ADD_NORM_MAX_PER_THREAD 32
+
+extern "C" __global__ void add_rms_norm(float* __restrict__ acc, const float* __restrict__ x,
+                                        const float* __restrict__ w, float* __restrict__ out, int dim, float eps) {
     __shared__ float scratch[32];
     const i64 base = (i64)blockIdx.x * dim;
     float ss = 0.0f;
+    if (dim <= ADD_NORM_MAX_PER_THREAD * (int)blockDim.x) {
+        float v[ADD_NORM_MAX_PER_THREAD];
+#pragma unroll
+        for (int j = 0; j < ADD_NORM_MAX_PER_THREAD; ++j) {
+            const int i = threadIdx.x + j * blockDim.x;
+            v[j] = i < dim ? acc[base + i] + x[base + i] : 0.0f;
+        }
+        // The same order of squares as the loop below and as rms_norm.
+#pragma unroll
+        for (int j = 0; j < ADD_NORM_MAX_PER_THREAD; ++j) {
+            const int i = threadIdx.x + j * blockDim.x;
+            if (i < dim) {
+                acc[base + i] = v[j];
+                ss += v[j] * v[j];
+            }
+        }
+        const float inv = 1.0f / sqrtf(block_sum(ss, scratch) / (float)dim + eps);
+#pragma unroll
+        for (int j = 0; j < ADD_NORM_MAX_PER_THREAD; ++j) {
+            const int i = threadIdx.x + j * blockDim.x;
+            if (i < dim) out[base + i] = v[j] * inv * (1.0f + w[i]);
+        }
+        return;
+    }
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
         const float v = acc[base + i] + x[base + i];
         acc[base + i] = v;

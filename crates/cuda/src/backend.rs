@@ -16,8 +16,9 @@ use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, ValidAsZeroBits,
 };
 use deltaserve_tensor::{
-    AttnShape, Backend, BatchLayout, GdnShape, GeneratedMatrix, HostTensor, KvLayerPool, OpTiming,
-    RouteChoice, RowSampling, StateLayerPool, StepGraph, StepInputs, TensorError,
+    AttnShape, Backend, BatchLayout, ExpertShape, ExpertTensors, Experts, GdnShape,
+    GeneratedMatrix, HostTensor, KvLayerPool, MoeRouting, OpTiming, RouteChoice, RowSampling,
+    SharedExpert, StateLayerPool, StepGraph, StepInputs, TensorError,
 };
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -531,6 +532,41 @@ impl Backend for CudaBackend {
             experts,
             top_k,
             renormalize,
+        )
+    }
+
+    fn load_experts(
+        &self,
+        experts: &[ExpertTensors],
+        shape: ExpertShape,
+    ) -> Result<Experts<CudaMat>, TensorError> {
+        self.load_experts_op(experts, shape)
+    }
+
+    fn generate_experts(
+        &self,
+        gate_up: &GeneratedMatrix,
+        down: &GeneratedMatrix,
+        shape: ExpertShape,
+    ) -> Option<Result<Experts<CudaMat>, TensorError>> {
+        self.timed(
+            || "generate_experts".to_string(),
+            || self.generate_experts_op(gate_up, down, shape),
+        )
+    }
+
+    fn moe_experts(
+        &self,
+        x: &CudaBuf,
+        router_logits: &CudaBuf,
+        experts: &Experts<CudaMat>,
+        routing: MoeRouting,
+        tokens: usize,
+        shared: Option<SharedExpert<'_, CudaMat, CudaBuf>>,
+    ) -> CudaBuf {
+        self.timed(
+            || "moe_experts".to_string(),
+            || self.moe_experts_op(x, router_logits, experts, routing, tokens, shared),
         )
     }
 

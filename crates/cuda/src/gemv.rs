@@ -65,8 +65,10 @@ impl CudaBackend {
         tokens: usize,
     ) {
         let k = ws[0].cols;
-        // The activations rounded to bf16 once for the whole group (as the cuBLAS path does).
-        let x_bf16 = self.cast_to_bf16(x, tokens * k);
+        // The tensor-core kernel reads the activations rounded to bf16 once for the whole group
+        // (as the cuBLAS path does); the CUDA-core one rounds the f32 values itself, the same way.
+        let lanes = tokens <= LANE_TOKENS;
+        let x_bf16 = (!lanes).then(|| self.cast_to_bf16(x, tokens * k));
         for (chunk_w, chunk_out) in ws.chunks(GEMV_MATRICES).zip(outs.chunks_mut(GEMV_MATRICES)) {
             let mut group = GemvGroup {
                 count: chunk_w.len() as i32,
@@ -88,7 +90,7 @@ impl CudaBackend {
                 rows += w.rows;
             }
             group.first_row[chunk_w.len()] = rows as i32;
-            let (rows_per_block, warps) = if tokens <= LANE_TOKENS {
+            let (rows_per_block, warps) = if lanes {
                 (LANE_ROWS_PER_BLOCK, LANE_WARPS)
             } else {
                 (ROWS_PER_BLOCK, GEMV_WARPS)
@@ -100,8 +102,9 @@ impl CudaBackend {
             };
             let (t32, k32) = (tokens as i32, k as i32);
             // Contract: every matrix is bf16 [rows_m, k] with k % 8 == 0 (gemv_applies), so each
-            // row starts 16-byte aligned (and each x_bf16 row too); tokens <= GEMV_MAX_TOKENS;
-            // x_bf16 holds tokens * k bf16 and each out tokens * rows_m f32
+            // row starts 16-byte aligned (and each x_bf16 or f32 x row too); tokens <=
+            // GEMV_MAX_TOKENS; x (f32 for the lane kernels, x_bf16 for the others) holds tokens * k
+            // values and each out tokens * rows_m f32
             // (checked by the callers); first_row partitions the grid's rows among the matrices.
             let kernel = match tokens {
                 1 => "gemv_bf16_lanes_t1",
@@ -113,7 +116,10 @@ impl CudaBackend {
                 17..=24 => "gemv_bf16_t3",
                 _ => "gemv_bf16_t4",
             };
-            launch!(self, kernel, cfg, &group, &x_bf16, &t32, &k32);
+            match &x_bf16 {
+                Some(xb) => launch!(self, kernel, cfg, &group, xb, &t32, &k32),
+                None => launch!(self, kernel, cfg, &group, &x.data, &t32, &k32),
+            }
             drop(guards);
         }
     }

@@ -12,7 +12,7 @@ pub struct KernelFile {
 /// Helpers prepended to every file (`#line` keeps NVRTC's line numbers those of the file).
 pub const COMMON: &str = include_str!("../kernels/common.cuh");
 
-pub const FILES: [KernelFile; 11] = [
+pub const FILES: [KernelFile; 12] = [
     KernelFile {
         name: "elementwise.cu",
         source: include_str!("../kernels/elementwise.cu"),
@@ -41,6 +41,21 @@ pub const FILES: [KernelFile; 11] = [
             "gemv_bf16_lanes_t2",
             "gemv_bf16_lanes_t3",
             "gemv_bf16_lanes_t4",
+        ],
+    },
+    KernelFile {
+        name: "moe.cu",
+        source: include_str!("../kernels/moe.cu"),
+        functions: &[
+            "moe_route",
+            "moe_plan",
+            "moe_gate_up_t1",
+            "moe_down_t1",
+            "moe_gate_up_t4",
+            "moe_down_t4",
+            "moe_gate_up_slots",
+            "moe_down_combine",
+            "moe_combine",
         ],
     },
     KernelFile {

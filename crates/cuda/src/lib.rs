@@ -19,6 +19,7 @@ pub mod kernels;
 mod layout;
 mod libraries;
 mod mat;
+mod moe;
 mod nccl;
 mod options;
 mod profile;

@@ -1,5 +1,6 @@
 //! Recorded decode steps (CUDA graphs) against the same steps launched op by op: the demo model
-//! decodes 3 sequences (batch 1 and batch 3, contexts crossing the 64-position attention splits so
+//! and the MoE fixtures (whose routed experts run on the device, so their steps record too) decode
+//! 3 sequences (batch 1 and batch 3, contexts crossing the 64-position attention splits so
 //! that the recordings are re-made for new shapes) once with recordings and once without; every
 //! step's logits must be bit for bit the same, since a replay runs the same kernels on the same
 //! data in the same order. Skipped (with a printed reason) where no CUDA device can be used.
@@ -18,8 +19,18 @@ use std::path::Path;
 const STEPS: usize = 150;
 const SEQS: usize = 3;
 
-fn demo_dir() -> &'static Path {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/demo"))
+fn model_dirs() -> [&'static Path; 3] {
+    [
+        Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/demo")),
+        Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tests/fixtures/qwen35_moe"
+        )),
+        Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tests/fixtures/qwen3_next"
+        )),
+    ]
 }
 
 /// Prefills `SEQS` sequences with different prompts, then decodes them `STEPS` times, batch
@@ -84,30 +95,35 @@ fn replayed_steps_equal_launched_steps_bitwise() {
     ) else {
         return;
     };
-    let plain = load(be.clone(), demo_dir());
-    let recorded = load(be.clone(), demo_dir());
-    recorded.enable_step_graphs(8);
-    for batch in [1, SEQS] {
-        let want = decode(&plain, batch);
-        let got = decode(&recorded, batch);
-        assert_eq!(want.len(), got.len());
-        for (i, (w, g)) in want.iter().zip(&got).enumerate() {
-            assert!(
-                w == g,
-                "batch {batch}: logits row {i} differ between the replayed and the launched step (max diff {})",
-                fixtures::max_abs_diff(w, g)
+    for dir in model_dirs() {
+        let plain = load(be.clone(), dir);
+        let recorded = load(be.clone(), dir);
+        recorded.enable_step_graphs(8);
+        for batch in [1, SEQS] {
+            let want = decode(&plain, batch);
+            let got = decode(&recorded, batch);
+            assert_eq!(want.len(), got.len());
+            for (i, (w, g)) in want.iter().zip(&got).enumerate() {
+                assert!(
+                    w == g,
+                    "{}: batch {batch}: logits row {i} differ between the replayed and the launched step (max diff {})",
+                    dir.display(),
+                    fixtures::max_abs_diff(w, g)
+                );
+            }
+            println!(
+                "{}: batch {batch}: {} logits rows bit for bit equal",
+                dir.display(),
+                want.len()
             );
         }
-        println!(
-            "batch {batch}: {} logits rows bit for bit equal",
-            want.len()
+        let counts = recorded.step_graph_counts().expect("recording is on");
+        println!("{}: {counts:?}", dir.display());
+        assert_eq!(counts.failed, 0, "a recording failed: {counts:?}");
+        assert!(
+            counts.recorded >= 4 && counts.replayed > 2 * STEPS as u64,
+            "{}: too few steps were replayed for the comparison to mean anything: {counts:?}",
+            dir.display()
         );
     }
-    let counts = recorded.step_graph_counts().expect("recording is on");
-    println!("{counts:?}");
-    assert_eq!(counts.failed, 0, "a recording failed: {counts:?}");
-    assert!(
-        counts.recorded >= 4 && counts.replayed > 2 * STEPS as u64,
-        "too few steps were replayed for the comparison to mean anything: {counts:?}"
-    );
 }

@@ -7,7 +7,7 @@ use crate::report::{CheckRow, Comparison};
 use deltaserve_model::weights::{Layer, Mixer, Mlp};
 use deltaserve_model::Model;
 use deltaserve_tensor::reference::ReferenceBackend;
-use deltaserve_tensor::{Backend, BatchLayout, KvLayerPool, StateLayerPool};
+use deltaserve_tensor::{Backend, BatchLayout, KvLayerPool, MoeRouting, StateLayerPool};
 
 /// Rows of a prefill op check: more than one GDN chunk (64) and not a multiple of it.
 const PREFILL: usize = 70;
@@ -360,7 +360,7 @@ impl<B: Backend> Checker<'_, B> {
                     PREFILL,
                     64,
                 );
-                let experts = r.experts.len();
+                let experts = r.experts.shape.experts;
                 let logits = uniform(PREFILL * experts, 65, 4.0);
                 let rr = self
                     .r
@@ -388,11 +388,26 @@ impl<B: Backend> Checker<'_, B> {
                     }
                 };
                 self.push("moe routing (softmax top-k)", layer, kind, cmp);
-                for (name, wr, wt) in [
-                    ("expert 0 gate_proj", &r.experts[0].gate, &t.experts[0].gate),
-                    ("expert 0 down_proj", &r.experts[0].down, &t.experts[0].down),
-                ] {
-                    self.matmul(name, layer, kind, wr, wt, 3, 66);
+                // The whole routed-experts pass (routing, every chosen expert, the weighted
+                // combine) on a prefill and a one-token decode.
+                let hidden = r.experts.shape.hidden;
+                let routing = MoeRouting {
+                    top_k: r.top_k,
+                    renormalize: r.renormalize,
+                };
+                for (tokens, phase) in [(PREFILL, "prefill"), (1, "decode")] {
+                    let (xr, xt) = self.both(&uniform(tokens * hidden, 66, 1.0));
+                    let (lr, lt) = self.both(&logits[..tokens * experts]);
+                    let or = self
+                        .r
+                        .backend
+                        .moe_experts(&xr, &lr, &r.experts, routing, tokens, None);
+                    let ot = self
+                        .t
+                        .backend
+                        .moe_experts(&xt, &lt, &t.experts, routing, tokens, None);
+                    let c = self.compare(&ot, &or);
+                    self.push(format!("moe experts ({phase})"), layer, kind, c);
                 }
                 if let (Some((rs, _)), Some((ts, _))) = (&r.shared, &t.shared) {
                     self.matmul(

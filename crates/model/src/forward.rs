@@ -7,7 +7,7 @@ use crate::config::ModelConfig;
 use crate::step_graphs::StepGraphs;
 use crate::tp::{RankCommand, TpRank};
 use crate::weights::{AttentionWeights, DenseMlp, GdnWeights, Layer, Mixer, Mlp, MoeMlp, Weights};
-use deltaserve_tensor::{Backend, BatchLayout, Communicator};
+use deltaserve_tensor::{Backend, BatchLayout, Communicator, MoeRouting, SharedExpert};
 
 /// What one forward step computes.
 pub struct ForwardInput<'a> {
@@ -410,29 +410,26 @@ impl<B: Backend> Model<B> {
 
     fn moe(&self, w: &MoeMlp<B>, x: &B::Buf, t: usize) -> B::Buf {
         let be = &self.backend;
-        let hidden = self.config.hidden_size;
-        let router_logits = self.linear(x, &w.router, t);
-        let routes = be.route_top_k(&router_logits, w.experts.len(), w.top_k, w.renormalize);
-        let mut out = be.zeros(t * hidden);
-        for (e, expert) in w.experts.iter().enumerate() {
-            let (rows, weights): (Vec<u32>, Vec<f32>) = routes
-                .iter()
-                .filter(|r| r.expert as usize == e)
-                .map(|r| (r.token, r.weight))
-                .unzip();
-            if rows.is_empty() {
-                continue;
+        let routing = MoeRouting {
+            top_k: w.top_k,
+            renormalize: w.renormalize,
+        };
+        match &w.shared {
+            Some((shared, gate)) => {
+                // One launch for the router and the shared expert's gate (both read x).
+                let [router_logits, gate_logits] = self.linears(x, [&w.router, gate], t);
+                let shared = SharedExpert {
+                    gate: &shared.gate,
+                    up: &shared.up,
+                    down: &shared.down,
+                    gate_logits: &gate_logits,
+                };
+                be.moe_experts(x, &router_logits, &w.experts, routing, t, Some(shared))
             }
-            let xe = be.gather_rows(x, hidden, &rows);
-            let ye = self.dense_mlp(expert, &xe, rows.len());
-            be.scatter_add_rows(&mut out, &ye, hidden, &rows, &weights);
+            None => {
+                let router_logits = self.linear(x, &w.router, t);
+                be.moe_experts(x, &router_logits, &w.experts, routing, t, None)
+            }
         }
-        if let Some((shared, gate)) = &w.shared {
-            let mut s = self.dense_mlp(shared, x, t);
-            let g = self.linear(x, gate, t);
-            be.sigmoid_scale_rows(&mut s, &g, hidden);
-            be.add_inplace(&mut out, &s);
-        }
-        out
     }
 }

@@ -93,7 +93,7 @@ impl<B: Backend> Model<B> {
         let rows = input.tokens.len();
         rows > 0
             && rows <= max
-            && self.config.moe.is_none()
+            && self.weights.moe_stays_on_device()
             && !cache.kv.is_empty()
             && input
                 .batch

@@ -7,7 +7,7 @@ use crate::config::{LayerKind, ModelConfig};
 use crate::error::LoadError;
 use crate::source::TensorSource;
 use crate::tp::Shard;
-use deltaserve_tensor::{Backend, HostTensor};
+use deltaserve_tensor::{Backend, ExpertShape, ExpertTensors, ExpertWeights, Experts, HostTensor};
 
 /// Weights of a gated full-attention block (`self_attn.*`).
 pub struct AttentionWeights<B: Backend> {
@@ -57,7 +57,7 @@ pub struct DenseMlp<B: Backend> {
 pub struct MoeMlp<B: Backend> {
     /// `[experts, hidden]`
     pub router: B::Mat,
-    pub experts: Vec<DenseMlp<B>>,
+    pub experts: Experts<B::Mat>,
     /// The shared expert and its scalar sigmoid gate `[1, hidden]`.
     pub shared: Option<(DenseMlp<B>, B::Mat)>,
     pub top_k: usize,
@@ -97,6 +97,20 @@ pub struct Weights<B: Backend> {
     /// and unsplit.
     pub lm_head: Option<B::Mat>,
     pub mtp: Option<MtpWeights<B>>,
+}
+
+impl<B: Backend> Weights<B> {
+    /// Whether every MoE block (trunk and MTP) runs its routed experts without the host: their
+    /// weights are stacked for a backend's fused kernels. The generic path routes on the host,
+    /// which a recorded step cannot do.
+    pub fn moe_stays_on_device(&self) -> bool {
+        let trunk = self.layers.iter();
+        let mtp = self.mtp.iter().map(|m| &m.layer);
+        trunk.chain(mtp).all(|layer| match &layer.mlp {
+            Mlp::Dense(_) => true,
+            Mlp::Moe(moe) => matches!(moe.experts.weights, ExpertWeights::Stacked { .. }),
+        })
+    }
 }
 
 /// Loads tensors from a source through a backend, counting progress.
@@ -333,6 +347,75 @@ impl<B: Backend> Builder<'_, B> {
         })
     }
 
+    /// The routed experts, from packed `experts.gate_up_proj [E, 2 * im, h]` / `experts.down_proj
+    /// [E, h, im]` or from per-expert `experts.{i}.{gate,up,down}_proj.weight`; generated on the
+    /// device when the source and the backend can.
+    fn experts(&mut self, prefix: &str, shape: ExpertShape) -> Result<Experts<B::Mat>, LoadError> {
+        let ExpertShape {
+            experts: e,
+            intermediate: im,
+            hidden: h,
+        } = shape;
+        // Tensor parallelism: each expert keeps its share [i_from, i_to) of the intermediate width
+        // (gate and up rows, down columns), like a dense MLP.
+        let whole = self.shard.is_whole();
+        let (i_from, i_to) = self.shard.range(im);
+        let local = ExpertShape {
+            intermediate: i_to - i_from,
+            ..shape
+        };
+        let down_share = |down: HostTensor| {
+            if whole {
+                down
+            } else {
+                down.cols(i_from, i_to)
+            }
+        };
+        let packed = format!("{prefix}.experts.gate_up_proj");
+        let packed_down = format!("{prefix}.experts.down_proj");
+        if self.source.contains(&packed) {
+            let generated = self
+                .source
+                .generated_matrix(&packed, [e * 2 * im, h])
+                .zip(self.source.generated_matrix(&packed_down, [e * h, im]))
+                .filter(|_| whole);
+            if let Some((gate_up, down)) = generated {
+                if let Some(experts) = self.backend.generate_experts(&gate_up, &down, shape) {
+                    self.done += 2;
+                    (self.progress)(self.done, self.total);
+                    return Ok(experts?);
+                }
+            }
+            let gate_up = self.host(&packed, &[e, 2 * im, h])?;
+            let down = self.host(&packed_down, &[e, h, im])?;
+            let tensors: Vec<ExpertTensors> = (0..e)
+                .map(|i| {
+                    let gu = gate_up.rows(i, i + 1).reshaped(vec![2 * im, h]);
+                    ExpertTensors {
+                        gate: gu.rows(i_from, i_to),
+                        up: gu.rows(im + i_from, im + i_to),
+                        down: down_share(down.rows(i, i + 1).reshaped(vec![h, im])),
+                    }
+                })
+                .collect();
+            return Ok(self.backend.load_experts(&tensors, local)?);
+        }
+        let mut tensors = Vec::with_capacity(e);
+        for i in 0..e {
+            let p = format!("{prefix}.experts.{i}");
+            tensors.push(ExpertTensors {
+                gate: self
+                    .host(&format!("{p}.gate_proj.weight"), &[im, h])?
+                    .rows(i_from, i_to),
+                up: self
+                    .host(&format!("{p}.up_proj.weight"), &[im, h])?
+                    .rows(i_from, i_to),
+                down: down_share(self.host(&format!("{p}.down_proj.weight"), &[h, im])?),
+            });
+        }
+        Ok(self.backend.load_experts(&tensors, local)?)
+    }
+
     fn moe(&mut self, prefix: &str) -> Result<MoeMlp<B>, LoadError> {
         let c = self.config;
         let h = c.hidden_size;
@@ -342,31 +425,16 @@ impl<B: Backend> Builder<'_, B> {
             message: "layer is MoE but the config has no MoE fields".into(),
         })?;
         let (e, im) = (moe.num_experts, moe.moe_intermediate_size);
-        // Every expert is split inside like a dense MLP (its intermediate width); the router and
-        // the shared expert's scalar gate are replicated.
-        let (i_from, i_to) = self.shard.range(im);
-        let whole = self.shard.is_whole();
-        let packed = format!("{prefix}.experts.gate_up_proj");
-        let experts = if self.source.contains(&packed) {
-            let gate_up = self.host(&packed, &[e, 2 * im, h])?;
-            let down = self.host(&format!("{prefix}.experts.down_proj"), &[e, h, im])?;
-            (0..e)
-                .map(|i| {
-                    let gu = gate_up.rows(i, i + 1).reshaped(vec![2 * im, h]);
-                    let down = down.rows(i, i + 1).reshaped(vec![h, im]);
-                    let down = if whole { down } else { down.cols(i_from, i_to) };
-                    Ok(DenseMlp {
-                        gate: self.mat_from(&gu.rows(i_from, i_to))?,
-                        up: self.mat_from(&gu.rows(im + i_from, im + i_to))?,
-                        down: self.mat_from(&down)?,
-                    })
-                })
-                .collect::<Result<Vec<_>, LoadError>>()?
-        } else {
-            (0..e)
-                .map(|i| self.dense(&format!("{prefix}.experts.{i}"), im))
-                .collect::<Result<Vec<_>, LoadError>>()?
-        };
+        // Every expert is split inside like a dense MLP (its intermediate width, in `experts`);
+        // the router and the shared expert's scalar gate are replicated.
+        let experts = self.experts(
+            prefix,
+            ExpertShape {
+                experts: e,
+                intermediate: im,
+                hidden: h,
+            },
+        )?;
         let shared = if moe.shared_expert_intermediate_size > 0 {
             let mlp = self.dense(
                 &format!("{prefix}.shared_expert"),

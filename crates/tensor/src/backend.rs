@@ -10,6 +10,7 @@ use crate::cache::{KvLayerPool, StateLayerPool};
 use crate::device_sampling::RowSampling;
 use crate::generated::GeneratedMatrix;
 use crate::host::{HostTensor, TensorError};
+use crate::moe::{self, ExpertShape, ExpertTensors, Experts, MoeRouting, SharedExpert};
 use crate::op_profile::OpTiming;
 use crate::step_graph::{StepGraph, StepInputs};
 
@@ -230,6 +231,42 @@ pub trait Backend: Send + Sync {
         top_k: usize,
         renormalize: bool,
     ) -> Vec<RouteChoice>;
+
+    /// Uploads the routed experts of one MoE block (default: one matrix per projection).
+    fn load_experts(
+        &self,
+        experts: &[ExpertTensors],
+        shape: ExpertShape,
+    ) -> Result<Experts<Self::Mat>, TensorError> {
+        moe::load_per_expert(self, experts, shape)
+    }
+
+    /// Generates the stacked experts (`gate_up [E * 2 * im, h]`, `down [E * h, im]`) on the device,
+    /// bit for bit what the source would upload; `None`: this backend cannot (the caller loads the
+    /// tensors from the source).
+    fn generate_experts(
+        &self,
+        _gate_up: &GeneratedMatrix,
+        _down: &GeneratedMatrix,
+        _shape: ExpertShape,
+    ) -> Option<Result<Experts<Self::Mat>, TensorError>> {
+        None
+    }
+
+    /// The routed experts' output `[T, h]` for `x [T, h]` given the router's logits `[T, E]`, plus
+    /// the gated shared expert when given. Default: `moe::moe_per_expert`.
+    #[allow(clippy::too_many_arguments)]
+    fn moe_experts(
+        &self,
+        x: &Self::Buf,
+        router_logits: &Self::Buf,
+        experts: &Experts<Self::Mat>,
+        routing: MoeRouting,
+        tokens: usize,
+        shared: Option<SharedExpert<'_, Self::Mat, Self::Buf>>,
+    ) -> Self::Buf {
+        moe::moe_per_expert(self, x, router_logits, experts, routing, tokens, shared)
+    }
 
     // ---- device extras (defaults: the backend has none) ----------------------------------------
     /// Generates a matrix on the device, bit for bit the values the source would have uploaded;

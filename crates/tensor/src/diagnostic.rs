@@ -11,6 +11,7 @@ use crate::cache::{KvLayerPool, StateLayerPool};
 use crate::device_sampling::RowSampling;
 use crate::generated::GeneratedMatrix;
 use crate::host::{HostTensor, TensorError};
+use crate::moe::{ExpertShape, ExpertTensors, Experts, MoeRouting, SharedExpert};
 use crate::op_profile::OpTiming;
 
 /// The attention-backend name that selects this fault.
@@ -249,6 +250,33 @@ impl<B: Backend> Backend for BrokenAttention<B> {
         renormalize: bool,
     ) -> Vec<RouteChoice> {
         self.inner.route_top_k(logits, experts, top_k, renormalize)
+    }
+    fn load_experts(
+        &self,
+        experts: &[ExpertTensors],
+        shape: ExpertShape,
+    ) -> Result<Experts<Self::Mat>, TensorError> {
+        self.inner.load_experts(experts, shape)
+    }
+    fn generate_experts(
+        &self,
+        gate_up: &GeneratedMatrix,
+        down: &GeneratedMatrix,
+        shape: ExpertShape,
+    ) -> Option<Result<Experts<Self::Mat>, TensorError>> {
+        self.inner.generate_experts(gate_up, down, shape)
+    }
+    fn moe_experts(
+        &self,
+        x: &Self::Buf,
+        router_logits: &Self::Buf,
+        experts: &Experts<Self::Mat>,
+        routing: MoeRouting,
+        tokens: usize,
+        shared: Option<SharedExpert<'_, Self::Mat, Self::Buf>>,
+    ) -> Self::Buf {
+        self.inner
+            .moe_experts(x, router_logits, experts, routing, tokens, shared)
     }
     fn generate_mat(&self, spec: &GeneratedMatrix) -> Option<Result<Self::Mat, TensorError>> {
         self.inner.generate_mat(spec)

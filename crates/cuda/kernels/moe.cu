@@ -1,0 +1,482 @@
+// The routed experts of a MoE block without leaving the device and without a launch per expert.
+// Every path starts with
+//   moe_route         router logits [T, E] -> top-k expert ids and weights per token
+// then, for many tokens (tensor cores, grouped by expert):
+//   moe_plan          slots (token, rank) grouped by expert into work blocks of <= 8 x TILES slots
+//   moe_gate_up_t*    act[slot] = silu(gate_e x) * up_e x, every work block of every expert in one launch
+//   moe_down_t*       y[slot]   = down_e act[slot], likewise
+//   moe_combine       out[t]    = sum over ranks of weight * y (+ the gated shared expert)
+// and for a few tokens (CUDA cores, by slot; see moe_gate_up_slots):
+//   moe_gate_up_slots, moe_down_combine
+//
+// Expert weights are stacked: gate_up [E * 2 * im, h] (expert e's im gate rows, then its im up rows)
+// and down [E * h, im], bf16. A work block reads its expert's rows once for up to 8 x TILES slots
+// (the tensor-core skinny GEMM of gemv.cu with the activations gathered per column; TILES 1 for a
+// decode batch, 4 for a prefill), so a prefill reads each expert about slots / E / 32 times.
+//
+// Determinism: a slot's products do not depend on which other slots share its work block (each mma
+// column is its own dot product, K in a fixed order), activations and outputs are indexed by slot,
+// and the combine adds the ranks in rank order; so the order moe_plan puts slots in (set by atomics)
+// never reaches the numbers, and a token's result does not depend on what else is batched.
+
+#define MOE_MAX_EXPERTS 512
+#define MOE_EXPERTS_PER_LANE (MOE_MAX_EXPERTS / 32)
+#define MOE_WARPS 8
+
+// One warp per token. Ranks by probability, highest first, ties to the lower expert index (the
+// reference's stable sort); the softmax and the weights in f64 as the reference computes them.
+// Ranking compares the f32 logits, which orders them as their f64 probabilities do (exp is
+// increasing; the two differ only for logits more than ~745 below the maximum, where f64 rounds
+// the probability to 0). The chosen ranks' probabilities are then computed side by side, summed in
+// rank order for the renormalisation, and written. Grid: ceil(tokens / MOE_ROUTE_WARPS) blocks of
+// 32 * MOE_ROUTE_WARPS threads.
+#define MOE_ROUTE_WARPS 4
+extern "C" __global__ void moe_route(const float* __restrict__ logits, int tokens, int experts, int top_k,
+                                     int renormalize, int* __restrict__ ids, float* __restrict__ weights) {
+    // top_k <= experts <= MOE_MAX_EXPERTS (checked by the launcher).
+    __shared__ float chosen_logit[MOE_ROUTE_WARPS][MOE_MAX_EXPERTS];
+    __shared__ double chosen_p[MOE_ROUTE_WARPS][MOE_MAX_EXPERTS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int token = blockIdx.x * MOE_ROUTE_WARPS + warp;
+    if (token >= tokens) return;
+    const float* row = logits + (i64)token * experts;
+    float v[MOE_EXPERTS_PER_LANE];
+    float row_max = NEG_INF;
+#pragma unroll
+    for (int i = 0; i < MOE_EXPERTS_PER_LANE; ++i) {
+        const int e = lane + 32 * i;
+        v[i] = e < experts ? row[e] : NEG_INF;
+        row_max = fmaxf(row_max, v[i]);
+    }
+    for (int o = 16; o > 0; o >>= 1) row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, o));
+    double total = 0.0;
+#pragma unroll
+    for (int i = 0; i < MOE_EXPERTS_PER_LANE; ++i)
+        if (lane + 32 * i < experts) total += exp((double)v[i] - (double)row_max);
+    for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
+
+    const i64 out = (i64)token * top_k;
+    unsigned int taken = 0;
+    for (int r = 0; r < top_k; ++r) {
+        float best = NEG_INF;
+        int best_e = 0x7fffffff;
+#pragma unroll
+        for (int i = 0; i < MOE_EXPERTS_PER_LANE; ++i) {
+            const int e = lane + 32 * i;
+            if (e < experts && !(taken >> i & 1u) && (v[i] > best || (v[i] == best && e < best_e))) {
+                best = v[i];
+                best_e = e;
+            }
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            const float other = __shfl_xor_sync(0xffffffffu, best, o);
+            const int other_e = __shfl_xor_sync(0xffffffffu, best_e, o);
+            if (other > best || (other == best && other_e < best_e)) {
+                best = other;
+                best_e = other_e;
+            }
+        }
+        if (best_e >= experts) best_e = 0;  // NaN logits: keep the index in range
+        if ((best_e & 31) == lane) taken |= 1u << (best_e >> 5);
+        if (lane == 0) {
+            ids[out + r] = best_e;
+            chosen_logit[warp][r] = best;
+        }
+    }
+    __syncwarp();
+    for (int r = lane; r < top_k; r += 32) chosen_p[warp][r] = exp((double)chosen_logit[warp][r] - (double)row_max) / total;
+    __syncwarp();
+    double chosen_sum = 0.0;
+    if (renormalize)
+        for (int r = 0; r < top_k; ++r) chosen_sum += chosen_p[warp][r];
+    for (int r = lane; r < top_k; r += 32)
+        weights[out + r] = (float)(renormalize ? chosen_p[warp][r] / chosen_sum : chosen_p[warp][r]);
+}
+
+// Exclusive prefix sums of `a` and `b` over the block's threads in thread order (blockDim.x <= 1024);
+// every thread gets its own prefixes and the totals.
+__device__ __forceinline__ void block_exclusive_scan2(int a, int b, int* a_before, int* b_before, int* a_total,
+                                                      int* b_total) {
+    __shared__ int warp_a[32], warp_b[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+    int ia = a, ib = b;
+    for (int o = 1; o < 32; o <<= 1) {
+        const int na = __shfl_up_sync(0xffffffffu, ia, o), nb = __shfl_up_sync(0xffffffffu, ib, o);
+        if (lane >= o) {
+            ia += na;
+            ib += nb;
+        }
+    }
+    if (lane == 31) {
+        warp_a[warp] = ia;
+        warp_b[warp] = ib;
+    }
+    __syncthreads();
+    int ba = 0, bb = 0, ta = 0, tb = 0;
+    for (int w = 0; w < warps; ++w) {
+        if (w < warp) {
+            ba += warp_a[w];
+            bb += warp_b[w];
+        }
+        ta += warp_a[w];
+        tb += warp_b[w];
+    }
+    *a_before = ba + ia - a;
+    *b_before = bb + ib - b;
+    *a_total = ta;
+    *b_total = tb;
+}
+
+// One block of 1024 threads (>= MOE_MAX_EXPERTS). Groups the `slots` (= tokens * top_k) by expert:
+// `sorted` lists every slot once, expert by expert; `blocks[b]` = (expert, first index into sorted,
+// count <= block_rows), `*block_count` how many are used (the grids are sized for the most there
+// can be).
+extern "C" __global__ void moe_plan(const int* __restrict__ ids, int slots, int experts, int block_rows,
+                                    int* __restrict__ sorted, int4* __restrict__ blocks,
+                                    int* __restrict__ block_count) {
+    __shared__ int count[MOE_MAX_EXPERTS], cursor[MOE_MAX_EXPERTS];
+    const int e = threadIdx.x;
+    if (e < experts) count[e] = 0;
+    __syncthreads();
+    for (int s = threadIdx.x; s < slots; s += blockDim.x) atomicAdd(&count[ids[s]], 1);
+    __syncthreads();
+    const int mine = e < experts ? count[e] : 0;
+    const int my_blocks = (mine + block_rows - 1) / block_rows;
+    int offset, first_block, total_slots, total_blocks;
+    block_exclusive_scan2(mine, my_blocks, &offset, &first_block, &total_slots, &total_blocks);
+    if (e < experts) cursor[e] = offset;
+    if (threadIdx.x == 0) *block_count = total_blocks;
+    __syncthreads();
+    for (int s = threadIdx.x; s < slots; s += blockDim.x) sorted[atomicAdd(&cursor[ids[s]], 1)] = s;
+    for (int b = 0; b < my_blocks; ++b) {
+        const int first = b * block_rows;
+        blocks[first_block + b] = make_int4(e, offset + first, min(block_rows, mine - first), 0);
+    }
+}
+
+// One work block of one expert against 16 of its output rows (GATE_UP: 16 gate rows and the 16 up
+// rows that pair with them), for up to 8 * TILES slots. The warps split K in interleaved 32-column
+// pieces as gemv.cu's tensor-core kernel does; their totals are added in warp order (warp 0's, then
+// warp 1's added to it, ...) through shared memory. Column g of token tile t is slot
+// sorted[first + 8t + g]; its activations are row `slot / row_divisor` of `x` (the token for the
+// gate/up projection, the slot itself for down). Tiles past the block's slots are skipped, so a
+// slot's result is the same whatever TILES the launch uses.
+template <bool GATE_UP, int TILES>
+__device__ __forceinline__ void moe_tile(const bf16_bits* __restrict__ w, int out_rows, int k,
+                                         const bf16_bits* __restrict__ x, int row_divisor,
+                                         const int* __restrict__ sorted, const int* __restrict__ block_count,
+                                         const int4* __restrict__ blocks, bf16_bits* __restrict__ act,
+                                         float* __restrict__ y) {
+    constexpr int SETS = GATE_UP ? 2 : 1;
+    __shared__ float totals[SETS * TILES * 4][32];
+    if ((int)blockIdx.y >= *block_count) return;
+    const int4 work = blocks[blockIdx.y];
+    const int expert = work.x, first = work.y, rows = work.z;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+    const int row_lo = blockIdx.x * 16 + g, row_hi = row_lo + 8;
+    // Expert e's matrix: GATE_UP rows [e * 2 * out_rows, (e + 1) * 2 * out_rows), down [e * out_rows, ...).
+    const bf16_bits* base = w + (i64)expert * SETS * out_rows * k;
+    const bf16_bits* wr[SETS][2];
+#pragma unroll
+    for (int s = 0; s < SETS; ++s) {
+        wr[s][0] = row_lo < out_rows ? base + ((i64)s * out_rows + row_lo) * k : nullptr;
+        wr[s][1] = row_hi < out_rows ? base + ((i64)s * out_rows + row_hi) * k : nullptr;
+    }
+    const bf16_bits* xr[TILES];
+#pragma unroll
+    for (int t = 0; t < TILES; ++t) {
+        const int j = 8 * t + g;
+        xr[t] = j < rows ? x + (i64)(sorted[first + j] / row_divisor) * k : nullptr;
+    }
+
+    float acc[SETS][TILES][4];
+#pragma unroll
+    for (int s = 0; s < SETS; ++s)
+#pragma unroll
+        for (int t = 0; t < TILES; ++t) acc[s][t][0] = acc[s][t][1] = acc[s][t][2] = acc[s][t][3] = 0.0f;
+
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+    for (int col0 = warp * 32; col0 < k; col0 += MOE_WARPS * 32) {
+        const int col = col0 + 8 * c;
+        const bool in = col < k;
+        uint4 wv[SETS][2], xv[TILES];
+#pragma unroll
+        for (int s = 0; s < SETS; ++s) {
+            wv[s][0] = (in && wr[s][0]) ? load_streaming(wr[s][0] + col) : zero;
+            wv[s][1] = (in && wr[s][1]) ? load_streaming(wr[s][1] + col) : zero;
+        }
+#pragma unroll
+        for (int t = 0; t < TILES; ++t) xv[t] = (in && xr[t]) ? *(const uint4*)(xr[t] + col) : zero;
+#pragma unroll
+        for (int s = 0; s < SETS; ++s) {
+#pragma unroll
+            for (int t = 0; t < TILES; ++t) {
+                if (8 * t >= rows) continue;  // the whole tile is past the block's slots
+                float piece[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                mma_bf16(piece, wv[s][0].x, wv[s][1].x, wv[s][0].y, wv[s][1].y, xv[t].x, xv[t].y);
+                mma_bf16(piece, wv[s][0].z, wv[s][1].z, wv[s][0].w, wv[s][1].w, xv[t].z, xv[t].w);
+#pragma unroll
+                for (int i = 0; i < 4; ++i) acc[s][t][i] += piece[i];
+            }
+        }
+    }
+    for (int v = 0; v < MOE_WARPS; ++v) {
+        if (warp == v) {
+#pragma unroll
+            for (int s = 0; s < SETS; ++s)
+#pragma unroll
+                for (int t = 0; t < TILES; ++t)
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        float& total = totals[(s * TILES + t) * 4 + i][lane];
+                        total = v == 0 ? acc[s][t][i] : total + acc[s][t][i];
+                    }
+        }
+        __syncthreads();
+    }
+    if (warp != 0) return;
+    // totals[(s, t, i)]: row g (i < 2) or g + 8, column 8t + 2c + (i & 1).
+#pragma unroll
+    for (int t = 0; t < TILES; ++t) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int j = 8 * t + 2 * c + (i & 1);
+            const int row = i < 2 ? row_lo : row_hi;
+            if (j >= rows || row >= out_rows) continue;
+            const int slot = sorted[first + j];
+            const float first_sum = totals[t * 4 + i][lane];
+            if (GATE_UP) {
+                const float up = totals[(TILES + t) * 4 + i][lane];
+                act[(i64)slot * out_rows + row] = f32_to_bf16(silu_f(first_sum) * up);
+            } else {
+                y[(i64)slot * out_rows + row] = first_sum;
+            }
+        }
+    }
+}
+
+// moe_gate_up_t{TILES}: act [slots, im] (bf16) from xb [tokens, h] (bf16); moe_down_t{TILES}: y
+// [slots, h] (f32) from act. Work blocks of up to 8 * TILES slots (moe_plan's block_rows). Grid:
+// (ceil(rows / 16), most work blocks) blocks of 32 * MOE_WARPS threads; h and im % 8 == 0 and
+// 16-byte aligned rows (checked by the launcher).
+#define MOE_GROUPED_KERNELS(TILES)                                                                        \
+    extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS) moe_gate_up_t##TILES(                   \
+        const bf16_bits* __restrict__ gate_up, int im, int h, const bf16_bits* __restrict__ xb, int top_k, \
+        const int* __restrict__ sorted, const int* __restrict__ block_count, const int4* __restrict__ blocks, \
+        bf16_bits* __restrict__ act) {                                                                     \
+        moe_tile<true, TILES>(gate_up, im, h, xb, top_k, sorted, block_count, blocks, act, nullptr);     \
+    }                                                                                                      \
+    extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS) moe_down_t##TILES(                      \
+        const bf16_bits* __restrict__ down, int h, int im, const bf16_bits* __restrict__ act,              \
+        const int* __restrict__ sorted, const int* __restrict__ block_count, const int4* __restrict__ blocks, \
+        float* __restrict__ y) {                                                                           \
+        moe_tile<false, TILES>(down, h, im, act, 1, sorted, block_count, blocks, nullptr, y);            \
+    }
+MOE_GROUPED_KERNELS(1)
+MOE_GROUPED_KERNELS(4)
+
+// Decode (a few tokens) on the CUDA cores, organised by slot rather than by expert, so no plan is
+// needed: moe_gate_up_slots gives each slot (token, rank) its own blocks, and moe_down_combine
+// gives each token its own blocks that run all of its ranks' down rows and add them up in rank
+// order with the shared expert (the combine of the tensor-core path, fused). With few tokens an
+// expert is read about once per step (a repeat within the batch comes from L2). Rows are read the
+// way gemv.cu's lane kernel reads them: each warp owns MOE_LANE_ROWS output rows in 512-byte
+// sweeps, several sweeps in flight, many small blocks so that every SM has warps enough to keep
+// the memory system busy. Each lane sums its vectors in order and the warp reduces by butterfly,
+// the same for every slot whatever else is batched.
+// moe_gate_up_slots: warps per block, (gate, up) row pairs per warp, 512-byte sweeps in flight per
+// row (8: a whole 2048-wide row in one round trip).
+#define MOE_LANE_WARPS 4
+#define MOE_LANE_ROWS 1
+#define MOE_LANE_UNROLL 8
+// moe_down_combine: warps per block, output rows per block, and the (row, rank) dot products each
+// warp has in flight at once (each a whole row of up to 512 columns).
+#define MOE_DOWN_WARPS 4
+#define MOE_DOWN_ROWS 2
+#define MOE_DOWN_ITEMS 5
+
+__device__ __forceinline__ float dot8(const uint4 w, const float* x, float acc) {
+    float wf[8];
+    bf16x8_to_f32(w, wf);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc = fmaf(wf[e], x[e], acc);
+    return acc;
+}
+
+__device__ __forceinline__ float warp_sum(float a) {
+    for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+    return a;
+}
+
+// The slot path's view of one rank of one token: its gate and up rows (stride h), its down rows
+// (stride `down_cols`) and how many rows the gate/up projection has. Ranks 0 .. top_k - 1 are the
+// routed experts (from ids); rank top_k, when `ranks` is top_k + 1, is the shared expert.
+struct MoeSlotWeights {
+    const bf16_bits* gate;
+    const bf16_bits* up;
+    const bf16_bits* down;
+    int rows;
+};
+
+struct MoeShared {
+    const bf16_bits* gate;  // [ims, h]
+    const bf16_bits* up;    // [ims, h]
+    const bf16_bits* down;  // [h, ims]
+    const float* gate_logits;  // [T]
+    int ims;
+};
+
+__device__ __forceinline__ MoeSlotWeights moe_slot_weights(const bf16_bits* gate_up, const bf16_bits* down, int im,
+                                                           int h, const int* ids, int top_k, const MoeShared& shared,
+                                                           int t, int r) {
+    MoeSlotWeights w;
+    if (r < top_k) {
+        const i64 e = ids[(i64)t * top_k + r];
+        w.gate = gate_up + e * 2 * im * h;
+        w.up = w.gate + (i64)im * h;
+        w.down = down + e * h * im;
+        w.rows = im;
+    } else {
+        w.gate = shared.gate;
+        w.up = shared.up;
+        w.down = shared.down;
+        w.rows = shared.ims;
+    }
+    return w;
+}
+
+// act [T * ranks, act_stride] (bf16): for slot s = t * ranks + r, silu(gate x_t) * up x_t with rank
+// r's weights; x in f32 (rounded to bf16 on load). Grid: (ceil(max rows / (MOE_LANE_WARPS *
+// MOE_LANE_ROWS)), T * ranks) blocks of 32 * MOE_LANE_WARPS threads; h % 8 == 0.
+extern "C" __global__ void __launch_bounds__(32 * MOE_LANE_WARPS)
+    moe_gate_up_slots(const bf16_bits* __restrict__ gate_up, int im, int h, const float* __restrict__ x, int top_k,
+                      int ranks, const int* __restrict__ ids, const MoeShared shared, bf16_bits* __restrict__ act,
+                      int act_stride) {
+    const int slot = blockIdx.y, lane = threadIdx.x & 31;
+    const int t = slot / ranks;
+    const MoeSlotWeights sw = moe_slot_weights(gate_up, nullptr, im, h, ids, top_k, shared, t, slot % ranks);
+    const int row0 = (blockIdx.x * MOE_LANE_WARPS + (threadIdx.x >> 5)) * MOE_LANE_ROWS;
+    if (row0 >= sw.rows) return;
+    const float* xr = x + (i64)t * h;
+    const bf16_bits* wr[2][MOE_LANE_ROWS];
+#pragma unroll
+    for (int r = 0; r < MOE_LANE_ROWS; ++r) {
+        const bool in = row0 + r < sw.rows;
+        wr[0][r] = in ? sw.gate + (i64)(row0 + r) * h : nullptr;
+        wr[1][r] = in ? sw.up + (i64)(row0 + r) * h : nullptr;
+    }
+    float acc[2][MOE_LANE_ROWS] = {};
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+    const int vecs = h / 8;
+    for (int v0 = lane; v0 < vecs; v0 += 32 * MOE_LANE_UNROLL) {
+        uint4 wv[2][MOE_LANE_ROWS][MOE_LANE_UNROLL];
+#pragma unroll
+        for (int u = 0; u < MOE_LANE_UNROLL; ++u) {
+            const int v = v0 + 32 * u;
+#pragma unroll
+            for (int s = 0; s < 2; ++s)
+#pragma unroll
+                for (int r = 0; r < MOE_LANE_ROWS; ++r)
+                    wv[s][r][u] = (v < vecs && wr[s][r]) ? load_streaming(wr[s][r] + 8 * v) : zero;
+        }
+#pragma unroll
+        for (int u = 0; u < MOE_LANE_UNROLL; ++u) {
+            const int v = v0 + 32 * u;
+            if (v >= vecs) continue;
+            float xf[8];
+            load_rounded8(xr + 8 * v, xf);
+#pragma unroll
+            for (int s = 0; s < 2; ++s)
+#pragma unroll
+                for (int r = 0; r < MOE_LANE_ROWS; ++r) acc[s][r] = dot8(wv[s][r][u], xf, acc[s][r]);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < MOE_LANE_ROWS; ++r) {
+        const float g = warp_sum(acc[0][r]), u = warp_sum(acc[1][r]);
+        if (lane == 0 && row0 + r < sw.rows) act[(i64)slot * act_stride + row0 + r] = f32_to_bf16(silu_f(g) * u);
+    }
+}
+
+// out [T, h]: for token t = blockIdx.y and row d, the sum over routed ranks r in order of
+// weights[t, r] * (down_e act[t * ranks + r])[d], then, when ranks is top_k + 1, plus
+// sigmoid(gate_logits[t]) * (shared down act[t * ranks + top_k])[d]: moe_down + moe_combine for few
+// tokens, in the combine's order. A block owns MOE_DOWN_ROWS rows; its warps share out the (row,
+// rank) dot products, MOE_DOWN_ITEMS at a time with all their loads in flight, and leave each
+// product in shared memory; then one thread per row adds them up in rank order.
+// Grid: (ceil(h / MOE_DOWN_ROWS), T) blocks of 32 * MOE_DOWN_WARPS threads; im and ims % 8 == 0.
+extern "C" __global__ void __launch_bounds__(32 * MOE_DOWN_WARPS)
+    moe_down_combine(const bf16_bits* __restrict__ down, int h, int im, const bf16_bits* __restrict__ act,
+                     int act_stride, int top_k, int ranks, const int* __restrict__ ids,
+                     const float* __restrict__ weights, const MoeShared shared, float* __restrict__ out) {
+    __shared__ float products[MOE_DOWN_ROWS][MOE_MAX_EXPERTS + 1];
+    const int t = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int row0 = blockIdx.x * MOE_DOWN_ROWS;
+    const int items = MOE_DOWN_ROWS * ranks;
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+    for (int first = warp; first < items; first += MOE_DOWN_WARPS * MOE_DOWN_ITEMS) {
+        const bf16_bits* w[MOE_DOWN_ITEMS];
+        const bf16_bits* a[MOE_DOWN_ITEMS];
+        int cols[MOE_DOWN_ITEMS];
+#pragma unroll
+        for (int q = 0; q < MOE_DOWN_ITEMS; ++q) {
+            const int item = first + q * MOE_DOWN_WARPS;
+            const int rank = item % ranks, row = row0 + item / ranks;
+            const bool in = item < items && row < h;
+            const MoeSlotWeights sw = moe_slot_weights(nullptr, down, im, h, ids, top_k, shared, t, in ? rank : 0);
+            cols[q] = in ? sw.rows : 0;
+            w[q] = sw.down + (i64)(in ? row : 0) * sw.rows;
+            a[q] = act + ((i64)t * ranks + rank) * act_stride;
+        }
+        float acc[MOE_DOWN_ITEMS] = {};
+        for (int v0 = lane; 8 * v0 < act_stride; v0 += 64) {
+            uint4 wv[MOE_DOWN_ITEMS][2], av[MOE_DOWN_ITEMS][2];
+#pragma unroll
+            for (int q = 0; q < MOE_DOWN_ITEMS; ++q)
+#pragma unroll
+                for (int u = 0; u < 2; ++u) {
+                    const int v = v0 + 32 * u;
+                    const bool in = 8 * v < cols[q];
+                    wv[q][u] = in ? load_streaming(w[q] + 8 * v) : zero;
+                    av[q][u] = in ? *(const uint4*)(a[q] + 8 * v) : zero;
+                }
+#pragma unroll
+            for (int q = 0; q < MOE_DOWN_ITEMS; ++q)
+#pragma unroll
+                for (int u = 0; u < 2; ++u) {
+                    float af[8];
+                    bf16x8_to_f32(av[q][u], af);
+                    acc[q] = dot8(wv[q][u], af, acc[q]);
+                }
+        }
+#pragma unroll
+        for (int q = 0; q < MOE_DOWN_ITEMS; ++q) {
+            const int item = first + q * MOE_DOWN_WARPS;
+            const float y = warp_sum(acc[q]);
+            if (lane == 0 && item < items) products[item / ranks][item % ranks] = y;
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x >= MOE_DOWN_ROWS || row0 + (int)threadIdx.x >= h) return;
+    const int r = threadIdx.x;
+    float total = 0.0f;
+    for (int rank = 0; rank < ranks; ++rank) {
+        const float wq = rank < top_k ? weights[(i64)t * top_k + rank] : sigmoid_f(shared.gate_logits[t]);
+        total += wq * products[r][rank];
+    }
+    out[(i64)t * h + row0 + r] = total;
+}
+
+// out [tokens, h] = sum over ranks r of weights[t, r] * y[t * top_k + r] (rank order), plus
+// sigmoid(shared_gate[t]) * shared[t] when `shared` is given.
+extern "C" __global__ void moe_combine(const float* __restrict__ y, const float* __restrict__ weights, int tokens,
+                                       int top_k, int h, const float* __restrict__ shared,
+                                       const float* __restrict__ shared_gate, float* __restrict__ out) {
+    FOR_EACH(i, (i64)tokens * h) {
+        const i64 t = i / h, d = i % h;
+        float sum = 0.0f;
+        for (int r = 0; r < top_k; ++r) sum += weights[t * top_k + r] * y[(t * top_k + r) * h + d];
+        if (shared) sum += sigmoid_f(shared_gate[t]) * shared[i];
+        out[i] = sum;
+    }
+}

@@ -1,0 +1,585 @@
+//! The routed experts of a MoE block on the device (moe.cu): routing, grouping by expert, the
+//! gate/up and down projections of every chosen expert in one launch each, and the weighted combine
+//! with the shared expert; no host round trip, so a MoE decode step can be captured in a graph.
+//! Expert weights are stacked at load (`ExpertWeights::Stacked`) so each kernel finds an expert's
+//! rows at a fixed stride. f32 GEMMs (`--cuda-matmul-precision f32`) and shapes the kernels do not
+//! take keep one matrix per expert and the generic path.
+
+use crate::backend::{launch, CudaBackend};
+use crate::buffer::CudaBuf;
+use crate::mat::{CudaMat, MatData};
+use crate::options::GemmPrecision;
+use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, LaunchConfig};
+use deltaserve_tensor::dtype::f32_to_bf16;
+use deltaserve_tensor::moe::{load_per_expert, moe_per_expert, shared_expert_output};
+use deltaserve_tensor::Backend;
+use deltaserve_tensor::{
+    DType, ExpertShape, ExpertTensors, ExpertWeights, Experts, GeneratedMatrix, HostTensor,
+    MoeRouting, SharedExpert, TensorError,
+};
+
+/// `MOE_MAX_EXPERTS` and `MOE_WARPS` of moe.cu.
+const MAX_EXPERTS: usize = 512;
+const WARPS: u32 = 8;
+
+/// The grouped kernels for `tokens`, and their work-block size (8 slots per token tile). A decode
+/// batch puts a few slots on each expert, so one tile keeps the registers (and the blocks in
+/// flight per SM) of a one-tile kernel; a prefill puts tens on each, and wider blocks read each
+/// expert fewer times. A slot's result does not depend on the choice (see moe_tile).
+/// Measured on the H200 (35B-A3B shape): one tile made a batch-16 step 14.8 ms instead of 17.2;
+/// eight tiles (64-slot blocks) made a 2048-token prefill slower than four (6,568 vs 8,129 tok/s).
+fn grouped_kernels(tokens: usize) -> (&'static str, &'static str, usize) {
+    if tokens <= 64 {
+        ("moe_gate_up_t1", "moe_down_t1", 8)
+    } else {
+        ("moe_gate_up_t4", "moe_down_t4", 32)
+    }
+}
+/// Output rows per block of the gate/up and down kernels.
+const TILE_ROWS: usize = 16;
+/// `MOE_LANE_WARPS` and `MOE_LANE_WARPS` x `MOE_LANE_ROWS` of moe.cu: warps and output rows per
+/// block of `moe_gate_up_slots`.
+const LANE_WARPS: u32 = 4;
+const LANE_ROWS_PER_BLOCK: usize = 4;
+/// `MOE_DOWN_WARPS` and `MOE_DOWN_ROWS` of moe.cu: warps and output rows per block of
+/// `moe_down_combine`.
+const DOWN_WARPS: u32 = 4;
+const DOWN_ROWS_PER_BLOCK: usize = 2;
+/// Up to this many tokens the by-slot kernels run (each slot reads its expert; with more tokens
+/// the experts repeat and grouping them on the tensor cores reads less); beyond, the grouped path.
+/// A token's result is bit for bit the same at every batch size within each of the two ranges.
+const SLOT_PATH_MAX_TOKENS: usize = 4;
+/// Tokens routed per block of `moe_route` (`MOE_ROUTE_WARPS`: one warp each).
+const ROUTE_TOKENS_PER_BLOCK: usize = 4;
+
+/// Whether the fused kernels can run these experts: bf16 GEMMs, rows of whole 16-byte vectors,
+/// few enough experts for the routing kernel's registers.
+fn fused_applies(precision: GemmPrecision, shape: ExpertShape) -> bool {
+    precision == GemmPrecision::Bf16
+        && (1..=MAX_EXPERTS).contains(&shape.experts)
+        && shape.hidden.is_multiple_of(8)
+        && shape.intermediate.is_multiple_of(8)
+        && shape.hidden > 0
+        && shape.intermediate > 0
+        && shape.experts * 2 * shape.intermediate * shape.hidden < i32::MAX as usize
+}
+
+/// The bf16 bits of a host tensor (bf16 as stored, anything else rounded to nearest even).
+fn bf16_bits(t: &HostTensor) -> Vec<u16> {
+    match t.dtype {
+        DType::BF16 => t
+            .bytes()
+            .chunks_exact(2)
+            .map(|c| u16::from_le_bytes([c[0], c[1]]))
+            .collect(),
+        _ => t.to_f32_vec().into_iter().map(f32_to_bf16).collect(),
+    }
+}
+
+impl CudaBackend {
+    pub(crate) fn load_experts_op(
+        &self,
+        experts: &[ExpertTensors],
+        shape: ExpertShape,
+    ) -> Result<Experts<CudaMat>, TensorError> {
+        if !fused_applies(self.gemm_precision, shape) || experts.len() != shape.experts {
+            return load_per_expert(self, experts, shape);
+        }
+        let ExpertShape {
+            experts: e,
+            intermediate: im,
+            hidden: h,
+        } = shape;
+        let mut gate_up: CudaSlice<u16> =
+            self.alloc_for_overwrite("stacked experts", e * 2 * im * h);
+        let mut down: CudaSlice<u16> = self.alloc_for_overwrite("stacked experts", e * h * im);
+        for (i, t) in experts.iter().enumerate() {
+            for (part, (tensor, rows)) in [(&t.gate, im), (&t.up, im)].into_iter().enumerate() {
+                tensor.expect_shape(&[rows, h])?;
+                let start = (i * 2 + part) * im * h;
+                self.copy_into(&mut gate_up, start, &bf16_bits(tensor), &tensor.name)?;
+            }
+            t.down.expect_shape(&[h, im])?;
+            self.copy_into(&mut down, i * h * im, &bf16_bits(&t.down), &t.down.name)?;
+        }
+        Ok(Experts {
+            shape,
+            weights: ExpertWeights::Stacked {
+                gate_up: CudaMat {
+                    rows: e * 2 * im,
+                    cols: h,
+                    data: MatData::Bf16(gate_up),
+                },
+                down: CudaMat {
+                    rows: e * h,
+                    cols: im,
+                    data: MatData::Bf16(down),
+                },
+            },
+        })
+    }
+
+    fn copy_into(
+        &self,
+        dst: &mut CudaSlice<u16>,
+        start: usize,
+        bits: &[u16],
+        name: &str,
+    ) -> Result<(), TensorError> {
+        let mut view = dst.slice_mut(start..start + bits.len());
+        self.stream
+            .memcpy_htod(bits, &mut view)
+            .map_err(|e| TensorError::Invalid {
+                name: name.to_string(),
+                message: format!("could not copy the expert to the GPU: {e:?}"),
+            })
+    }
+
+    pub(crate) fn generate_experts_op(
+        &self,
+        gate_up: &GeneratedMatrix,
+        down: &GeneratedMatrix,
+        shape: ExpertShape,
+    ) -> Option<Result<Experts<CudaMat>, TensorError>> {
+        if !fused_applies(self.gemm_precision, shape) {
+            return None;
+        }
+        let stacked = || -> Result<Experts<CudaMat>, TensorError> {
+            Ok(Experts {
+                shape,
+                weights: ExpertWeights::Stacked {
+                    gate_up: self.generate_mat_op(gate_up)?,
+                    down: self.generate_mat_op(down)?,
+                },
+            })
+        };
+        Some(stacked())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn moe_experts_op(
+        &self,
+        x: &CudaBuf,
+        router_logits: &CudaBuf,
+        experts: &Experts<CudaMat>,
+        routing: MoeRouting,
+        tokens: usize,
+        shared: Option<SharedExpert<'_, CudaMat, CudaBuf>>,
+    ) -> CudaBuf {
+        let ExpertWeights::Stacked { gate_up, down } = &experts.weights else {
+            return moe_per_expert(self, x, router_logits, experts, routing, tokens, shared);
+        };
+        let ExpertShape {
+            experts: e,
+            intermediate: im,
+            hidden: h,
+        } = experts.shape;
+        let k = routing.top_k;
+        assert!(
+            (1..=e).contains(&k),
+            "moe: top_k {k} must be between 1 and the {e} experts"
+        );
+        assert!(
+            x.len >= tokens * h && router_logits.len >= tokens * e,
+            "moe: x {} / router logits {} too short for {tokens} tokens",
+            x.len,
+            router_logits.len
+        );
+        if let Some(s) = &shared {
+            assert!(
+                s.gate_logits.len >= tokens,
+                "moe: shared expert gate logits {} too short for {tokens} tokens",
+                s.gate_logits.len
+            );
+        }
+        let (MatData::Bf16(gate_up), MatData::Bf16(down)) = (&gate_up.data, &down.data) else {
+            unreachable!("stacked experts are bf16 (fused_applies)")
+        };
+        if tokens == 0 {
+            return self.scratch(0);
+        }
+        let routes = self.moe_route(router_logits, tokens, e, routing);
+        let fused_shared = match &shared {
+            None => Some(None),
+            Some(s) => SharedMats::of(s, h).map(Some),
+        };
+        match fused_shared {
+            Some(fused) if tokens <= SLOT_PATH_MAX_TOKENS => {
+                let stacked = Stacked {
+                    gate_up,
+                    down,
+                    e,
+                    im,
+                    h,
+                };
+                self.moe_slots(x, &stacked, &routes, fused)
+            }
+            _ if tokens <= SLOT_PATH_MAX_TOKENS => {
+                // A shared expert the slot kernels cannot read (f32, or rows not whole vectors):
+                // the routed experts fused, the shared one through the dense ops.
+                let stacked = Stacked {
+                    gate_up,
+                    down,
+                    e,
+                    im,
+                    h,
+                };
+                let mut out = self.moe_slots(x, &stacked, &routes, None);
+                if let Some(s) = &shared {
+                    let mut y = shared_expert_output(self, x, s, tokens);
+                    self.sigmoid_scale_rows_op(&mut y, s.gate_logits, h);
+                    self.add_inplace_op(&mut out, &y);
+                }
+                out
+            }
+            _ => {
+                let stacked = Stacked {
+                    gate_up,
+                    down,
+                    e,
+                    im,
+                    h,
+                };
+                let shared_out = shared
+                    .as_ref()
+                    .map(|s| (shared_expert_output(self, x, s, tokens), s.gate_logits));
+                self.moe_grouped(x, &stacked, &routes, shared_out)
+            }
+        }
+    }
+
+    /// `moe_route`: the top-k expert ids and weights of every token.
+    fn moe_route(
+        &self,
+        router_logits: &CudaBuf,
+        tokens: usize,
+        experts: usize,
+        routing: MoeRouting,
+    ) -> Routes {
+        let slots = tokens * routing.top_k;
+        // Every id and weight is written by moe_route.
+        let mut ids: CudaSlice<i32> = self.alloc_for_overwrite("moe expert ids", slots);
+        let mut weights: CudaSlice<f32> = self.alloc_for_overwrite("moe weights", slots);
+        let (t32, e32, k32) = (tokens as i32, experts as i32, routing.top_k as i32);
+        let renormalize = i32::from(routing.renormalize);
+        let cfg = LaunchConfig {
+            grid_dim: (tokens.div_ceil(ROUTE_TOKENS_PER_BLOCK) as u32, 1, 1),
+            block_dim: (32 * ROUTE_TOKENS_PER_BLOCK as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // Contract: logits hold tokens x experts (checked by the caller), 1 <= k <= experts <=
+        // MAX_EXPERTS (checked, fused_applies), ids and weights hold tokens x k.
+        launch!(
+            self,
+            "moe_route",
+            cfg,
+            &router_logits.data,
+            &t32,
+            &e32,
+            &k32,
+            &renormalize,
+            &mut ids,
+            &mut weights
+        );
+        Routes {
+            ids,
+            weights,
+            k: routing.top_k,
+            tokens,
+        }
+    }
+
+    /// The by-slot path for a few tokens: each (token, rank) slot, the shared expert as rank k,
+    /// runs its gate/up rows; then each token its down rows, combined in rank order.
+    fn moe_slots(
+        &self,
+        x: &CudaBuf,
+        w: &Stacked<'_>,
+        routes: &Routes,
+        shared: Option<SharedMats>,
+    ) -> CudaBuf {
+        let Routes {
+            ids,
+            weights,
+            k,
+            tokens,
+        } = routes;
+        let (k, tokens) = (*k, *tokens);
+        let ranks = k + usize::from(shared.is_some());
+        let ims = shared.as_ref().map_or(0, |s| s.ims);
+        let act_stride = w.im.max(ims);
+        let slots = tokens * ranks;
+        // Each act row's first `rows` of its rank are written by the blocks of its slot, and only
+        // those are read.
+        let mut act: CudaSlice<u16> =
+            self.alloc_for_overwrite("moe activations", slots * act_stride);
+        let mut out = CudaBuf {
+            data: self.alloc_for_overwrite("moe output", tokens * w.h),
+            len: tokens * w.h,
+        };
+        let params = shared.map_or_else(MoeShared::default, |s| s.params);
+        let (im32, h32, k32, ranks32, stride32) = (
+            w.im as i32,
+            w.h as i32,
+            k as i32,
+            ranks as i32,
+            act_stride as i32,
+        );
+        let gate_up_cfg = LaunchConfig {
+            grid_dim: (
+                act_stride.div_ceil(LANE_ROWS_PER_BLOCK) as u32,
+                slots as u32,
+                1,
+            ),
+            block_dim: (32 * LANE_WARPS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // Contract: gate_up is e x 2im x h bf16 with h % 8 == 0 (fused_applies), the shared
+        // expert's gate/up ims x h and down h x ims bf16 with ims % 8 == 0 (SharedMats::of); x
+        // holds tokens x h f32 (checked), ids tokens x k experts < e (moe_route), act slots x
+        // act_stride.
+        launch!(
+            self,
+            "moe_gate_up_slots",
+            gate_up_cfg,
+            w.gate_up,
+            &im32,
+            &h32,
+            &x.data,
+            &k32,
+            &ranks32,
+            ids,
+            &params,
+            &mut act,
+            &stride32
+        );
+        let down_cfg = LaunchConfig {
+            grid_dim: (w.h.div_ceil(DOWN_ROWS_PER_BLOCK) as u32, tokens as u32, 1),
+            block_dim: (32 * DOWN_WARPS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // Contract: down is e x h x im bf16 with im % 8 == 0; act, ids, weights as written above;
+        // the shared gate logits hold tokens values (checked); out tokens x h.
+        launch!(
+            self,
+            "moe_down_combine",
+            down_cfg,
+            w.down,
+            &h32,
+            &im32,
+            &act,
+            &stride32,
+            &k32,
+            &ranks32,
+            ids,
+            weights,
+            &params,
+            &mut out.data
+        );
+        out
+    }
+
+    /// The grouped path for many tokens: slots grouped by expert, each expert's work blocks on the
+    /// tensor cores, then the weighted combine with the shared expert's output.
+    fn moe_grouped(
+        &self,
+        x: &CudaBuf,
+        w: &Stacked<'_>,
+        routes: &Routes,
+        shared: Option<(CudaBuf, &CudaBuf)>,
+    ) -> CudaBuf {
+        let Routes {
+            ids,
+            weights,
+            k,
+            tokens,
+        } = routes;
+        let (k, tokens) = (*k, *tokens);
+        let slots = tokens * k;
+        let (t32, e32, k32, h32, im32) =
+            (tokens as i32, w.e as i32, k as i32, w.h as i32, w.im as i32);
+        let (gate_up_kernel, down_kernel, block_rows) = grouped_kernels(tokens);
+        // Most work blocks there can be: each expert's slots split into blocks of block_rows.
+        let max_blocks = (slots / block_rows + w.e.min(slots)).min(slots);
+        let slots32 = slots as i32;
+        // Every sorted entry and used block is written by moe_plan, every act and y row of a slot
+        // by the block that holds it.
+        let mut sorted: CudaSlice<i32> = self.alloc_for_overwrite("moe slot order", slots);
+        let mut blocks: CudaSlice<i32> =
+            self.alloc_for_overwrite("moe work blocks", 4 * max_blocks);
+        let mut block_count: CudaSlice<i32> = self.alloc_for_overwrite("moe block count", 1);
+        let mut act: CudaSlice<u16> = self.alloc_for_overwrite("moe activations", slots * w.im);
+        let mut y: CudaSlice<f32> = self.alloc_for_overwrite("moe expert outputs", slots * w.h);
+        let mut out = CudaBuf {
+            data: self.alloc_for_overwrite("moe output", tokens * w.h),
+            len: tokens * w.h,
+        };
+        let plan_cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (1024, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let block_rows = block_rows as i32;
+        // Contract: ids hold slots values < e <= 1024 (one thread per expert); sorted holds
+        // slots, blocks 4 x max_blocks ints (the most the plan can use, see above).
+        launch!(
+            self,
+            "moe_plan",
+            plan_cfg,
+            ids,
+            &slots32,
+            &e32,
+            &block_rows,
+            &mut sorted,
+            &mut blocks,
+            &mut block_count
+        );
+        let x_bf16 = self.cast_to_bf16(x, tokens * w.h);
+        let gemm_cfg = |rows: usize| LaunchConfig {
+            grid_dim: (rows.div_ceil(TILE_ROWS) as u32, max_blocks as u32, 1),
+            block_dim: (32 * WARPS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // Contract: gate_up is e x 2im x h bf16 and x_bf16 tokens x h with h % 8 == 0
+        // (fused_applies: 16-byte aligned rows); sorted/blocks/block_count as moe_plan left them
+        // (every slot < tokens x k, at most block_rows per block: the kernel's 8 x TILES); act
+        // holds slots x im.
+        launch!(
+            self,
+            gate_up_kernel,
+            gemm_cfg(w.im),
+            w.gate_up,
+            &im32,
+            &h32,
+            &x_bf16,
+            &k32,
+            &sorted,
+            &block_count,
+            &blocks,
+            &mut act
+        );
+        // Contract: down is e x h x im bf16, im % 8 == 0; act as written above; y slots x h.
+        launch!(
+            self,
+            down_kernel,
+            gemm_cfg(w.h),
+            w.down,
+            &h32,
+            &im32,
+            &act,
+            &sorted,
+            &block_count,
+            &blocks,
+            &mut y
+        );
+        let null: u64 = 0;
+        let combine_cfg = Self::elementwise_config(tokens * w.h);
+        // Contract: y holds slots x h, weights slots; the shared output tokens x h (computed here)
+        // and its gate logits tokens values (checked); out tokens x h.
+        match &shared {
+            Some((shared_out, gate_logits)) => launch!(
+                self,
+                "moe_combine",
+                combine_cfg,
+                &y,
+                weights,
+                &t32,
+                &k32,
+                &h32,
+                &shared_out.data,
+                &gate_logits.data,
+                &mut out.data
+            ),
+            None => launch!(
+                self,
+                "moe_combine",
+                combine_cfg,
+                &y,
+                weights,
+                &t32,
+                &k32,
+                &h32,
+                &null,
+                &null,
+                &mut out.data
+            ),
+        }
+        out
+    }
+}
+
+/// What `moe_route` chose: `ids` and `weights [tokens, k]`, rank order.
+struct Routes {
+    ids: CudaSlice<i32>,
+    weights: CudaSlice<f32>,
+    k: usize,
+    tokens: usize,
+}
+
+/// The stacked experts' device data and geometry.
+struct Stacked<'a> {
+    gate_up: &'a CudaSlice<u16>,
+    down: &'a CudaSlice<u16>,
+    e: usize,
+    im: usize,
+    h: usize,
+}
+
+/// `MoeShared` of moe.cu, field for field.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct MoeShared {
+    gate: u64,
+    up: u64,
+    down: u64,
+    gate_logits: u64,
+    ims: i32,
+}
+
+// SAFETY: `MoeShared` is `repr(C)` with the field types and order of the CUDA struct (four 8-byte
+// pointers, then a 32-bit int; both sides pad to 40 bytes), so its bytes are what the kernel
+// expects as a by-value parameter.
+unsafe impl DeviceRepr for MoeShared {}
+
+/// The shared expert as the slot kernels read it (raw device pointers; the matrices outlive the
+/// op that uses them).
+struct SharedMats {
+    params: MoeShared,
+    ims: usize,
+}
+
+impl SharedMats {
+    /// `None` when the slot kernels cannot read this shared expert: f32 weights, rows that are
+    /// not whole 16-byte vectors, or shapes other than `[ims, h]` / `[h, ims]`.
+    fn of(s: &SharedExpert<'_, CudaMat, CudaBuf>, h: usize) -> Option<Self> {
+        let ims = s.gate.rows;
+        let shapes_fit = s.gate.cols == h
+            && (s.up.rows, s.up.cols) == (ims, h)
+            && (s.down.rows, s.down.cols) == (h, ims)
+            && ims > 0
+            && ims.is_multiple_of(8);
+        let (MatData::Bf16(g), MatData::Bf16(u), MatData::Bf16(d)) =
+            (&s.gate.data, &s.up.data, &s.down.data)
+        else {
+            return None;
+        };
+        if !shapes_fit {
+            return None;
+        }
+        let ptr = |m: &CudaSlice<u16>| {
+            let (p, _record) = m.device_ptr(m.stream());
+            p
+        };
+        let (gate_logits, _record) = s.gate_logits.data.device_ptr(s.gate_logits.data.stream());
+        Some(Self {
+            params: MoeShared {
+                gate: ptr(g),
+                up: ptr(u),
+                down: ptr(d),
+                gate_logits,
+                ims: ims as i32,
+            },
+            ims,
+        })
+    }
+}
