@@ -354,7 +354,9 @@ fn progress_bar(what: &str) -> indicatif::ProgressBar {
 /// op-by-op checks of a split target compare its rank 0 against (same weights, same shapes).
 pub fn load_reference_rank0(args: &ModelArgs) -> Result<Model<ReferenceBackend>> {
     let (config, source) = open_source(args)?;
-    let local = rank_config(&config, args.tp_size)?;
+    let mut local = rank_config(&config, args.tp_size)?;
+    // The op checks size the embedding lookup and the head by the vocabulary: rank 0's share.
+    local.vocab_size /= args.tp_size.max(1);
     let shard = deltaserve_model::Shard {
         rank: 0,
         size: args.tp_size,

@@ -2,7 +2,8 @@
 //! with `--tp-size 2` equals `--tp-size 1` on every fixture (dense, MoE, Qwen3-Next fused layout,
 //! tied head, value/key head ratios 2 and 3), and with 2 and 4 on a shape that divides 4 ways
 //! (`--load-format dummy`); `generate` on the demo model gives the same greedy tokens; `bench`
-//! reports its `tp_size`; a split that does not divide is refused naming the config field.
+//! reports its `tp_size`; `doctor --tp-size 2` passes; a split that does not divide is refused
+//! naming the config field.
 
 use deltaserve_model::npy;
 use serde_json::Value;
@@ -192,4 +193,21 @@ fn bench_reports_its_tp_size() {
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["tp_size"], 2, "{report}");
     assert!(report["decode_tokens_per_s"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn doctor_passes_on_the_demo_split_two_ways() {
+    // Ops on rank 0's share of the weights, layers, logits and the canary through both ranks.
+    let out = run(&[
+        "doctor",
+        "--backend",
+        "cpu",
+        "--threads",
+        "2",
+        "--tp-size",
+        "2",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("checks passed"), "{stdout}");
+    assert!(stdout.contains("verdict: ok"), "{stdout}");
 }
