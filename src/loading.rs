@@ -172,6 +172,9 @@ pub fn load_model(args: &ModelArgs) -> Result<AnyModel> {
     let broken = broken_attention_requested(args)?;
     let (config, source) = open_source(args)?;
     let dir = &args.model_path;
+    if args.tp_size == 0 {
+        bail!("--tp-size must be at least 1, found 0");
+    }
     if args.tp_size != 1 || args.tp_force_communicator {
         return load_split(args, broken, config, source.as_ref());
     }
