@@ -5,17 +5,17 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 /// The same backend and load-format choices as `serve` (one definition, in the api crate).
 pub use deltaserve_api::{BackendKind, CpuMatmulPrecision as CpuPrecision, LoadFormat};
-use deltaserve_cuda::{CudaBackend, CudaOptions, GemmPrecision};
+use deltaserve_cuda::{CudaBackend, CudaOptions, GemmPrecision, NcclCommunicator};
 use deltaserve_model::config::ModelConfig;
 use deltaserve_model::dummy::DummySource;
 use deltaserve_model::safetensors::SafetensorsSource;
 use deltaserve_model::source::TensorSource;
 use deltaserve_model::weights::Weights;
-use deltaserve_model::Model;
+use deltaserve_model::{load_tensor_parallel, rank_config, Model};
 use deltaserve_tensor::cpu::{CpuBackend, CpuOptions, IsaLevel, MatmulPrecision, CPU_LEVEL_ENV};
 use deltaserve_tensor::diagnostic::{BrokenAttention, BROKEN_ATTENTION_NAME};
 use deltaserve_tensor::reference::ReferenceBackend;
-use deltaserve_tensor::{Backend, DType};
+use deltaserve_tensor::{Backend, Communicator, DType, InProcessGroup};
 use std::path::{Path, PathBuf};
 
 #[derive(Args, Clone, Debug)]
@@ -52,6 +52,14 @@ pub struct ModelArgs {
     /// deliberately computes attention wrongly, to show doctor, the canary and the detector at work.
     #[arg(long = "attention-backend", default_value = "native")]
     pub attention_backend: String,
+    /// Tensor-parallel ranks: the model split over N GPUs (cuda, NCCL between them) or N
+    /// in-process ranks (cpu, reference; --threads is then shared among them).
+    #[arg(long = "tp-size", alias = "tensor-parallel-size", default_value_t = 1)]
+    pub tp_size: usize,
+    /// With --tp-size 1, run through the tensor-parallel path anyway: a one-rank group (NCCL on
+    /// cuda) whose collectives change nothing. Checks the communicator's plumbing on one GPU.
+    #[arg(long = "tp-force-communicator", hide = true)]
+    pub tp_force_communicator: bool,
 }
 
 /// Decode batches up to this size are replayed as CUDA graphs by default. Measured on the H200
@@ -164,6 +172,12 @@ pub fn load_model(args: &ModelArgs) -> Result<AnyModel> {
     let broken = broken_attention_requested(args)?;
     let (config, source) = open_source(args)?;
     let dir = &args.model_path;
+    if args.tp_size == 0 {
+        bail!("--tp-size must be at least 1, found 0");
+    }
+    if args.tp_size != 1 || args.tp_force_communicator {
+        return load_split(args, broken, config, source.as_ref());
+    }
     Ok(
         match resolve_backend(args.backend, &args.attention_backend) {
             BackendKind::Auto => unreachable!("resolve_backend always picks a concrete backend"),
@@ -182,13 +196,7 @@ pub fn load_model(args: &ModelArgs) -> Result<AnyModel> {
                 AnyModel::Cpu(build(cpu_backend(args)?, config, source.as_ref(), dir)?)
             }
             BackendKind::Cuda => {
-                let options = CudaOptions {
-                    gemm_precision: match args.cuda_matmul_precision {
-                        CpuPrecision::F32 => GemmPrecision::F32,
-                        CpuPrecision::Bf16 => GemmPrecision::Bf16,
-                    },
-                    ..CudaOptions::default()
-                };
+                let options = cuda_options(args);
                 let backend = CudaBackend::with_options(0, options)
                     .map_err(|e| anyhow::anyhow!("--backend cuda: {e}"))?;
                 eprintln!(
@@ -204,6 +212,168 @@ pub fn load_model(args: &ModelArgs) -> Result<AnyModel> {
             }
         },
     )
+}
+
+/// `--tp-size N` (N > 1, or 1 with --tp-force-communicator): N ranks, each with its own backend,
+/// in one process.
+fn load_split(
+    args: &ModelArgs,
+    broken: bool,
+    config: ModelConfig,
+    source: &dyn TensorSource,
+) -> Result<AnyModel> {
+    let n = args.tp_size;
+    let dir = &args.model_path;
+    // Refuse a split that does not divide before touching any device.
+    rank_config(&config, n).with_context(|| format!("splitting the model in {}", dir.display()))?;
+    Ok(
+        match resolve_backend(args.backend, &args.attention_backend) {
+            BackendKind::Auto => unreachable!("resolve_backend always picks a concrete backend"),
+            BackendKind::Reference => AnyModel::Reference(build_split(
+                (0..n).map(|_| ReferenceBackend).collect(),
+                in_process(n),
+                &config,
+                source,
+                dir,
+            )?),
+            BackendKind::Cpu if broken => AnyModel::BrokenCpu(build_split(
+                (0..n)
+                    .map(|_| {
+                        Ok(BrokenAttention {
+                            inner: cpu_rank_backend(args)?,
+                        })
+                    })
+                    .collect::<Result<_>>()?,
+                in_process(n),
+                &config,
+                source,
+                dir,
+            )?),
+            BackendKind::Cpu => AnyModel::Cpu(build_split(
+                (0..n)
+                    .map(|_| cpu_rank_backend(args))
+                    .collect::<Result<_>>()?,
+                in_process(n),
+                &config,
+                source,
+                dir,
+            )?),
+            BackendKind::Cuda => {
+                let options = cuda_options(args);
+                let gpus = deltaserve_cuda::gpu_count()
+                    .map_err(|e| anyhow::anyhow!("--backend cuda: {e}"))?;
+                if gpus < n {
+                    bail!("--tp-size {n} needs {n} GPUs, one per rank; this process sees {gpus}");
+                }
+                let backends = (0..n)
+                    .map(|ordinal| {
+                        CudaBackend::with_options(ordinal, options.clone())
+                            .map_err(|e| anyhow::anyhow!("--backend cuda, GPU {ordinal}: {e}"))
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                for (ordinal, b) in backends.iter().enumerate() {
+                    eprintln!(
+                        "cuda: rank {ordinal} on GPU {ordinal}: {} (compute capability {:?})",
+                        b.device_name(),
+                        b.compute_capability()
+                    );
+                }
+                let comms = NcclCommunicator::group(&backends)
+                    .map_err(|e| anyhow::anyhow!("--tp-size {n}: {e}"))?
+                    .into_iter()
+                    .map(|c| Box::new(c) as Box<dyn Communicator<CudaBackend>>)
+                    .collect();
+                // Split steps run plainly (no CUDA graphs: see Model::forward).
+                AnyModel::Cuda(build_split(backends, comms, &config, source, dir)?)
+            }
+        },
+    )
+}
+
+/// The in-process communicators of an N-rank group.
+fn in_process<B: Backend>(n: usize) -> Vec<Box<dyn Communicator<B>>> {
+    InProcessGroup::new(n)
+        .into_iter()
+        .map(|g| Box::new(g) as Box<dyn Communicator<B>>)
+        .collect()
+}
+
+/// A cpu backend for one of `--tp-size` ranks: `--threads` (all cores when 0) shared among them.
+fn cpu_rank_backend(args: &ModelArgs) -> Result<CpuBackend> {
+    let total = match args.threads {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        t => t,
+    };
+    let per_rank = (total / args.tp_size.max(1)).max(1);
+    cpu_backend(&ModelArgs {
+        threads: per_rank,
+        ..args.clone()
+    })
+}
+
+fn cuda_options(args: &ModelArgs) -> CudaOptions {
+    CudaOptions {
+        gemm_precision: match args.cuda_matmul_precision {
+            CpuPrecision::F32 => GemmPrecision::F32,
+            CpuPrecision::Bf16 => GemmPrecision::Bf16,
+        },
+        ..CudaOptions::default()
+    }
+}
+
+fn build_split<B: Backend + 'static>(
+    backends: Vec<B>,
+    comms: Vec<Box<dyn Communicator<B>>>,
+    config: &ModelConfig,
+    source: &dyn TensorSource,
+    dir: &Path,
+) -> Result<Model<B>> {
+    let n = backends.len();
+    let bar = progress_bar(&format!("loading weights, rank 0 of {n}"));
+    let model = load_tensor_parallel(backends, comms, config, source, true, &mut |done, total| {
+        bar.set_length(total.max(done) as u64);
+        bar.set_position(done as u64);
+    })
+    .with_context(|| {
+        format!(
+            "loading the model in {} split over {n} ranks",
+            dir.display()
+        )
+    })?;
+    bar.finish_and_clear();
+    Ok(model)
+}
+
+fn progress_bar(what: &str) -> indicatif::ProgressBar {
+    indicatif::ProgressBar::new(0).with_style(
+        indicatif::ProgressStyle::with_template(&format!(
+            "{what} [{{bar:40}}] {{pos}}/{{len}} tensors {{elapsed}}"
+        ))
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    )
+}
+
+/// Rank 0's share of the model (`--tp-size N`) on the reference backend, run unsplit: what the
+/// op-by-op checks of a split target compare its rank 0 against (same weights, same shapes).
+pub fn load_reference_rank0(args: &ModelArgs) -> Result<Model<ReferenceBackend>> {
+    let (config, source) = open_source(args)?;
+    let mut local = rank_config(&config, args.tp_size)?;
+    // The op checks size the embedding lookup and the head by the vocabulary: rank 0's share.
+    local.vocab_size /= args.tp_size.max(1);
+    let shard = deltaserve_model::Shard {
+        rank: 0,
+        size: args.tp_size,
+    };
+    let weights = Weights::load_shard(
+        &ReferenceBackend,
+        &config,
+        source.as_ref(),
+        true,
+        shard,
+        &mut |_, _| {},
+    )
+    .with_context(|| format!("loading rank 0's share of {}", args.model_path.display()))?;
+    Ok(Model::new(local, ReferenceBackend, weights))
 }
 
 /// The reference model on the same weights, for comparisons.
@@ -241,12 +411,7 @@ pub fn build<B: Backend>(
     source: &dyn TensorSource,
     dir: &Path,
 ) -> Result<Model<B>> {
-    let bar = indicatif::ProgressBar::new(0).with_style(
-        indicatif::ProgressStyle::with_template(
-            "loading weights [{bar:40}] {pos}/{len} tensors {elapsed}",
-        )
-        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-    );
+    let bar = progress_bar("loading weights");
     let weights = Weights::load(&backend, &config, source, true, &mut |done, total| {
         bar.set_length(total.max(done) as u64);
         bar.set_position(done as u64);

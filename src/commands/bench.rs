@@ -357,7 +357,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
         "load_format": format!("{:?}", args.model.load_format).to_lowercase(),
         "backend": backend,
         "batch": 1,
-        "tp_size": 1,
+        "tp_size": args.model.tp_size,
         "cpu_kernels": cpu_kernels,
         "threads": threads,
         "load_seconds": load_s,

@@ -2,7 +2,9 @@
 //! (every op, then every layer of one prompt), then runs the canary through the degeneration
 //! detector. Prints a table and exits non-zero naming the first op and layer that diverge.
 
-use crate::loading::{load_model, load_reference, with_model, BackendKind, ModelArgs};
+use crate::loading::{
+    load_model, load_reference, load_reference_rank0, with_model, BackendKind, ModelArgs,
+};
 use anyhow::{bail, Result};
 use clap::Args;
 use deltaserve_doctor::canary::{judge, CanarySpec};
@@ -59,9 +61,12 @@ fn row_json(r: &CheckRow) -> serde_json::Value {
     })
 }
 
+/// `ops_reference`: what the op checks compare the target's weights with (the reference itself, or
+/// with `--tp-size N` rank 0's share of it, since the target's own weights are rank 0's share).
 fn examine<B: Backend>(
     args: &DoctorArgs,
     reference: &Model<ReferenceBackend>,
+    ops_reference: &Model<ReferenceBackend>,
     target: &Model<B>,
 ) -> Result<()> {
     let dir = &args.model.model_path;
@@ -79,7 +84,7 @@ fn examine<B: Backend>(
         } else {
             DEFAULT_TOLERANCE
         });
-    let ops = check_ops(reference, target, tolerance);
+    let ops = check_ops(ops_reference, target, tolerance);
     let layers = check_layers(reference, target, &spec.prompt_ids, tolerance);
     let stop_ids = tokenizer.as_ref().map_or_else(
         || target.config.eos_token_ids.clone(),
@@ -172,5 +177,13 @@ pub fn run(mut args: DoctorArgs) -> Result<()> {
     }
     let reference = load_reference(&args.model)?;
     let target = load_model(&args.model)?;
-    with_model!(&target, m => examine(&args, &reference, m))
+    if args.model.tp_size > 1 {
+        eprintln!(
+            "doctor: --tp-size {}: ops are checked on rank 0's share of the weights; layers, logits and the canary through all ranks",
+            args.model.tp_size
+        );
+        let rank0 = load_reference_rank0(&args.model)?;
+        return with_model!(&target, m => examine(&args, &reference, &rank0, m));
+    }
+    with_model!(&target, m => examine(&args, &reference, &reference, m))
 }

@@ -51,7 +51,17 @@ fn model_args(args: &ServeArgs) -> ModelArgs {
             None | Some("auto") => "native".to_string(),
             Some(name) => name.to_string(),
         },
+        tp_size: args.tp_size.unwrap_or(1),
+        tp_force_communicator: args.tp_force_communicator,
     }
+}
+
+/// `(free, total)` as if the device had only `cap` bytes: what is already in use (weights,
+/// runtime) stays in use, the rest of the cap is free.
+fn capped_device_memory(free: usize, total: usize, cap: usize) -> (usize, usize) {
+    let used = total.saturating_sub(free);
+    let total = total.min(cap);
+    (total.saturating_sub(used), total)
 }
 
 fn human_bytes(bytes: usize) -> String {
@@ -71,6 +81,7 @@ fn print_summary(
     backend: &str,
     plan: &PoolPlan,
     spec: Option<&SpecConfig>,
+    tp: Option<(usize, &str)>,
 ) {
     let dtype = config
         .dtype
@@ -83,8 +94,17 @@ fn print_summary(
         config.num_hidden_layers
     );
     eprintln!("  backend          {backend}");
+    let per_gpu = match tp {
+        Some((n, comm)) => {
+            eprintln!(
+                "  tensor parallel  {n} ranks ({comm}); heads, MLP widths and vocabulary split {n} ways"
+            );
+            " per rank"
+        }
+        None => "",
+    };
     eprintln!(
-        "  KV pool          {} blocks x {} tokens = {} tokens, {} ({} per token)",
+        "  KV pool          {} blocks x {} tokens = {} tokens, {}{per_gpu} ({} per token)",
         plan.num_kv_blocks,
         plan.block_size,
         plan.kv_tokens(),
@@ -92,7 +112,7 @@ fn print_summary(
         human_bytes(plan.kv_bytes_per_token)
     );
     eprintln!(
-        "  state-slot pool  {} slots x {} = {}",
+        "  state-slot pool  {} slots x {} = {}{per_gpu}",
         plan.state_slots,
         human_bytes(plan.state_bytes_per_slot),
         human_bytes(plan.state_bytes())
@@ -277,7 +297,12 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
             kv_element_bytes: std::mem::size_of::<f32>(),
         };
         // GPU backends plan from the device's memory (SGLang's rules), CPU ones from the host's.
-        let device = with_model!(&model, m => m.backend.free_device_memory().zip(m.backend.total_device_memory()));
+        // Split over GPUs: every rank holds pools of the same size, planned on the tightest GPU.
+        let device = with_model!(&model, m => m.device_memory());
+        let device = match (device, args.device_memory_cap_gb) {
+            (Some((free, total)), Some(gb)) => Some(capped_device_memory(free, total, (gb * 1e9) as usize)),
+            (device, _) => device,
+        };
         let memory = match device {
             Some((free, total)) => Memory::Device { free, total },
             None => Memory::Host { available: available_memory_bytes() },
@@ -309,7 +334,8 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
             chunked_prefill_size: engine_config.chunked_prefill_size,
         });
         if log_level.shows_info() {
-            print_summary(&args, &config, &backend_name, &plan, spec.as_ref());
+            let tp = with_model!(&model, m => m.communicator_kind().map(|kind| (m.tp_size(), kind)));
+            print_summary(&args, &config, &backend_name, &plan, spec.as_ref(), tp);
         }
         let local: Arc<LocalEngine> = with_model!(model, m => LocalEngine::spawn(m, engine_config));
         if let Some(timeout) = args.watchdog_timeout() {

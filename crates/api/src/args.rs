@@ -100,9 +100,19 @@ pub struct ServeArgs {
     /// <tool_call>); default: the syntax the chat template writes.
     #[arg(long)]
     pub tool_call_parser: Option<String>,
-    /// Tensor-parallel degree (1, the default: every backend runs on one device).
+    /// Tensor-parallel degree: the model split over N GPUs (cuda, over NCCL) or N in-process ranks
+    /// (cpu, reference). 1, the default: the whole model on one device.
     #[arg(long, value_name = "N")]
     pub tp_size: Option<usize>,
+    /// Plan the cache pools as if each GPU had only this many GB (10^9 bytes) of memory, what the
+    /// weights and runtime already use counting against it: rehearses a deployment on smaller
+    /// GPUs (e.g. 48 with --tp-size 2 for two 48 GB cards) on bigger ones.
+    #[arg(long, value_name = "GB")]
+    pub device_memory_cap_gb: Option<f64>,
+    /// With --tp-size 1, run through the tensor-parallel path anyway (a one-rank NCCL group on
+    /// cuda): checks the communicator's plumbing on one GPU.
+    #[arg(long, hide = true)]
+    pub tp_force_communicator: bool,
     /// Data-parallel degree (1, the default: one engine per process).
     #[arg(long, value_name = "N")]
     pub dp_size: Option<usize>,
@@ -476,6 +486,13 @@ impl ServeArgs {
                  float32 on every backend (use float32, the default)",
             );
         }
+        if let Some(gb) = self.device_memory_cap_gb {
+            if !(gb > 0.0 && gb.is_finite()) {
+                return refuse(format!(
+                    "--device-memory-cap-gb must be a positive number of GB, found {gb}"
+                ));
+            }
+        }
         if let Some(f) = self.mem_fraction_static {
             if !(f > 0.0 && f <= 1.0) {
                 return refuse(format!(
@@ -523,9 +540,6 @@ impl ServeArgs {
     }
 
     fn validate_backend(&self) -> Result<(), ArgsError> {
-        if let Some(tp) = self.tp_size.filter(|&tp| tp > 1) {
-            return Err(self.tensor_parallel_refusal("--tp-size", tp));
-        }
         if let Some(dp) = self.dp_size.filter(|&dp| dp > 1) {
             return Err(data_parallel_refusal("--dp-size", dp));
         }
@@ -545,15 +559,6 @@ impl ServeArgs {
             }
         }
         Ok(())
-    }
-
-    /// Tensor parallelism is not implemented (a separate issue); `flag` is the spelling used.
-    pub(crate) fn tensor_parallel_refusal(&self, flag: &str, tp: usize) -> ArgsError {
-        ArgsError(format!(
-            "{flag} {tp} is not supported: every backend runs on one device (cuda: one GPU; cpu: one \
-             process, use --threads for parallelism); --backend is {}",
-            self.backend_name()
-        ))
     }
 
     pub(crate) fn backend_name(&self) -> &'static str {
@@ -723,8 +728,8 @@ mod tests {
         );
         let e = refused("--model-path m --speculative-algorithm EAGLE");
         assert!(e.contains("NEXTN"), "{e}");
-        let e = refused("--model-path m --tp-size 2");
-        assert!(e.contains("--tp-size 2") && e.contains("cpu"), "{e}");
+        let e = refused("--model-path m --device-memory-cap-gb 0");
+        assert!(e.contains("--device-memory-cap-gb"), "{e}");
         let e = refused("--model-path m --reasoning-parser deepseek-r1");
         assert!(e.contains("deepseek-r1") && e.contains("qwen3"), "{e}");
         let e = refused("--model-path m --tool-call-parser mistral");

@@ -234,7 +234,8 @@ impl ServeArgs {
                 ("MODEL (positional)", compat.model.clone()),
             ],
         )?;
-        let tp_flag = merge(
+        // Tensor parallelism is implemented: every spelling folds into --tp-size.
+        merge(
             &mut self.tp_size,
             "--tp-size",
             &[
@@ -242,9 +243,6 @@ impl ServeArgs {
                 ("--tensor-parallel-size", compat.tensor_parallel_size),
             ],
         )?;
-        if let (Some(flag), Some(tp)) = (tp_flag, self.tp_size.filter(|&n| n > 1)) {
-            return Err(self.tensor_parallel_refusal(flag, tp));
-        }
         let dp_flag = merge(
             &mut self.dp_size,
             "--dp-size",
@@ -534,11 +532,8 @@ mod tests {
             e.contains("--tp 2") && e.contains("--tensor-parallel-size 4"),
             "{e}"
         );
-        let e = refused("--tensor-parallel-size 8");
-        assert!(
-            e.starts_with("--tensor-parallel-size 8 is not supported"),
-            "{e}"
-        );
+        let (args, _) = resolved("--tensor-parallel-size 8");
+        assert_eq!(args.tp_size, Some(8));
         let e = refused("--dp 2");
         assert!(e.starts_with("--dp 2 is not supported"), "{e}");
         let e = refused("--random-seed 1 --seed 2");
@@ -557,14 +552,16 @@ mod tests {
 
     #[test]
     fn parallel_sizes_other_than_one_keep_their_refusal() {
+        // Tensor parallelism is accepted under every spelling.
+        for flags in ["--tp 2", "--tensor-parallel-size 2", "--tp-size 2"] {
+            let (args, _) = resolved(flags);
+            assert_eq!(args.tp_size, Some(2), "{flags}");
+        }
         for flags in [
-            "--tp 2",
-            "--tensor-parallel-size 2",
             "--dp 2",
             "--data-parallel-size 4",
             "--ep 2",
             "--pipeline-parallel-size 2",
-            "--tp-size 2",
             "--dp-size 2",
         ] {
             let e = refused(flags);

@@ -67,6 +67,8 @@ pub struct ServerConfig {
     pub random_seed: Option<u64>,
     /// `--default-chat-template-kwargs`: template variables under every chat request's own.
     pub default_template_kwargs: serde_json::Map<String, serde_json::Value>,
+    /// Tensor-parallel ranks the model runs on (`/server_info`'s `tp_size`).
+    pub tp_size: usize,
 }
 
 /// Default request body limit: generous for long prompts, small enough to refuse abuse.
@@ -106,6 +108,7 @@ impl ServerConfig {
                 .default_chat_template_kwargs
                 .clone()
                 .unwrap_or_default(),
+            tp_size: args.tp_size.unwrap_or(1),
         }
     }
 
@@ -131,6 +134,7 @@ impl ServerConfig {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             random_seed: None,
             default_template_kwargs: serde_json::Map::new(),
+            tp_size: 1,
         }
     }
 }

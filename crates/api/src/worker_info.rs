@@ -66,7 +66,7 @@ pub async fn server_info(State(state): State<Arc<AppState>>) -> Response {
         "max_mamba_cache_size": limit(|c| c.state_slots),
         "chunked_prefill_size": limit(|c| c.chunked_prefill_size),
         "dp_size": 1,
-        "tp_size": 1,
+        "tp_size": state.config.tp_size,
         "enable_metrics": state.config.enable_metrics,
     }))
     .into_response()

@@ -20,6 +20,24 @@ pub fn usable_gpu() -> Result<String, CudaError> {
     })
 }
 
+/// How many GPUs the driver shows this process (for `--tp-size N`); an error without a driver.
+pub fn gpu_count() -> Result<usize, CudaError> {
+    catch_unwind(AssertUnwindSafe(|| {
+        libraries::ensure(&libraries::DRIVER, &CudaOptions::default().library_dirs)?;
+        cudarc::driver::result::init()
+            .map_err(|e| CudaError::driver("cuInit (is a GPU visible to this process?)", e))?;
+        let count =
+            CudaContext::device_count().map_err(|e| CudaError::driver("counting GPUs", e))?;
+        Ok(count.max(0) as usize)
+    }))
+    .unwrap_or_else(|_| {
+        Err(CudaError::Panicked {
+            during: "counting GPUs",
+            message: "the CUDA bindings panicked".to_string(),
+        })
+    })
+}
+
 fn probe() -> Result<String, CudaError> {
     // The same folders the backend itself searches.
     open_device(0, &CudaOptions::default().library_dirs).map(|device| device.name)

@@ -20,6 +20,7 @@ mod layout;
 mod libraries;
 mod mat;
 mod moe;
+mod nccl;
 mod options;
 mod profile;
 mod sampling;
@@ -27,7 +28,8 @@ mod upload_cache;
 
 pub use backend::CudaBackend;
 pub use buffer::CudaBuf;
-pub use detect::usable_gpu;
+pub use detect::{gpu_count, usable_gpu};
 pub use error::CudaError;
 pub use mat::CudaMat;
+pub use nccl::NcclCommunicator;
 pub use options::{CudaOptions, GdnPrefill, GemmPrecision};

@@ -69,6 +69,18 @@ pub(crate) const CUBLAS: CudaLibrary = CudaLibrary {
     hint: "Install the CUDA toolkit or the `nvidia-cublas` wheel, and add its lib folder to LD_LIBRARY_PATH.",
 };
 
+fn nccl_present() -> bool {
+    // SAFETY: as above.
+    unsafe { cudarc::nccl::sys::is_culib_present() }
+}
+
+pub(crate) const NCCL: CudaLibrary = CudaLibrary {
+    what: "NCCL",
+    file_names: &["libnccl.so.2", "libnccl.so"],
+    present: nccl_present,
+    hint: "--tp-size above 1 on cuda needs NCCL: install the `nvidia-nccl-cu13` wheel (or the libnccl2 package) and add its lib folder to LD_LIBRARY_PATH.",
+};
+
 /// Makes `lib` loadable by cudarc, pre-loading it from `dirs` when the system path lacks it.
 pub(crate) fn ensure(lib: &CudaLibrary, dirs: &[PathBuf]) -> Result<(), CudaError> {
     if (lib.present)() {

@@ -3,8 +3,10 @@
 //! ids, so one block table and one slot describe a sequence everywhere. Allocation is the engine's.
 
 use crate::config::ModelConfig;
+use crate::tp::SlotOp;
 use deltaserve_tensor::{Backend, KvLayerPool, StateLayerPool};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// How big the pools are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,6 +28,13 @@ pub struct HybridCache<B: Backend> {
     pub geometry: CacheGeometry,
     /// Unique per cache made in this process (recorded steps are bound to one cache's pools).
     pub id: u64,
+    /// Tensor parallelism: a follower rank keeps its own copy of this cache while this lives.
+    pub(crate) alive: Arc<()>,
+    /// Set once the cache was used by a tensor-parallel step: its slot operations are then logged
+    /// for the follower ranks.
+    pub(crate) mirrored: bool,
+    /// Slot operations the followers have not applied yet.
+    pub(crate) slot_ops: Vec<SlotOp>,
 }
 
 /// The next `HybridCache::id`.
@@ -66,6 +75,9 @@ impl<B: Backend> HybridCache<B> {
             mtp_kv: geometry.mtp.then(kv_pool),
             geometry,
             id: NEXT_CACHE_ID.fetch_add(1, Ordering::Relaxed),
+            alive: Arc::new(()),
+            mirrored: false,
+            slot_ops: Vec::new(),
         }
     }
 
@@ -89,12 +101,18 @@ impl<B: Backend> HybridCache<B> {
         for pool in &mut self.state {
             backend.reset_state_slot(pool, slot);
         }
+        if self.mirrored {
+            self.slot_ops.push(SlotOp::Reset(slot));
+        }
     }
 
     /// Copies the GDN state of slot `src` into `dst` in every layer (commit a snapshot, fork).
     pub fn copy_slot(&mut self, backend: &B, src: usize, dst: usize) {
         for pool in &mut self.state {
             backend.copy_state_slot(pool, src, dst);
+        }
+        if self.mirrored {
+            self.slot_ops.push(SlotOp::Copy { src, dst });
         }
     }
 }

@@ -64,6 +64,15 @@ pub enum LoadError {
     #[error("{}: npy: {message}", file.display())]
     Npy { file: PathBuf, message: String },
 
+    /// The model cannot be split over this many tensor-parallel ranks.
+    #[error("--tp-size {tp_size}: config field `{field}` = {value} is not divisible by {tp_size} ({message})")]
+    TensorParallel {
+        tp_size: usize,
+        field: String,
+        value: usize,
+        message: String,
+    },
+
     /// A tensor-level error raised while reshaping or slicing loaded weights.
     #[error(transparent)]
     Tensor(#[from] TensorError),

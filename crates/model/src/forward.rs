@@ -5,8 +5,9 @@
 use crate::cache::HybridCache;
 use crate::config::ModelConfig;
 use crate::step_graphs::StepGraphs;
+use crate::tp::{RankCommand, TpRank};
 use crate::weights::{AttentionWeights, DenseMlp, GdnWeights, Layer, Mixer, Mlp, MoeMlp, Weights};
-use deltaserve_tensor::{Backend, BatchLayout, MoeRouting, SharedExpert};
+use deltaserve_tensor::{Backend, BatchLayout, Communicator, MoeRouting, SharedExpert};
 
 /// What one forward step computes.
 pub struct ForwardInput<'a> {
@@ -54,6 +55,8 @@ pub struct Model<B: Backend> {
     pool_index: Vec<usize>,
     /// Recorded decode steps (off unless enabled).
     pub(crate) step_graphs: StepGraphs<B>,
+    /// This rank's place in a tensor-parallel group (`None`: the whole model on one backend).
+    pub(crate) tp: Option<TpRank<B>>,
 }
 
 impl<B: Backend> Model<B> {
@@ -72,7 +75,26 @@ impl<B: Backend> Model<B> {
             weights,
             pool_index,
             step_graphs: StepGraphs::default(),
+            tp: None,
         }
+    }
+
+    /// One rank of a tensor-parallel group: `config` is the rank-local config
+    /// (`crate::tp::rank_config`), `weights` this rank's shard (`Weights::load_shard`).
+    pub fn with_rank(
+        config: ModelConfig,
+        backend: B,
+        weights: Weights<B>,
+        comm: Box<dyn Communicator<B>>,
+    ) -> Self {
+        let mut model = Self::new(config, backend, weights);
+        model.tp = Some(TpRank::new(comm));
+        model
+    }
+
+    /// Tensor-parallel ranks (1 when the model is whole).
+    pub fn tp_size(&self) -> usize {
+        self.shard().size
     }
 
     pub fn forward(
@@ -80,8 +102,12 @@ impl<B: Backend> Model<B> {
         input: &ForwardInput<'_>,
         cache: &mut HybridCache<B>,
     ) -> ForwardOutput<B> {
-        if let Some(out) = self.forward_recorded(input, cache) {
-            return out;
+        // Recorded steps read the token ids from the step's device tables, which the split
+        // embedding's id remapping does not go through: tensor-parallel steps run plainly.
+        if self.tp.is_none() {
+            if let Some(out) = self.forward_recorded(input, cache) {
+                return out;
+            }
         }
         self.forward_plain(input, cache)
     }
@@ -101,13 +127,31 @@ impl<B: Backend> Model<B> {
         cache: &mut HybridCache<B>,
         observer: &mut dyn LayerObserver<B>,
     ) -> ForwardOutput<B> {
+        self.on_all_ranks(
+            cache,
+            |link| RankCommand::Forward {
+                cache: link,
+                tokens: input.tokens.to_vec(),
+                batch: input.batch.clone(),
+                logit_rows: input.logit_rows.to_vec(),
+                hidden_rows: input.hidden_rows.to_vec(),
+            },
+            |cache| self.forward_rank(input, cache, observer),
+        )
+    }
+
+    /// This rank's part of the step (the whole step without tensor parallelism).
+    fn forward_rank(
+        &self,
+        input: &ForwardInput<'_>,
+        cache: &mut HybridCache<B>,
+        observer: &mut dyn LayerObserver<B>,
+    ) -> ForwardOutput<B> {
         let be = &self.backend;
-        let c = &self.config;
         let t = input.tokens.len();
         debug_assert_eq!(t, input.batch.total_tokens());
         let positions = input.batch.positions();
-        let mut h = be.scratch(t * c.hidden_size);
-        be.embedding(&self.weights.embed, input.tokens, &mut h);
+        let mut h = self.embed(input.tokens);
         let layers = &self.weights.layers;
         let mut x = match layers.first() {
             Some(first) => self.norm(&h, &first.input_norm),
@@ -130,8 +174,47 @@ impl<B: Backend> Model<B> {
         self.head(&h, &self.weights.norm, input.logit_rows, input.hidden_rows)
     }
 
+    /// `embed[ids]`, `[T, hidden]`. Split over the vocabulary: each rank looks up the ids it
+    /// holds (the others read its zero row) and the sum over ranks is the whole lookup. (A
+    /// one-rank group runs the same collectives, which then change nothing: it checks the
+    /// communicator's plumbing on one device.)
+    pub(crate) fn embed(&self, ids: &[u32]) -> B::Buf {
+        let be = &self.backend;
+        let mut h = be.scratch(ids.len() * self.config.hidden_size);
+        match &self.tp {
+            Some(tp) => {
+                let (from, to) = tp.shard.range(self.config.vocab_size);
+                let zero_row = (to - from) as u32;
+                let local: Vec<u32> = ids
+                    .iter()
+                    .map(|&id| {
+                        let id = id as usize;
+                        if (from..to).contains(&id) {
+                            (id - from) as u32
+                        } else {
+                            zero_row
+                        }
+                    })
+                    .collect();
+                be.embedding(&self.weights.embed, &local, &mut h);
+                tp.comm.all_reduce_sum(be, &mut h);
+            }
+            None => be.embedding(&self.weights.embed, ids, &mut h),
+        }
+        h
+    }
+
+    /// The sum over tensor-parallel ranks of a row-parallel layer's partial output (nothing to do
+    /// when the model is whole).
+    fn all_reduce(&self, x: &mut B::Buf) {
+        if let Some(tp) = &self.tp {
+            tp.comm.all_reduce_sum(&self.backend, x);
+        }
+    }
+
     /// Final norm `norm` of the chosen rows of the residual stream `h`, and lm_head (or the tied
-    /// embedding) over the normed `logit_rows`.
+    /// embedding) over the normed `logit_rows`; split over the vocabulary, each rank's logits are
+    /// gathered so that every rank holds the whole `[rows, vocab]`.
     pub(crate) fn head(
         &self,
         h: &B::Buf,
@@ -142,8 +225,13 @@ impl<B: Backend> Model<B> {
         let (be, c) = (&self.backend, &self.config);
         let normed = self.norm(&be.gather_rows(h, c.hidden_size, logit_rows), norm);
         let head = self.weights.lm_head.as_ref().unwrap_or(&self.weights.embed);
-        let mut logits = be.scratch(logit_rows.len() * c.vocab_size);
-        be.matmul(&normed, head, &mut logits, logit_rows.len());
+        let rows = logit_rows.len();
+        let local_vocab = be.mat_shape(head).0;
+        let mut logits = be.scratch(rows * local_vocab);
+        be.matmul(&normed, head, &mut logits, rows);
+        if let Some(tp) = &self.tp {
+            logits = tp.comm.all_gather_cols(be, &logits, rows, local_vocab);
+        }
         let hidden = if hidden_rows == logit_rows {
             normed
         } else {
@@ -216,7 +304,7 @@ impl<B: Backend> Model<B> {
     ) -> Option<B::Buf> {
         let (be, c) = (&self.backend, &self.config);
         let (t, hidden, eps) = (step.t, c.hidden_size, c.rms_norm_eps);
-        let mixed = match &layer.mixer {
+        let mut mixed = match &layer.mixer {
             Mixer::Attention(w) => {
                 let kv = match step.pool {
                     Some(i) => &mut cache.kv[i],
@@ -231,12 +319,18 @@ impl<B: Backend> Model<B> {
                 self.gdn(w, x, t, step.batch, &mut cache.state[i])
             }
         };
+        // o_proj / out_proj are row-parallel: sum the ranks' partial outputs.
+        self.all_reduce(&mut mixed);
         let mut x = be.scratch(t * hidden);
         be.add_rms_norm(h, &mixed, &layer.post_norm, eps, hidden, &mut x);
-        let mlp_out = match &layer.mlp {
+        let mut mlp_out = match &layer.mlp {
             Mlp::Dense(w) => self.dense_mlp(w, &x, t),
             Mlp::Moe(w) => self.moe(w, &x, t),
         };
+        // down_proj (of the dense MLP, every expert and the shared expert) is row-parallel; the
+        // routed experts' weights and the shared gate scale each rank's part alike, so one sum
+        // over ranks after the whole MLP suffices.
+        self.all_reduce(&mut mlp_out);
         match next_norm {
             Some(norm) => {
                 be.add_rms_norm(h, &mlp_out, norm, eps, hidden, &mut x);

@@ -13,6 +13,7 @@ pub mod npy;
 pub mod safetensors;
 pub mod source;
 pub mod step_graphs;
+pub mod tp;
 pub mod weights;
 
 pub use cache::{CacheGeometry, HybridCache};
@@ -20,3 +21,4 @@ pub use forward::{ForwardInput, ForwardOutput, LayerObserver, Model};
 pub use greedy::argmax;
 pub use mtp::{MtpError, MtpInput};
 pub use step_graphs::StepGraphCounts;
+pub use tp::{load_tensor_parallel, rank_config, Shard};

@@ -5,6 +5,8 @@
 
 use crate::cache::HybridCache;
 use crate::forward::{ForwardOutput, Model};
+use crate::tp::RankCommand;
+use crate::weights::MtpWeights;
 use deltaserve_tensor::{Backend, BatchLayout};
 
 /// Why the MTP head cannot run.
@@ -47,11 +49,32 @@ impl<B: Backend> Model<B> {
         if cache.mtp_kv.is_none() {
             return Err(MtpError::NoCache);
         }
+        Ok(self.on_all_ranks(
+            cache,
+            |link| RankCommand::Mtp {
+                cache: link,
+                hidden: input.hidden.to_vec(),
+                next_tokens: input.next_tokens.to_vec(),
+                batch: input.batch.clone(),
+                logit_rows: input.logit_rows.to_vec(),
+                hidden_rows: input.hidden_rows.to_vec(),
+            },
+            |cache| self.mtp_rank(mtp, input, cache),
+        ))
+    }
+
+    /// This rank's part of an MTP step (`fc` is replicated; the decoder layer and the head are
+    /// split like the trunk's).
+    fn mtp_rank(
+        &self,
+        mtp: &MtpWeights<B>,
+        input: &MtpInput<'_>,
+        cache: &mut HybridCache<B>,
+    ) -> ForwardOutput<B> {
         let (be, c) = (&self.backend, &self.config);
         let hsz = c.hidden_size;
         let t = input.next_tokens.len();
-        let mut embedded = be.zeros(t * hsz);
-        be.embedding(&self.weights.embed, input.next_tokens, &mut embedded);
+        let embedded = self.embed(input.next_tokens);
         let e = self.norm(&embedded, &mtp.pre_fc_norm_embedding);
         let h = self.norm(&be.upload(input.hidden), &mtp.pre_fc_norm_hidden);
         let mut both = be.zeros(t * 2 * hsz);
@@ -60,6 +83,6 @@ impl<B: Backend> Model<B> {
         be.matmul(&both, &mtp.fc, &mut u, t);
         let positions = input.batch.positions();
         self.decoder_layer(&mtp.layer, &mut u, t, &positions, input.batch, cache, None);
-        Ok(self.head(&u, &mtp.norm, input.logit_rows, input.hidden_rows))
+        self.head(&u, &mtp.norm, input.logit_rows, input.hidden_rows)
     }
 }

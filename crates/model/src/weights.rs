@@ -6,6 +6,7 @@
 use crate::config::{LayerKind, ModelConfig};
 use crate::error::LoadError;
 use crate::source::TensorSource;
+use crate::tp::Shard;
 use deltaserve_tensor::{Backend, ExpertShape, ExpertTensors, ExpertWeights, Experts, HostTensor};
 
 /// Weights of a gated full-attention block (`self_attn.*`).
@@ -87,11 +88,13 @@ pub struct MtpWeights<B: Backend> {
 }
 
 pub struct Weights<B: Backend> {
-    /// `[vocab, hidden]`
+    /// `[vocab, hidden]`; split over tensor-parallel ranks: this rank's `vocab / N` rows and a
+    /// row of zeros.
     pub embed: B::Mat,
     pub layers: Vec<Layer<B>>,
     pub norm: B::Buf,
-    /// `[vocab, hidden]`; `None` when tied to `embed`.
+    /// `[vocab, hidden]` (this rank's `vocab / N` rows when split); `None` when tied to `embed`
+    /// and unsplit.
     pub lm_head: Option<B::Mat>,
     pub mtp: Option<MtpWeights<B>>,
 }
@@ -118,6 +121,8 @@ struct Builder<'a, B: Backend> {
     progress: &'a mut dyn FnMut(usize, usize),
     done: usize,
     total: usize,
+    /// The part of each tensor to keep (tensor parallelism); `Shard::WHOLE` keeps everything.
+    shard: Shard,
 }
 
 impl<B: Backend> Builder<'_, B> {
@@ -153,12 +158,68 @@ impl<B: Backend> Builder<'_, B> {
         self.vec_from(&t)
     }
 
+    /// A column-parallel shard: the rows `ranges` of matrix `name` (the whole matrix when unsplit).
+    fn mat_rows(
+        &mut self,
+        name: &str,
+        shape: [usize; 2],
+        ranges: &[(usize, usize)],
+    ) -> Result<B::Mat, LoadError> {
+        if self.shard.is_whole() {
+            return self.mat(name, shape);
+        }
+        let t = self.host(name, &shape)?;
+        self.mat_from(&t.gather_rows(ranges))
+    }
+
+    /// A row-parallel shard: columns `[from, to)` of matrix `name` (the whole matrix when unsplit).
+    fn mat_cols(
+        &mut self,
+        name: &str,
+        shape: [usize; 2],
+        (from, to): (usize, usize),
+    ) -> Result<B::Mat, LoadError> {
+        if self.shard.is_whole() {
+            return self.mat(name, shape);
+        }
+        let t = self.host(name, &shape)?;
+        self.mat_from(&t.cols(from, to))
+    }
+
+    /// The entries `ranges` (along dimension 0) of parameter `name`.
+    fn vec_rows(
+        &mut self,
+        name: &str,
+        shape: &[usize],
+        ranges: &[(usize, usize)],
+    ) -> Result<B::Buf, LoadError> {
+        let t = self.host(name, shape)?;
+        if self.shard.is_whole() {
+            return self.vec_from(&t);
+        }
+        self.vec_from(&t.gather_rows(ranges))
+    }
+
+    /// gate and up column-parallel, down row-parallel, over the intermediate width.
     fn dense(&mut self, prefix: &str, intermediate: usize) -> Result<DenseMlp<B>, LoadError> {
         let h = self.config.hidden_size;
+        let mine = self.shard.range(intermediate);
         Ok(DenseMlp {
-            gate: self.mat(&format!("{prefix}.gate_proj.weight"), [intermediate, h])?,
-            up: self.mat(&format!("{prefix}.up_proj.weight"), [intermediate, h])?,
-            down: self.mat(&format!("{prefix}.down_proj.weight"), [h, intermediate])?,
+            gate: self.mat_rows(
+                &format!("{prefix}.gate_proj.weight"),
+                [intermediate, h],
+                &[mine],
+            )?,
+            up: self.mat_rows(
+                &format!("{prefix}.up_proj.weight"),
+                [intermediate, h],
+                &[mine],
+            )?,
+            down: self.mat_cols(
+                &format!("{prefix}.down_proj.weight"),
+                [h, intermediate],
+                mine,
+            )?,
         })
     }
 
@@ -166,16 +227,27 @@ impl<B: Backend> Builder<'_, B> {
         let c = self.config;
         let (h, d) = (c.hidden_size, c.head_dim);
         let (nq, nkv) = (c.num_attention_heads, c.num_key_value_heads);
+        // Column-parallel by heads: this rank's query heads (with their gates) and KV heads;
+        // o_proj row-parallel over the same query heads.
+        let (q_from, q_to) = self.shard.range(nq);
+        let (kv_from, kv_to) = self.shard.range(nkv);
+        let kv_rows = [(kv_from * d, kv_to * d)];
         // q_proj rows are interleaved per head: [q_h0 | gate_h0 | q_h1 | gate_h1 | ...].
         let q_and_gate = self.host(&format!("{prefix}.q_proj.weight"), &[nq * d * 2, h])?;
-        let q_rows: Vec<_> = (0..nq).map(|i| (2 * i * d, 2 * i * d + d)).collect();
-        let gate_rows: Vec<_> = (0..nq).map(|i| (2 * i * d + d, 2 * (i + 1) * d)).collect();
+        let q_rows: Vec<_> = (q_from..q_to).map(|i| (2 * i * d, 2 * i * d + d)).collect();
+        let gate_rows: Vec<_> = (q_from..q_to)
+            .map(|i| (2 * i * d + d, 2 * (i + 1) * d))
+            .collect();
         Ok(AttentionWeights {
             q: self.mat_from(&q_and_gate.gather_rows(&q_rows))?,
             gate: self.mat_from(&q_and_gate.gather_rows(&gate_rows))?,
-            k: self.mat(&format!("{prefix}.k_proj.weight"), [nkv * d, h])?,
-            v: self.mat(&format!("{prefix}.v_proj.weight"), [nkv * d, h])?,
-            o: self.mat(&format!("{prefix}.o_proj.weight"), [h, nq * d])?,
+            k: self.mat_rows(&format!("{prefix}.k_proj.weight"), [nkv * d, h], &kv_rows)?,
+            v: self.mat_rows(&format!("{prefix}.v_proj.weight"), [nkv * d, h], &kv_rows)?,
+            o: self.mat_cols(
+                &format!("{prefix}.o_proj.weight"),
+                [h, nq * d],
+                (q_from * d, q_to * d),
+            )?,
             q_norm: self.vec(&format!("{prefix}.q_norm.weight"), &[d])?,
             k_norm: self.vec(&format!("{prefix}.k_norm.weight"), &[d])?,
         })
@@ -193,6 +265,17 @@ impl<B: Backend> Builder<'_, B> {
         );
         let (key_len, value_len, conv_dim) = (hk * dk, hv * dv, shape.conv_dim());
         let kernel = c.linear_conv_kernel_dim;
+        // Each rank owns whole key-head groups (key heads [g_from, g_to)) and their value heads
+        // [v_from, v_to) (value head h reads key head h / r, so they are contiguous too). The
+        // q | k | v channels (projection rows and conv filters) are split per segment.
+        let (g_from, g_to) = self.shard.range(hk);
+        let (v_from, v_to) = self.shard.range(hv);
+        let qkv_mine = [
+            (g_from * dk, g_to * dk),
+            (key_len + g_from * dk, key_len + g_to * dk),
+            (2 * key_len + v_from * dv, 2 * key_len + v_to * dv),
+        ];
+        let value_heads_mine = [(v_from, v_to)];
         let fused = format!("{prefix}.in_proj_qkvz.weight");
         let (qkv, z, b, a) = if self.source.contains(&fused) {
             // Qwen3-Next: rows grouped per key head g as [q_g | k_g | v_g (r heads) | z_g (r heads)],
@@ -201,14 +284,14 @@ impl<B: Backend> Builder<'_, B> {
             let group = 2 * dk + 2 * r * dv;
             let qkvz = self.host(&fused, &[2 * key_len + 2 * value_len, h])?;
             let part = |offset: usize, len: usize| -> Vec<(usize, usize)> {
-                (0..hk)
+                (g_from..g_to)
                     .map(|g| (g * group + offset, g * group + offset + len))
                     .collect()
             };
             let qkv_rows: Vec<_> = [part(0, dk), part(dk, dk), part(2 * dk, r * dv)].concat();
             let ba = self.host(&format!("{prefix}.in_proj_ba.weight"), &[2 * hv, h])?;
             let ba_part = |offset: usize| -> Vec<(usize, usize)> {
-                (0..hk)
+                (g_from..g_to)
                     .map(|g| (g * 2 * r + offset, g * 2 * r + offset + r))
                     .collect()
             };
@@ -220,10 +303,26 @@ impl<B: Backend> Builder<'_, B> {
             )
         } else {
             (
-                self.mat(&format!("{prefix}.in_proj_qkv.weight"), [conv_dim, h])?,
-                self.mat(&format!("{prefix}.in_proj_z.weight"), [value_len, h])?,
-                self.mat(&format!("{prefix}.in_proj_b.weight"), [hv, h])?,
-                self.mat(&format!("{prefix}.in_proj_a.weight"), [hv, h])?,
+                self.mat_rows(
+                    &format!("{prefix}.in_proj_qkv.weight"),
+                    [conv_dim, h],
+                    &qkv_mine,
+                )?,
+                self.mat_rows(
+                    &format!("{prefix}.in_proj_z.weight"),
+                    [value_len, h],
+                    &[(v_from * dv, v_to * dv)],
+                )?,
+                self.mat_rows(
+                    &format!("{prefix}.in_proj_b.weight"),
+                    [hv, h],
+                    &value_heads_mine,
+                )?,
+                self.mat_rows(
+                    &format!("{prefix}.in_proj_a.weight"),
+                    [hv, h],
+                    &value_heads_mine,
+                )?,
             )
         };
         Ok(GdnWeights {
@@ -231,11 +330,20 @@ impl<B: Backend> Builder<'_, B> {
             z,
             b,
             a,
-            conv: self.vec(&format!("{prefix}.conv1d.weight"), &[conv_dim, 1, kernel])?,
-            dt_bias: self.vec(&format!("{prefix}.dt_bias"), &[hv])?,
-            a_log: self.vec(&format!("{prefix}.A_log"), &[hv])?,
+            conv: self.vec_rows(
+                &format!("{prefix}.conv1d.weight"),
+                &[conv_dim, 1, kernel],
+                &qkv_mine,
+            )?,
+            dt_bias: self.vec_rows(&format!("{prefix}.dt_bias"), &[hv], &value_heads_mine)?,
+            a_log: self.vec_rows(&format!("{prefix}.A_log"), &[hv], &value_heads_mine)?,
+            // The gated norm is per value head over dv: every rank holds it whole.
             norm: self.vec(&format!("{prefix}.norm.weight"), &[dv])?,
-            out: self.mat(&format!("{prefix}.out_proj.weight"), [h, value_len])?,
+            out: self.mat_cols(
+                &format!("{prefix}.out_proj.weight"),
+                [h, value_len],
+                (v_from * dv, v_to * dv),
+            )?,
         })
     }
 
@@ -248,13 +356,29 @@ impl<B: Backend> Builder<'_, B> {
             intermediate: im,
             hidden: h,
         } = shape;
+        // Tensor parallelism: each expert keeps its share [i_from, i_to) of the intermediate width
+        // (gate and up rows, down columns), like a dense MLP.
+        let whole = self.shard.is_whole();
+        let (i_from, i_to) = self.shard.range(im);
+        let local = ExpertShape {
+            intermediate: i_to - i_from,
+            ..shape
+        };
+        let down_share = |down: HostTensor| {
+            if whole {
+                down
+            } else {
+                down.cols(i_from, i_to)
+            }
+        };
         let packed = format!("{prefix}.experts.gate_up_proj");
         let packed_down = format!("{prefix}.experts.down_proj");
         if self.source.contains(&packed) {
             let generated = self
                 .source
                 .generated_matrix(&packed, [e * 2 * im, h])
-                .zip(self.source.generated_matrix(&packed_down, [e * h, im]));
+                .zip(self.source.generated_matrix(&packed_down, [e * h, im]))
+                .filter(|_| whole);
             if let Some((gate_up, down)) = generated {
                 if let Some(experts) = self.backend.generate_experts(&gate_up, &down, shape) {
                     self.done += 2;
@@ -268,24 +392,28 @@ impl<B: Backend> Builder<'_, B> {
                 .map(|i| {
                     let gu = gate_up.rows(i, i + 1).reshaped(vec![2 * im, h]);
                     ExpertTensors {
-                        gate: gu.rows(0, im),
-                        up: gu.rows(im, 2 * im),
-                        down: down.rows(i, i + 1).reshaped(vec![h, im]),
+                        gate: gu.rows(i_from, i_to),
+                        up: gu.rows(im + i_from, im + i_to),
+                        down: down_share(down.rows(i, i + 1).reshaped(vec![h, im])),
                     }
                 })
                 .collect();
-            return Ok(self.backend.load_experts(&tensors, shape)?);
+            return Ok(self.backend.load_experts(&tensors, local)?);
         }
         let mut tensors = Vec::with_capacity(e);
         for i in 0..e {
             let p = format!("{prefix}.experts.{i}");
             tensors.push(ExpertTensors {
-                gate: self.host(&format!("{p}.gate_proj.weight"), &[im, h])?,
-                up: self.host(&format!("{p}.up_proj.weight"), &[im, h])?,
-                down: self.host(&format!("{p}.down_proj.weight"), &[h, im])?,
+                gate: self
+                    .host(&format!("{p}.gate_proj.weight"), &[im, h])?
+                    .rows(i_from, i_to),
+                up: self
+                    .host(&format!("{p}.up_proj.weight"), &[im, h])?
+                    .rows(i_from, i_to),
+                down: down_share(self.host(&format!("{p}.down_proj.weight"), &[h, im])?),
             });
         }
-        Ok(self.backend.load_experts(&tensors, shape)?)
+        Ok(self.backend.load_experts(&tensors, local)?)
     }
 
     fn moe(&mut self, prefix: &str) -> Result<MoeMlp<B>, LoadError> {
@@ -297,6 +425,8 @@ impl<B: Backend> Builder<'_, B> {
             message: "layer is MoE but the config has no MoE fields".into(),
         })?;
         let (e, im) = (moe.num_experts, moe.moe_intermediate_size);
+        // Every expert is split inside like a dense MLP (its intermediate width, in `experts`);
+        // the router and the shared expert's scalar gate are replicated.
         let experts = self.experts(
             prefix,
             ExpertShape {
@@ -363,6 +493,20 @@ impl<B: Backend> Weights<B> {
         load_mtp: bool,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Self, LoadError> {
+        Self::load_shard(backend, config, source, load_mtp, Shard::WHOLE, progress)
+    }
+
+    /// Loads one tensor-parallel rank's share of every tensor (`config` is the whole model's;
+    /// `crate::tp::rank_config` must have accepted the split). The vocabulary-split embedding gets
+    /// one extra row of zeros, which every token outside the rank's range is looked up as.
+    pub fn load_shard(
+        backend: &B,
+        config: &ModelConfig,
+        source: &dyn TensorSource,
+        load_mtp: bool,
+        shard: Shard,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Self, LoadError> {
         let (v, h) = (config.vocab_size, config.hidden_size);
         let with_mtp = load_mtp && config.mtp_num_hidden_layers > 0;
         // A rough tensor count for the progress bar: ~14 per layer.
@@ -374,8 +518,22 @@ impl<B: Backend> Weights<B> {
             progress,
             done: 0,
             total,
+            shard,
         };
-        let embed = b.mat("embed_tokens.weight", [v, h])?;
+        let (embed, tied_head) = if shard.is_whole() {
+            (b.mat("embed_tokens.weight", [v, h])?, None)
+        } else {
+            let (from, to) = shard.range(v);
+            let mine = b.host("embed_tokens.weight", &[v, h])?.rows(from, to);
+            let embed = b.mat_from(&mine.with_zero_rows(1))?;
+            // A tied head reads the same rows without the zero row.
+            let head = if config.tie_word_embeddings {
+                Some(b.mat_from(&mine)?)
+            } else {
+                None
+            };
+            (embed, head)
+        };
         let layers = (0..config.num_hidden_layers)
             .map(|i| {
                 b.layer(
@@ -387,9 +545,9 @@ impl<B: Backend> Weights<B> {
             .collect::<Result<Vec<_>, _>>()?;
         let norm = b.vec("norm.weight", &[h])?;
         let lm_head = if config.tie_word_embeddings {
-            None
+            tied_head
         } else {
-            Some(b.mat("lm_head.weight", [v, h])?)
+            Some(b.mat_rows("lm_head.weight", [v, h], &[shard.range(v)])?)
         };
         let mtp = if with_mtp {
             // The MTP layer's MLP has the same kind as the trunk's (MoE for MoE models).

@@ -179,6 +179,31 @@ impl HostTensor {
         Self::owned(self.name.clone(), self.dtype, shape, bytes)
     }
 
+    /// Columns `[from, to)` of a 2-D tensor, as a new owned tensor (a row-parallel shard of an
+    /// `[out, in]` matrix).
+    pub fn cols(&self, from: usize, to: usize) -> Self {
+        assert_eq!(self.shape.len(), 2, "cols() needs a 2-D tensor");
+        let (rows, cols) = (self.shape[0], self.shape[1]);
+        assert!(from <= to && to <= cols, "column range out of bounds");
+        let size = self.dtype.size_bytes();
+        let src = self.bytes();
+        let mut bytes = Vec::with_capacity(rows * (to - from) * size);
+        for r in 0..rows {
+            bytes.extend_from_slice(&src[(r * cols + from) * size..(r * cols + to) * size]);
+        }
+        Self::owned(self.name.clone(), self.dtype, vec![rows, to - from], bytes)
+    }
+
+    /// This tensor with `extra` rows of zeros appended along dimension 0, as a new owned tensor.
+    pub fn with_zero_rows(&self, extra: usize) -> Self {
+        let row_bytes = self.row_len() * self.dtype.size_bytes();
+        let mut bytes = self.bytes().to_vec();
+        bytes.resize(bytes.len() + extra * row_bytes, 0);
+        let mut shape = self.shape.clone();
+        shape[0] += extra;
+        Self::owned(self.name.clone(), self.dtype, shape, bytes)
+    }
+
     /// Same bytes, another shape with the same element count.
     pub fn reshaped(&self, shape: Vec<usize>) -> Self {
         assert_eq!(

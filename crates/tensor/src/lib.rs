@@ -5,6 +5,7 @@
 pub mod backend;
 pub mod batch;
 pub mod cache;
+pub mod comm;
 pub mod cpu;
 pub mod device_sampling;
 pub mod diagnostic;
@@ -19,6 +20,7 @@ pub mod step_graph;
 pub use backend::{AttnShape, Backend, GdnShape, RouteChoice};
 pub use batch::{BatchLayout, SeqLayout};
 pub use cache::{kv_offset, KvLayerPool, StateLayerPool};
+pub use comm::{Communicator, InProcessGroup};
 pub use cpu::CpuBackend;
 pub use device_sampling::RowSampling;
 pub use dtype::DType;

@@ -1,0 +1,219 @@
+//! Tensor parallelism on the CPU: every fixture (dense, MoE, Qwen3-Next fused layout, tied head,
+//! head ratios 1, 2 and 3) split over 2 ranks of the in-process communicator computes the logits
+//! the whole model computes (prefill, step-by-step decode with the cache and state pools, the MTP
+//! head); a synthetic shape that divides 4 ways (dummy weights, MoE, MTP) does the same over 2 and
+//! 4 ranks; and a split that does not divide is refused naming the config field.
+
+#[path = "support/fixtures.rs"]
+mod fixtures;
+
+use deltaserve_model::config::ModelConfig;
+use deltaserve_model::dummy::DummySource;
+use deltaserve_model::safetensors::SafetensorsSource;
+use deltaserve_model::source::TensorSource;
+use deltaserve_model::{load_tensor_parallel, npy, ForwardInput, Model, MtpInput};
+use deltaserve_tensor::cpu::{CpuBackend, CpuOptions};
+use deltaserve_tensor::{Backend, BatchLayout, Communicator, DType, InProcessGroup};
+use fixtures::{blocks_of, fixture_dirs, full_cache, ids, max_abs_diff};
+use serde_json::Value;
+use std::path::Path;
+
+/// Splitting a matmul over ranks changes only where its sum is cut: each rank sums its share of
+/// the inner dimension and the all-reduce adds the N partial sums (in rank order) instead of one
+/// accumulator running over all of it. Both are f32 sums of the same products, so each
+/// row-parallel output moves by a few f32 ulps; through ~10 layers (GDN recurrences over 100
+/// tokens, norms) that noise grows to at most 2.4e-4 absolute on logits of magnitude up to ~14
+/// (~2e-5 relative; measured over every fixture, qwen35_f32 prefill being the largest). The
+/// tolerance is 4x that, and half of what the golden tests allow against transformers (another
+/// summation order of the same math). A wrong shard (a head, a conv channel or an expert slice
+/// from the wrong rank, a missing all-reduce) moves logits by O(0.1) to O(1).
+const TP_TOLERANCE: f32 = 1e-3;
+
+fn cpu() -> CpuBackend {
+    CpuBackend::with_options(CpuOptions {
+        threads: 1,
+        ..CpuOptions::default()
+    })
+    .unwrap()
+}
+
+/// The model split over `tp` ranks of the in-process communicator (`tp` = 1: the whole model).
+fn load_tp(config: &ModelConfig, source: &dyn TensorSource, tp: usize) -> Model<CpuBackend> {
+    let comms: Vec<Box<dyn Communicator<CpuBackend>>> = InProcessGroup::new(tp)
+        .into_iter()
+        .map(|g| Box::new(g) as Box<dyn Communicator<CpuBackend>>)
+        .collect();
+    let backends = (0..tp).map(|_| cpu()).collect();
+    load_tensor_parallel(backends, comms, config, source, true, &mut |_, _| {}).unwrap()
+}
+
+/// Prefill logits of every row, then the logits of `decode` tokens fed one at a time on the same
+/// cache, then (with an MTP head) the MTP logits over the prefill's hidden states.
+fn run(m: &Model<CpuBackend>, prompt: &[u32], decode: &[u32]) -> Vec<(String, Vec<f32>)> {
+    let total = prompt.len() + decode.len();
+    let mut cache = full_cache(m, 1, total);
+    let blocks = blocks_of(0, total.div_ceil(16), 1);
+    let rows: Vec<u32> = (0..prompt.len() as u32).collect();
+    let batch = BatchLayout::packed(16, [(prompt.len(), 0, blocks.clone(), 0)]);
+    let out = m.forward(
+        &ForwardInput {
+            tokens: prompt,
+            batch: &batch,
+            logit_rows: &rows,
+            hidden_rows: &rows,
+        },
+        &mut cache,
+    );
+    let mut results = vec![("prefill".to_string(), m.backend.to_host(&out.logits))];
+    let hidden = m.backend.to_host(&out.hidden);
+    for (i, &tok) in decode.iter().enumerate() {
+        let batch = BatchLayout::packed(16, [(1, prompt.len() + i, blocks.clone(), 0)]);
+        let out = m.forward(
+            &ForwardInput {
+                tokens: &[tok],
+                batch: &batch,
+                logit_rows: &[0],
+                hidden_rows: &[],
+            },
+            &mut cache,
+        );
+        results.push((format!("decode {i}"), m.backend.to_host(&out.logits)));
+    }
+    if m.has_mtp() {
+        // The MTP head over the prompt: hidden of token t with token t+1, at t's position.
+        let n = prompt.len() - 1;
+        let batch = BatchLayout::packed(16, [(n, 0, blocks, 0)]);
+        let rows: Vec<u32> = (0..n as u32).collect();
+        let out = m
+            .mtp_forward(
+                &MtpInput {
+                    hidden: &hidden[..n * m.config.hidden_size],
+                    next_tokens: &prompt[1..],
+                    batch: &batch,
+                    logit_rows: &rows,
+                    hidden_rows: &[],
+                },
+                &mut cache,
+            )
+            .unwrap();
+        results.push(("mtp".to_string(), m.backend.to_host(&out.logits)));
+    }
+    results
+}
+
+fn assert_same(name: &str, tp: usize, whole: &[(String, Vec<f32>)], split: &[(String, Vec<f32>)]) {
+    assert_eq!(whole.len(), split.len());
+    for ((what, a), (_, b)) in whole.iter().zip(split) {
+        let diff = max_abs_diff(a, b);
+        let scale = a.iter().fold(0f32, |m, x| m.max(x.abs()));
+        println!(
+            "{name}: tp {tp} vs tp 1: {what}: max |diff| = {diff:.2e} (max |logit| {scale:.1})"
+        );
+        assert!(
+            diff <= TP_TOLERANCE,
+            "{name}: {what} with tp {tp} differs from tp 1 by {diff}"
+        );
+    }
+}
+
+#[test]
+fn every_fixture_split_over_two_ranks_matches_the_whole_model() {
+    for dir in fixture_dirs() {
+        let name = dir.file_name().unwrap().to_string_lossy().to_string();
+        let expected: Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap())
+                .unwrap();
+        let prompt = ids(&expected, "prefill_ids");
+        let decode: Vec<u32> = prompt[..8].to_vec();
+        let config = ModelConfig::from_dir(&dir).unwrap();
+        let source = SafetensorsSource::open(&dir).unwrap();
+        let whole = run(&load_tp(&config, &source, 1), &prompt, &decode);
+        // The whole model itself still reproduces transformers (golden.rs checks it in depth).
+        let (_, theirs) = npy::read_f32(&dir.join("prefill_logits.npy")).unwrap();
+        assert!(max_abs_diff(&whole[0].1, &theirs) <= 2e-3, "{name}");
+        let split = run(&load_tp(&config, &source, 2), &prompt, &decode);
+        assert_same(&name, 2, &whole, &split);
+    }
+}
+
+/// A config whose heads and widths divide by 4: GDN with 3 value heads per key head, gated
+/// attention with 2 query heads per KV head, MoE with a shared expert, an MTP head, untied head.
+fn four_way_config() -> ModelConfig {
+    let json = r#"{
+        "model_type": "qwen3_5_moe",
+        "text_config": {
+            "model_type": "qwen3_5_moe_text",
+            "vocab_size": 512, "hidden_size": 64, "num_hidden_layers": 4,
+            "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 32,
+            "linear_num_key_heads": 4, "linear_num_value_heads": 12,
+            "linear_key_head_dim": 16, "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4,
+            "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+            "shared_expert_intermediate_size": 48,
+            "full_attention_interval": 2, "rms_norm_eps": 1e-6,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                "partial_rotary_factor": 0.25},
+            "mtp_num_hidden_layers": 1, "tie_word_embeddings": false,
+            "eos_token_id": 0, "dtype": "float32"
+        }
+    }"#;
+    ModelConfig::from_json_str(json, Path::new("four_way/config.json")).unwrap()
+}
+
+#[test]
+fn dummy_weights_split_two_and_four_ways_match_the_whole_model() {
+    let config = four_way_config();
+    // The dummy source generates every full tensor from its name; each rank keeps its share, so
+    // every tp size sees the same whole model.
+    let source = DummySource::new(DType::F32, 5).with_tied_embeddings(false);
+    let prompt: Vec<u32> = (0..40u32).map(|i| (i * 97 + 13) % 512).collect();
+    let decode = [7u32, 300, 511, 0];
+    let whole = run(&load_tp(&config, &source, 1), &prompt, &decode);
+    for tp in [2, 4] {
+        let split = run(&load_tp(&config, &source, tp), &prompt, &decode);
+        assert_same("four-way shape", tp, &whole, &split);
+    }
+}
+
+#[test]
+fn greedy_generation_split_equals_whole() {
+    let dir = fixture_dirs()
+        .into_iter()
+        .find(|d| d.ends_with("qwen35_f32"))
+        .unwrap();
+    let config = ModelConfig::from_dir(&dir).unwrap();
+    let source = SafetensorsSource::open(&dir).unwrap();
+    let whole = load_tp(&config, &source, 1);
+    let split = load_tp(&config, &source, 2);
+    assert_eq!(split.tp_size(), 2);
+    for seed in 0..3u32 {
+        let prompt: Vec<u32> = (0..(5 + 7 * seed))
+            .map(|i| (i * 31 + seed * 11) % 256)
+            .collect();
+        let a = whole.generate_greedy(&prompt, 24, &[], &mut |_| {});
+        let b = split.generate_greedy(&prompt, 24, &[], &mut |_| {});
+        assert_eq!(a, b, "prompt {seed}");
+    }
+}
+
+#[test]
+fn unsupported_split_is_refused_naming_the_field() {
+    let dir = fixture_dirs()
+        .into_iter()
+        .find(|d| d.ends_with("qwen35_f32"))
+        .unwrap();
+    let config = ModelConfig::from_dir(&dir).unwrap();
+    let source = SafetensorsSource::open(&dir).unwrap();
+    let comms: Vec<Box<dyn Communicator<CpuBackend>>> = InProcessGroup::new(4)
+        .into_iter()
+        .map(|g| Box::new(g) as Box<dyn Communicator<CpuBackend>>)
+        .collect();
+    let backends = (0..4).map(|_| cpu()).collect();
+    let err = load_tensor_parallel(backends, comms, &config, &source, true, &mut |_, _| {})
+        .err()
+        .expect("2 KV heads do not split 4 ways")
+        .to_string();
+    assert!(
+        err.contains("--tp-size 4") && err.contains("`num_key_value_heads`"),
+        "{err}"
+    );
+}
