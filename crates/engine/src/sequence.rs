@@ -27,6 +27,9 @@ pub struct Sequence {
     pub preemptions: usize,
     /// Present when this sequence decodes speculatively with the MTP head.
     pub spec: Option<SpecState>,
+    /// Prompt positions after which its GDN state is snapshotted into the prefix cache (prefill is
+    /// cut there); set at admission, empty without the cache.
+    pub snapshot_points: Vec<usize>,
 }
 
 /// A speculating sequence's extra state.
@@ -68,6 +71,7 @@ impl Sequence {
             },
             preemptions: 0,
             spec: None,
+            snapshot_points: Vec::new(),
         }
     }
 
