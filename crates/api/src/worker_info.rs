@@ -120,12 +120,19 @@ pub async fn get_load(State(state): State<Arc<AppState>>) -> Response {
     .into_response()
 }
 
-/// `POST /flush_cache` (GET too, as SGLang): succeeds, since there is no prefix cache to flush; the
-/// body says so, so that nobody reads the success as "something was freed".
-pub async fn flush_cache() -> Response {
-    axum::Json(json!({
-        "success": true,
-        "message": "deltaserve keeps no prefix cache yet: there was nothing to flush",
-    }))
-    .into_response()
+/// `POST /flush_cache` (GET too, as SGLang): empties the prefix cache's radix tree before the
+/// engine's next step (pages and snapshots that running requests use stay theirs until they end).
+/// Without a prefix cache (`--disable-radix-cache`, or still loading) it succeeds and says there
+/// was nothing to flush, so that nobody reads the success as "something was freed".
+pub async fn flush_cache(State(state): State<Arc<AppState>>) -> Response {
+    let flushed = state
+        .engine()
+        .map(|engine| engine.flush_cache())
+        .unwrap_or(false);
+    let message = if flushed {
+        "Cache flushed: the prefix cache let go of its KV pages and GDN snapshots"
+    } else {
+        "deltaserve has no prefix cache (--disable-radix-cache, or still loading): there was nothing to flush"
+    };
+    axum::Json(json!({ "success": true, "message": message })).into_response()
 }
