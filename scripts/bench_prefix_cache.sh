@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prefix cache on vs off, in one run, on the demo model (docs/benchmarks.md, "Prefix cache"):
+# Prefix cache on vs off, in one run, on the demo model (docs/benchmarks.md, "Prefix cache on the CPU"):
 #   multi-turn: conversations of 5 chat turns, each resending the history; TTFT per turn;
 #   agent: the same with a long system prompt in front;
 #   shared prefix: one long system prompt, different questions.

@@ -89,8 +89,8 @@ pub async fn model_info(State(state): State<Arc<AppState>>) -> Response {
 }
 
 /// `GET /get_load`: one entry (deltaserve runs one data-parallel rank) with SGLang's fields —
-/// `num_reqs` running plus waiting, `num_waiting_reqs`, `num_tokens` held in the KV pool — and the
-/// pool usage besides. While loading, every figure is 0: nothing is running.
+/// `num_reqs` running plus waiting, `num_waiting_reqs`, `num_tokens` held in the KV pool by requests
+/// (pages only the prefix cache holds are evictable and not counted) — and the pool usage besides. While loading, every figure is 0: nothing is running.
 pub async fn get_load(State(state): State<Arc<AppState>>) -> Response {
     let stats = state
         .engine()
@@ -109,7 +109,9 @@ pub async fn get_load(State(state): State<Arc<AppState>>) -> Response {
         "num_reqs": stats.running + stats.queued,
         "num_running_reqs": stats.running,
         "num_waiting_reqs": stats.queued,
-        "num_tokens": stats.kv_blocks_used * page_size,
+        // Pages only the prefix cache holds are free for the asking: not load.
+        "num_tokens": stats.kv_blocks_used.saturating_sub(stats.cached_kv_blocks) * page_size,
+        "cached_kv_blocks": stats.cached_kv_blocks,
         "kv_blocks_used": stats.kv_blocks_used,
         "kv_blocks_total": stats.kv_blocks_total,
         "kv_usage": usage(stats.kv_blocks_used, stats.kv_blocks_total),

@@ -131,8 +131,9 @@ pub struct EngineStats {
     pub kv_blocks_total: usize,
     pub state_slots_used: usize,
     pub state_slots_total: usize,
-    /// KV blocks and state slots the prefix cache holds (counted in the `_used` figures too; the
-    /// cache yields them whenever a request needs them).
+    /// KV blocks only the prefix cache holds (no running request shares them) and state slots
+    /// holding its snapshots: counted in the `_used` figures too, and yielded whenever a request
+    /// needs them.
     pub cached_kv_blocks: usize,
     pub cached_snapshots: usize,
 }

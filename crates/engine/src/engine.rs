@@ -303,7 +303,7 @@ impl<B: Backend> Worker<B> {
                 kv_blocks_total: s.kv.total(),
                 state_slots_used: s.slots.used(),
                 state_slots_total: s.slots.total(),
-                cached_kv_blocks: s.tree.as_ref().map_or(0, |t| t.pages_held()),
+                cached_kv_blocks: s.evictable_blocks(),
                 cached_snapshots: s.tree.as_ref().map_or(0, |t| t.snapshots_held()),
             };
         }

@@ -211,7 +211,7 @@ impl EngineMetrics {
         gauge(
             &mut out,
             "deltaserve_prefix_cache_kv_blocks",
-            "KV blocks held by the prefix cache (shared with running requests or evictable).",
+            "KV blocks held only by the prefix cache (evictable at once; also counted as used).",
             stats.cached_kv_blocks as f64,
         );
         gauge(

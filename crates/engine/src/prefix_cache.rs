@@ -115,7 +115,9 @@ impl SnapshotGrid {
 }
 
 /// Snapshot positions of a prompt of `tokens` (ascending): the end of its last complete message
-/// and every `track_interval` tokens, each moved down to the nearest allowed position.
+/// (where the next turn of its conversation diverges), the end of its first message (the system
+/// prompt and tool definitions other conversations share) and every `track_interval` tokens, each
+/// moved down to the nearest allowed position.
 pub fn snapshot_points(
     config: &PrefixCacheConfig,
     grid: &SnapshotGrid,
@@ -130,11 +132,18 @@ pub fn snapshot_points(
             p += config.track_interval;
         }
     }
-    if let Some(d) = tokens
-        .iter()
-        .rposition(|t| config.boundary_tokens.contains(t))
-    {
-        points.extend(grid.floor(d, n));
+    let starts = || {
+        tokens
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| config.boundary_tokens.contains(t))
+            .map(|(i, _)| i)
+    };
+    if let Some(last) = starts().next_back() {
+        points.extend(grid.floor(last, n));
+    }
+    if let Some(second) = starts().nth(1) {
+        points.extend(grid.floor(second, n));
     }
     points.sort_unstable();
     points.dedup();
@@ -227,6 +236,14 @@ impl PrefixTree {
     /// KV pages the tree holds a reference on.
     pub fn pages_held(&self) -> usize {
         self.pages_held
+    }
+
+    /// Every KV page the tree owns.
+    pub fn pages(&self) -> impl Iterator<Item = u32> + '_ {
+        self.nodes
+            .iter()
+            .flatten()
+            .flat_map(|n| n.pages.iter().copied())
     }
 
     /// State slots holding snapshots.
@@ -592,9 +609,12 @@ mod tests {
             boundary_tokens: vec![9999],
         };
         let mut t = toks(700, 1);
+        t[0] = 9999;
+        t[200] = 9999;
         t[300] = 9999;
         t[650] = 9999;
-        assert_eq!(snapshot_points(&config, &g, &t), vec![256, 512, 640]);
+        // First message ends at 200 (-> 192), the last at 650 (-> 640), intervals at 256, 512.
+        assert_eq!(snapshot_points(&config, &g, &t), vec![192, 256, 512, 640]);
     }
 
     #[test]

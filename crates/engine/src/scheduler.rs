@@ -203,6 +203,14 @@ impl Scheduler {
         }
     }
 
+    /// KV blocks only the prefix cache holds (no running sequence shares them): what eviction can
+    /// free at once.
+    pub fn evictable_blocks(&self) -> usize {
+        self.tree.as_ref().map_or(0, |t| {
+            t.pages().filter(|&b| self.refs[b as usize] == 1).count()
+        })
+    }
+
     /// Unlocks a tree node after its snapshot was copied.
     pub fn unlock(&mut self, node: usize) {
         if let Some(tree) = &mut self.tree {
