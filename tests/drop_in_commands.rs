@@ -264,7 +264,7 @@ fn command_lines(template: &str) -> Vec<DropIn> {
                 "--seed",
                 "0",
             ],
-            &["--enable-prefix-caching", "--async-scheduling"],
+            &["--async-scheduling"],
         ),
     ];
     // vLLM's Qwen3-Next thinking recipe names the deepseek_r1 reasoning parser.

@@ -1,7 +1,8 @@
 //! `deltaserve serve` on the demo model over real HTTP with the real engine: 32 concurrent streaming
 //! requests through a running batch of 4 (the rest queue) each equal their solo greedy reply (the cpu
 //! backend is batch-invariant), a client that disconnects mid-stream frees its KV blocks and state
-//! slot (visible in /metrics), and SIGTERM with streams in flight ends every stream and exits 0.
+//! slot (visible in /metrics), SIGTERM with streams in flight ends every stream and exits 0, and the
+//! prefix cache reports cached tokens without changing a reply and empties on /flush_cache.
 
 use deltaserve_api::http_client::{drain_sse_payloads, Connection, Target};
 use http_body_util::BodyExt;
@@ -436,4 +437,60 @@ fn sigterm_grace_period_expiry_ends_every_stream_and_exits_zero() {
     }
     assert!(run.refused, "the listener stayed open after SIGTERM");
     assert_eq!(run.status.code(), Some(0), "exit status {}", run.status);
+}
+
+/// The prefix cache over HTTP: a repeated long prompt reports cached tokens and gets the same reply,
+/// `/metrics` shows what the cache holds, `/flush_cache` empties both pools, and afterwards the prompt
+/// is computed in full again, still with the same reply.
+#[test]
+fn prefix_cache_hits_report_cached_tokens_and_flush_empties_the_pools() {
+    let server = start_server();
+    let port = server.port;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        wait_ready(port).await;
+        let system = (0..40)
+            .map(|i| format!("Fact {i}: {} + {} is noted.", i, 2 * i))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let body = json!({"model": "demo", "messages": [{"role": "system", "content": system}, {"role": "user", "content": question(3)}], "max_tokens": 40, "temperature": 0});
+        let ask = || async {
+            let (status, text) = request(port, "POST", "/v1/chat/completions", Some(&body)).await;
+            assert_eq!(status, 200, "{text}");
+            let v: Value = serde_json::from_str(&text).unwrap();
+            (
+                v["choices"][0]["message"].clone(),
+                v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap(),
+                v["usage"]["prompt_tokens"].as_u64().unwrap(),
+            )
+        };
+        let (first, cached, prompt) = ask().await;
+        assert_eq!(cached, 0);
+        let (second, cached, _) = ask().await;
+        assert_eq!(second, first, "a cached hit changed the reply");
+        assert!(cached >= 64 && cached < prompt, "cached {cached} of {prompt}");
+        let (_, metrics) = request(port, "GET", "/metrics", None).await;
+        assert!(gauge(&metrics, "deltaserve_prefix_cache_kv_blocks") > 0.0, "{metrics}");
+        assert!(gauge(&metrics, "deltaserve_cache_hit_rate") > 0.0, "{metrics}");
+        let (status, text) = request(port, "POST", "/flush_cache", Some(&json!({}))).await;
+        assert_eq!(status, 200, "{text}");
+        assert!(text.contains("flushed"), "{text}");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let (_, metrics) = request(port, "GET", "/metrics", None).await;
+            if gauge(&metrics, "deltaserve_kv_blocks_used") == 0.0
+                && gauge(&metrics, "deltaserve_state_slots_used") == 0.0
+            {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the flush left pages or slots:\n{metrics}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let (third, cached, _) = ask().await;
+        assert_eq!((third, cached), (first, 0));
+    });
+    drop(server);
 }

@@ -33,6 +33,11 @@ pub fn dispatch(cli: BenchCli) -> Result<()> {
         Some(BenchSubcommand::Serve(args)) => {
             let report = deltaserve_api::run_bench_serve_blocking(&args)?;
             println!("{}", report.render());
+            if let Some(path) = &args.output_file {
+                let text = serde_json::to_string_pretty(&report.to_json())?;
+                std::fs::write(path, text + "\n")
+                    .with_context(|| format!("--output-file {}", path.display()))?;
+            }
             Ok(())
         }
         None => run(cli.model),

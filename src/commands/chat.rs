@@ -5,7 +5,8 @@ use crate::loading::{load_model, with_model, ModelArgs};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use deltaserve_engine::{
-    EngineConfig, EngineEvent, EngineHandle, GenerationRequest, LocalEngine, SamplingParams,
+    EngineConfig, EngineEvent, EngineHandle, GenerationRequest, LocalEngine, PrefixCacheConfig,
+    SamplingParams,
 };
 use deltaserve_text::{
     prompt_opens_reasoning, ChatMessage, ChatTemplate, Detokenizer, ReasoningStream, RenderOptions,
@@ -169,14 +170,20 @@ pub fn run(mut args: ChatArgs) -> Result<()> {
         max_running_requests: 1,
         num_kv_blocks: context.div_ceil(16),
         block_size: 16,
-        state_slots: 1,
+        // One slot for the reply being generated, the rest for prefix-cache snapshots: each turn
+        // resumes from the previous prompt's last message (docs/prefix-cache.md).
+        state_slots: 1 + 8,
         chunked_prefill_size: 256,
         context_length: context,
         max_queued_requests: 4,
         decode_log_interval: 0,
         speculative: None,
     };
-    let engine = with_model!(model, m => LocalEngine::spawn(m, config));
+    let prefix = PrefixCacheConfig {
+        boundary_tokens: tokenizer.token_to_id("<|im_start|>").into_iter().collect(),
+        ..PrefixCacheConfig::default()
+    };
+    let engine = with_model!(model, m => LocalEngine::spawn_with_cache(m, config, prefix));
     let session = Session {
         tokenizer,
         template,

@@ -9,9 +9,10 @@ use deltaserve_api::{
 };
 use deltaserve_doctor::canary::{judge, CanaryOutcome, CanarySpec};
 use deltaserve_engine::pool_plan::{plan_pools, Memory, PoolPlan, PoolRequest};
+use deltaserve_engine::prefix_cache::DEFAULT_TRACK_INTERVAL;
 use deltaserve_engine::{
-    EngineConfig, EngineEvent, EngineHandle, GenerationRequest, LocalEngine, SamplingParams,
-    SharedEngine, SpecConfig,
+    EngineConfig, EngineEvent, EngineHandle, GenerationRequest, LocalEngine, PrefixCacheConfig,
+    SamplingParams, SharedEngine, SpecConfig,
 };
 use deltaserve_model::config::ModelConfig;
 use deltaserve_tensor::{Backend, DType};
@@ -82,6 +83,7 @@ fn print_summary(
     plan: &PoolPlan,
     spec: Option<&SpecConfig>,
     tp: Option<(usize, &str)>,
+    prefix: &PrefixCacheConfig,
 ) {
     let dtype = config
         .dtype
@@ -112,11 +114,27 @@ fn print_summary(
         human_bytes(plan.kv_bytes_per_token)
     );
     eprintln!(
-        "  state-slot pool  {} slots x {} = {}{per_gpu}",
+        "  state-slot pool  {} slots x {} = {}{per_gpu} ({} for running requests, {} for prefix-cache snapshots)",
         plan.state_slots,
         human_bytes(plan.state_bytes_per_slot),
-        human_bytes(plan.state_bytes())
+        human_bytes(plan.state_bytes()),
+        plan.state_slots - plan.cache_snapshot_slots,
+        plan.cache_snapshot_slots
     );
+    if prefix.enabled {
+        eprintln!(
+            "  prefix cache     radix tree over {}-token pages; GDN snapshots at each prompt's last message end{} ({} each); it also uses free slots and yields them on demand",
+            plan.block_size,
+            if prefix.track_interval > 0 {
+                format!(" and every {} tokens (--mamba-track-interval)", prefix.track_interval)
+            } else {
+                String::new()
+            },
+            human_bytes(plan.state_bytes_per_slot)
+        );
+    } else {
+        eprintln!("  prefix cache     off (--disable-radix-cache)");
+    }
     match spec {
         Some(s) => eprintln!(
             "  speculative      NEXTN (MTP), {} draft steps, {} snapshot slots per running request",
@@ -295,6 +313,12 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
             page_size: args.page_size.unwrap_or(DEFAULT_PAGE_SIZE),
             speculative_steps: spec.as_ref().map_or(0, |s| s.num_steps),
             kv_element_bytes: std::mem::size_of::<f32>(),
+            prefix_cache: !args.disable_radix_cache,
+        };
+        let prefix = PrefixCacheConfig {
+            enabled: !args.disable_radix_cache,
+            track_interval: args.mamba_track_interval.unwrap_or(DEFAULT_TRACK_INTERVAL),
+            boundary_tokens: tokenizer.token_to_id("<|im_start|>").into_iter().collect(),
         };
         // GPU backends plan from the device's memory (SGLang's rules), CPU ones from the host's.
         // Split over GPUs: every rank holds pools of the same size, planned on the tightest GPU.
@@ -335,9 +359,17 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
         });
         if log_level.shows_info() {
             let tp = with_model!(&model, m => m.communicator_kind().map(|kind| (m.tp_size(), kind)));
-            print_summary(&args, &config, &backend_name, &plan, spec.as_ref(), tp);
+            print_summary(
+                &args,
+                &config,
+                &backend_name,
+                &plan,
+                spec.as_ref(),
+                tp,
+                &prefix,
+            );
         }
-        let local: Arc<LocalEngine> = with_model!(model, m => LocalEngine::spawn(m, engine_config));
+        let local: Arc<LocalEngine> = with_model!(model, m => LocalEngine::spawn_with_cache(m, engine_config, prefix));
         if let Some(timeout) = args.watchdog_timeout() {
             crate::watchdog::spawn(local.clone(), state.clone(), timeout)?;
         }

@@ -70,6 +70,15 @@ pub struct ServeArgs {
     /// Share of the cache memory given to the GDN state pool (the rest is KV), in (0, 1).
     #[arg(long)]
     pub mamba_full_memory_ratio: Option<f32>,
+    /// Turn the prefix cache off: no KV pages or GDN snapshots are kept across requests, and every
+    /// prompt is prefilled in full (SGLang's flag; docs/prefix-cache.md).
+    #[arg(long)]
+    pub disable_radix_cache: bool,
+    /// With the prefix cache, also snapshot the GDN state every this many prompt tokens during
+    /// prefill, so prompts sharing a long prefix hit even when they diverge later (SGLang's flag;
+    /// default 256; 0: only at the end of each prompt's last complete message).
+    #[arg(long, value_name = "TOKENS")]
+    pub mamba_track_interval: Option<usize>,
     /// Data type of the recurrent GDN state.
     #[arg(long, value_enum, default_value_t = MambaSsmDtype::Float32)]
     pub mamba_ssm_dtype: MambaSsmDtype,

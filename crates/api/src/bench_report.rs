@@ -58,6 +58,10 @@ pub struct BenchServeReport {
     pub e2e: Distribution,
     pub streamed: bool,
     pub concurrency: usize,
+    /// Prompt tokens the server reported served from its prefix cache.
+    pub cached_tokens: usize,
+    /// TTFT of each turn (multi-turn mode; one entry otherwise).
+    pub ttft_by_turn: Vec<Distribution>,
 }
 
 impl BenchServeReport {
@@ -98,7 +102,53 @@ impl BenchServeReport {
             e2e: Distribution::of(&ok.iter().map(|r| r.e2e).collect::<Vec<_>>()),
             streamed: args.stream,
             concurrency: args.concurrency,
+            cached_tokens: ok.iter().map(|r| r.cached_tokens).sum(),
+            ttft_by_turn: (0..args.multi_turn.max(1))
+                .map(|t| {
+                    Distribution::of(
+                        &ok.iter()
+                            .filter(|r| r.turn == t)
+                            .map(|r| r.ttft)
+                            .collect::<Vec<_>>(),
+                    )
+                })
+                .collect(),
         }
+    }
+
+    /// Cached prompt tokens / prompt tokens.
+    pub fn cache_hit_rate(&self) -> f64 {
+        if self.prompt_tokens == 0 {
+            0.0
+        } else {
+            self.cached_tokens as f64 / self.prompt_tokens as f64
+        }
+    }
+
+    /// The report as JSON (seconds for durations), for `--output-file`.
+    pub fn to_json(&self) -> serde_json::Value {
+        let d = |d: &Distribution| serde_json::json!({"mean": d.mean, "p50": d.p50, "p90": d.p90, "p99": d.p99});
+        serde_json::json!({
+            "model": self.model,
+            "concurrency": self.concurrency,
+            "completed": self.completed,
+            "failed": self.failed,
+            "duration_s": self.duration.as_secs_f64(),
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "cache_hit_rate": self.cache_hit_rate(),
+            "output_tokens": self.output_tokens,
+            "request_throughput": self.request_throughput,
+            "input_throughput": self.input_throughput,
+            "output_throughput": self.output_throughput,
+            "streamed": self.streamed,
+            "ttft_s": d(&self.ttft),
+            "ttft_by_turn_s": self.ttft_by_turn.iter().map(d).collect::<Vec<_>>(),
+            "tpot_s": d(&self.tpot),
+            "itl_s": d(&self.itl),
+            "e2e_s": d(&self.e2e),
+            "errors": self.errors,
+        })
     }
 
     /// A human-readable table in the spirit of SGLang's bench_serving output (latencies in ms).
@@ -126,6 +176,15 @@ impl BenchServeReport {
             &mut out,
             "Total generated tokens:",
             self.output_tokens.to_string(),
+        );
+        line(
+            &mut out,
+            "Cached input tokens:",
+            format!(
+                "{} ({:.1} %)",
+                self.cached_tokens,
+                100.0 * self.cache_hit_rate()
+            ),
         );
         line(
             &mut out,
@@ -174,6 +233,16 @@ impl BenchServeReport {
                 &self.tpot,
             );
             section("Inter-token Latency", "ITL", &self.itl);
+            if self.ttft_by_turn.len() > 1 {
+                out.push_str(&format!("{:-^50}\n", " TTFT by Turn "));
+                for (t, d) in self.ttft_by_turn.iter().enumerate() {
+                    line(
+                        &mut out,
+                        &format!("Turn {} mean / P50 TTFT (ms):", t + 1),
+                        format!("{:.1} / {:.1}", d.mean * 1e3, d.p50 * 1e3),
+                    );
+                }
+            }
         } else {
             out.push_str("(TTFT, TPOT and ITL need --stream)\n");
         }

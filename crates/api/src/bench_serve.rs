@@ -3,6 +3,11 @@
 //! fixed-length outputs, `--concurrency` requests in flight, then request and token throughput and TTFT /
 //! TPOT / ITL / end-to-end latency percentiles (computed in bench_report.rs). Plain HTTP/1.1 over hyper;
 //! it never touches the engine.
+//!
+//! Two modes measure a prefix cache: `--multi-turn N` sends conversations of N chat turns, each turn
+//! resending the whole history (the earlier replies' content included), and reports TTFT per turn;
+//! `--shared-prefix-len W` starts every prompt with the same W-word system prompt. Both report the
+//! prompt tokens the server says it served from its cache (`usage.prompt_tokens_details.cached_tokens`).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -57,6 +62,17 @@ pub struct BenchServeArgs {
     /// Per-request timeout in seconds.
     #[arg(long, default_value_t = 600)]
     pub request_timeout: u64,
+    /// Multi-turn mode (chat endpoint): each of the --num-prompts conversations sends this many
+    /// turns one after the other, each resending the history; 1 = single requests.
+    #[arg(long, default_value_t = 1)]
+    pub multi_turn: usize,
+    /// Shared-prefix mode: every prompt (or conversation) starts with the same system prompt of
+    /// this many words; 0 = none.
+    #[arg(long, default_value_t = 0)]
+    pub shared_prefix_len: usize,
+    /// Also write the report as JSON to this file.
+    #[arg(long, value_name = "PATH")]
+    pub output_file: Option<std::path::PathBuf>,
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,6 +93,8 @@ pub enum BenchServeError {
     Models(String),
     #[error("cannot start the async runtime: {0}")]
     Runtime(std::io::Error),
+    #[error("--multi-turn needs --endpoint chat")]
+    MultiTurnNeedsChat,
 }
 
 /// Outcome of one benchmark request.
@@ -85,6 +103,12 @@ pub(crate) struct RequestResult {
     pub(crate) error: Option<String>,
     pub(crate) prompt_tokens: usize,
     pub(crate) output_tokens: usize,
+    /// Prompt tokens the server served from its prefix cache, as it reported them.
+    pub(crate) cached_tokens: usize,
+    /// Turn of its conversation (0-based; 0 outside the multi-turn mode).
+    pub(crate) turn: usize,
+    /// The reply's content (what a client resends as the assistant message).
+    pub(crate) content: String,
     pub(crate) ttft: f64,
     pub(crate) e2e: f64,
     /// Gaps between streamed chunks that carried text, in seconds.
@@ -124,13 +148,46 @@ fn random_prompt(rng: &mut SplitMix, index: usize, words: usize) -> String {
     prompt
 }
 
-fn request_body(args: &BenchServeArgs, model: &str, prompt: &str) -> Value {
-    let mut body = match args.endpoint {
-        BenchEndpoint::Completions => json!({"model": model, "prompt": prompt}),
-        BenchEndpoint::Chat => {
-            json!({"model": model, "messages": [{"role": "user", "content": prompt}]})
+/// One conversation: an optional shared system prompt and its user turns.
+struct Conversation {
+    system: Option<String>,
+    turns: Vec<String>,
+}
+
+/// The request of turn `turn`, given the replies so far.
+fn turn_body(
+    args: &BenchServeArgs,
+    model: &str,
+    conversation: &Conversation,
+    replies: &[String],
+) -> Value {
+    let turn = replies.len();
+    match args.endpoint {
+        BenchEndpoint::Completions => {
+            let prompt = match &conversation.system {
+                Some(system) => format!("{system}\n{}", conversation.turns[turn]),
+                None => conversation.turns[turn].clone(),
+            };
+            request_body(args, model, json!({"prompt": prompt}))
         }
-    };
+        BenchEndpoint::Chat => {
+            let mut messages = Vec::new();
+            if let Some(system) = &conversation.system {
+                messages.push(json!({"role": "system", "content": system}));
+            }
+            for (question, reply) in conversation.turns.iter().zip(replies) {
+                messages.push(json!({"role": "user", "content": question}));
+                messages.push(json!({"role": "assistant", "content": reply}));
+            }
+            messages.push(json!({"role": "user", "content": conversation.turns[turn]}));
+            request_body(args, model, json!({"messages": messages}))
+        }
+    }
+}
+
+fn request_body(args: &BenchServeArgs, model: &str, input: Value) -> Value {
+    let mut body = input;
+    body["model"] = json!(model);
     body["max_tokens"] = json!(args.output_len);
     body["temperature"] = json!(args.temperature);
     if !args.no_ignore_eos {
@@ -182,6 +239,24 @@ fn read_usage(value: &Value, result: &mut RequestResult) {
         let count = |name: &str| usage.get(name).and_then(Value::as_u64).map(|n| n as usize);
         result.prompt_tokens = count("prompt_tokens").unwrap_or(result.prompt_tokens);
         result.output_tokens = count("completion_tokens").unwrap_or(result.output_tokens);
+        if let Some(cached) = usage
+            .pointer("/prompt_tokens_details/cached_tokens")
+            .and_then(Value::as_u64)
+        {
+            result.cached_tokens = cached as usize;
+        }
+    }
+}
+
+/// Appends the content of the first choice of a response object (message or delta) to `out`.
+fn push_content(value: &Value, out: &mut String) {
+    let Some(choice) = value.pointer("/choices/0") else {
+        return;
+    };
+    for path in ["/message/content", "/delta/content", "/text"] {
+        if let Some(text) = choice.pointer(path).and_then(Value::as_str) {
+            out.push_str(text);
+        }
     }
 }
 
@@ -217,6 +292,7 @@ async fn run_one(
         {
             Ok(Ok(value)) => {
                 read_usage(&value, &mut result);
+                push_content(&value, &mut result.content);
                 result.e2e = started.elapsed().as_secs_f64();
                 result.ttft = result.e2e;
             }
@@ -253,6 +329,7 @@ async fn run_one(
                 return result;
             }
             read_usage(&value, &mut result);
+            push_content(&value, &mut result.content);
             if chunk_text_len(&value) > 0 {
                 let now = Instant::now();
                 match last_text_at {
@@ -315,38 +392,80 @@ pub async fn run_bench_serve(args: &BenchServeArgs) -> Result<BenchServeReport, 
             flag: "--output-len",
         });
     }
+    if args.multi_turn == 0 {
+        return Err(BenchServeError::Zero {
+            flag: "--multi-turn",
+        });
+    }
+    if args.multi_turn > 1 && args.endpoint != BenchEndpoint::Chat {
+        return Err(BenchServeError::MultiTurnNeedsChat);
+    }
     let target = Target::parse(&args.url)?;
     let model = match &args.model {
         Some(model) => model.clone(),
         None => first_model(&target).await?,
     };
     let mut rng = SplitMix(args.seed);
-    let bodies: Arc<Vec<Value>> = Arc::new(
+    let system = (args.shared_prefix_len > 0).then(|| {
+        let mut shared = SplitMix(args.seed ^ 0x5EED);
+        random_prompt(&mut shared, usize::MAX, args.shared_prefix_len).replacen(
+            &format!("Request {}:", usize::MAX),
+            "Shared context:",
+            1,
+        )
+    });
+    let conversations: Arc<Vec<Conversation>> = Arc::new(
         (0..args.num_prompts)
-            .map(|i| request_body(args, &model, &random_prompt(&mut rng, i, args.input_len)))
+            .map(|i| Conversation {
+                system: system.clone(),
+                turns: (0..args.multi_turn)
+                    .map(|t| {
+                        let prompt = random_prompt(&mut rng, i, args.input_len);
+                        if args.multi_turn > 1 {
+                            prompt.replacen(
+                                &format!("Request {i}:"),
+                                &format!("Conversation {i}, turn {}:", t + 1),
+                                1,
+                            )
+                        } else {
+                            prompt
+                        }
+                    })
+                    .collect(),
+            })
             .collect(),
     );
     let next = Arc::new(AtomicUsize::new(0));
-    let results = Arc::new(Mutex::new(Vec::with_capacity(args.num_prompts)));
+    let results = Arc::new(Mutex::new(Vec::with_capacity(
+        args.num_prompts * args.multi_turn,
+    )));
     let started = Instant::now();
     let workers: Vec<_> = (0..args.concurrency.min(args.num_prompts))
         .map(|_| {
-            let (bodies, next, results, target, args) = (
-                Arc::clone(&bodies),
+            let (conversations, next, results, target, args, model) = (
+                Arc::clone(&conversations),
                 Arc::clone(&next),
                 Arc::clone(&results),
                 target.clone(),
                 args.clone(),
+                model.clone(),
             );
             tokio::spawn(async move {
                 let mut connection = Connection::new(target);
                 let timeout = Duration::from_secs(args.request_timeout);
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(body) = bodies.get(i) else { break };
-                    let result =
-                        match tokio::time::timeout(timeout, run_one(&mut connection, &args, body))
-                            .await
+                    let Some(conversation) = conversations.get(i) else {
+                        break;
+                    };
+                    let mut replies = Vec::new();
+                    for turn in 0..conversation.turns.len() {
+                        let body = turn_body(&args, &model, conversation, &replies);
+                        let mut result = match tokio::time::timeout(
+                            timeout,
+                            run_one(&mut connection, &args, &body),
+                        )
+                        .await
                         {
                             Ok(result) => result,
                             Err(_) => {
@@ -358,10 +477,17 @@ pub async fn run_bench_serve(args: &BenchServeArgs) -> Result<BenchServeReport, 
                                 }
                             }
                         };
-                    results
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .push(result);
+                        result.turn = turn;
+                        let failed = result.error.is_some();
+                        replies.push(std::mem::take(&mut result.content));
+                        results
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .push(result);
+                        if failed {
+                            break;
+                        }
+                    }
                 }
             })
         })

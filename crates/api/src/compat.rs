@@ -173,9 +173,15 @@ const FOREIGN_ATTENTION_BACKENDS: [&str; 20] = [
 
 /// The start-up notes of the foreign flags given; the first refusal, or a contradiction between
 /// them, is an error.
-fn foreign_notes(foreign: &ForeignFlags) -> Result<Vec<CompatNote>, ArgsError> {
+fn foreign_notes(
+    foreign: &ForeignFlags,
+    disable_radix_cache: bool,
+) -> Result<Vec<CompatNote>, ArgsError> {
     let verdicts = foreign.verdicts();
-    let given = |name: &str| verdicts.iter().any(|(typed, _)| typed == name);
+    let given = |name: &str| {
+        verdicts.iter().any(|(typed, _)| typed == name)
+            || (name == "--disable-radix-cache" && disable_radix_cache)
+    };
     if given("--enable-prefix-caching") {
         for off in ["--no-enable-prefix-caching", "--disable-radix-cache"] {
             if given(off) {
@@ -220,7 +226,15 @@ impl ServeArgs {
                 text: "recorded; the KV cache dtype is chosen by the backend".into(),
             });
         }
-        notes.extend(foreign_notes(&compat.foreign)?);
+        notes.extend(foreign_notes(&compat.foreign, self.disable_radix_cache)?);
+        if compat
+            .foreign
+            .given
+            .iter()
+            .any(|(flag, _)| flag.long == "no-enable-prefix-caching")
+        {
+            self.disable_radix_cache = true;
+        }
         Ok(notes)
     }
 
@@ -548,6 +562,11 @@ mod tests {
         );
         let e = refused("--enable-prefix-caching --disable-radix-cache");
         assert!(e.contains("--disable-radix-cache"), "{e}");
+        let (args, _) = resolved("--no-enable-prefix-caching");
+        assert!(
+            args.disable_radix_cache,
+            "vLLM's spelling of --disable-radix-cache"
+        );
     }
 
     #[test]
@@ -610,8 +629,11 @@ mod tests {
                 "--kv-cache-dtype bf16",
                 "--trust-remote-code",
                 "--enable-torch-compile",
-                "--enable-prefix-caching"
             ]
+        );
+        assert!(
+            !args.disable_radix_cache,
+            "the prefix cache is on by default"
         );
         assert_eq!(args.attention_backend, None);
         assert_eq!(args.kv_cache_dtype, KvCacheDtype::BFloat16);

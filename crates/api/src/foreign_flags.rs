@@ -68,8 +68,6 @@ const NO_TORCH: &str =
     "deltaserve has no PyTorch to compile; its kernels are built by NVRTC at start-up (cuda) or ahead of time (cpu)";
 const OWN_KERNELS: &str =
     "deltaserve runs its own attention kernels, each proven against the reference implementation";
-const NO_PREFIX_CACHE: &str =
-    "deltaserve has no prefix cache yet: every prompt is prefilled in full (outputs are the same)";
 const TEXT_ONLY: &str =
     "deltaserve serves the text model: requests with image or video inputs are refused with 400";
 const NO_REQUEST_LOG: &str = "deltaserve writes no per-request log lines";
@@ -237,8 +235,9 @@ pub static FOREIGN_FLAGS: &[ForeignFlag] = &[
         long: "enable-prefix-caching",
         origin: Origin::Vllm,
         takes: Takes::Nothing,
-        verdict: |_, _| note(NO_PREFIX_CACHE),
+        verdict: |_, _| Verdict::Same,
     },
+    // Folded into --disable-radix-cache by `resolve_compat`.
     ForeignFlag {
         long: "no-enable-prefix-caching",
         origin: Origin::Vllm,
@@ -246,23 +245,19 @@ pub static FOREIGN_FLAGS: &[ForeignFlag] = &[
         verdict: |_, _| Verdict::Same,
     },
     ForeignFlag {
-        long: "disable-radix-cache",
-        origin: Origin::Sglang,
-        takes: Takes::Nothing,
-        verdict: |_, _| Verdict::Same,
-    },
-    ForeignFlag {
         long: "enable-hierarchical-cache",
         origin: Origin::Sglang,
         takes: Takes::Nothing,
-        verdict: |_, _| note(NO_PREFIX_CACHE),
+        verdict: |_, _| {
+            note("the prefix cache lives in the device's pools only; there is no host-memory tier")
+        },
     },
     ForeignFlag {
         long: "mamba-scheduler-strategy",
         origin: Origin::Sglang,
         takes: Takes::One,
         verdict: |_, _| {
-            note("deltaserve caches no GDN state across requests, so there is no mamba cache strategy to pick")
+            note("the prefix cache snapshots GDN state at message ends and every --mamba-track-interval tokens (docs/prefix-cache.md); there is no strategy to pick")
         },
     },
     ForeignFlag {
@@ -599,8 +594,9 @@ mod tests {
 
     #[test]
     fn each_flag_gets_its_verdict_with_the_values_as_typed() {
-        let v =
-            verdicts("--trust-remote-code --cuda-graph-bs 1 2 4 --disable-radix-cache --ep-size 1");
+        let v = verdicts(
+            "--trust-remote-code --cuda-graph-bs 1 2 4 --no-enable-prefix-caching --ep-size 1",
+        );
         let typed: Vec<&str> = v.iter().map(|(t, _)| t.as_str()).collect();
         assert_eq!(
             typed,
@@ -608,7 +604,7 @@ mod tests {
                 "--trust-remote-code",
                 "--cuda-graph-bs 1 2 4",
                 "--ep-size 1",
-                "--disable-radix-cache"
+                "--no-enable-prefix-caching"
             ]
         );
         assert!(matches!(&v[0].1, Verdict::Note(n) if n.contains("never runs code")));

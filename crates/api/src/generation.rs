@@ -94,6 +94,8 @@ impl FinishKind {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ChoiceUsage {
     pub prompt_tokens: usize,
+    /// Prompt tokens the engine reused from its prefix cache.
+    pub cached_tokens: usize,
     pub completion_tokens: usize,
     pub reasoning_tokens: usize,
     pub draft_tokens: usize,
@@ -103,6 +105,8 @@ pub struct ChoiceUsage {
 impl ChoiceUsage {
     /// Sums choices; prompt tokens are counted once per distinct prompt by the caller.
     pub fn add(&mut self, other: &ChoiceUsage) {
+        // Choices of one prompt share it: its cached part is reported once, as its prompt is.
+        self.cached_tokens = self.cached_tokens.max(other.cached_tokens);
         self.completion_tokens += other.completion_tokens;
         self.reasoning_tokens += other.reasoning_tokens;
         self.draft_tokens += other.draft_tokens;
@@ -152,6 +156,8 @@ pub struct ChoiceRun {
     queued: VecDeque<ChoiceItem>,
     /// The engine request is over (finished, failed, or aborted by us and drained).
     engine_done: bool,
+    /// Prompt tokens the engine reported reused from its prefix cache.
+    cached_tokens: usize,
     /// The `Finished` item was handed out.
     ended: bool,
 }
@@ -192,6 +198,7 @@ impl ChoiceRun {
             first_token: None,
             queued: VecDeque::new(),
             engine_done: false,
+            cached_tokens: 0,
             ended: false,
         })
     }
@@ -228,6 +235,7 @@ impl ChoiceRun {
             Some(EngineEvent::Token { id, logprob }) => self.on_token(id, logprob).await,
             Some(EngineEvent::Finished { reason, usage }) => {
                 self.engine_done = true;
+                self.cached_tokens = usage.cached_tokens;
                 let finish = match reason {
                     FinishReason::Stop => FinishKind::Stop,
                     FinishReason::Length => FinishKind::Length,
@@ -299,16 +307,19 @@ impl ChoiceRun {
         let usage = self.drain_after_abort().await;
         self.engine_done = true;
         self.queued.push_back(ChoiceItem::Text { text, tokens });
-        self.finish(FinishKind::Stop, usage)
+        if let Some(usage) = &usage {
+            self.cached_tokens = usage.cached_tokens;
+        }
+        self.finish(FinishKind::Stop, usage.as_ref().map(spec_usage))
     }
 
     /// Reads events after our abort until the engine confirms; returns its speculative counts
     /// (drafted, accepted), `None` when the engine did not confirm in time.
-    async fn drain_after_abort(&mut self) -> Option<(usize, usize)> {
+    async fn drain_after_abort(&mut self) -> Option<deltaserve_engine::Usage> {
         let wait = async {
             while let Some(event) = self.events.recv().await {
                 match event {
-                    EngineEvent::Finished { usage, .. } => return Some(spec_usage(&usage)),
+                    EngineEvent::Finished { usage, .. } => return Some(usage),
                     EngineEvent::Error { .. } => return None,
                     EngineEvent::Token { .. } => {}
                 }
@@ -373,6 +384,7 @@ impl ChoiceRun {
             finish,
             usage: ChoiceUsage {
                 prompt_tokens: self.spec.request.prompt_ids.len(),
+                cached_tokens: self.cached_tokens,
                 completion_tokens: self.generated.len(),
                 reasoning_tokens,
                 draft_tokens,

@@ -85,6 +85,10 @@ pub fn usage_json(usage: &ChoiceUsage) -> Value {
         json!(usage.prompt_tokens + usage.completion_tokens),
     );
     object.insert(
+        "prompt_tokens_details".into(),
+        json!({ "cached_tokens": usage.cached_tokens }),
+    );
+    object.insert(
         "completion_tokens_details".into(),
         json!({ "reasoning_tokens": usage.reasoning_tokens }),
     );

@@ -89,8 +89,8 @@ pub async fn model_info(State(state): State<Arc<AppState>>) -> Response {
 }
 
 /// `GET /get_load`: one entry (deltaserve runs one data-parallel rank) with SGLang's fields —
-/// `num_reqs` running plus waiting, `num_waiting_reqs`, `num_tokens` held in the KV pool — and the
-/// pool usage besides. While loading, every figure is 0: nothing is running.
+/// `num_reqs` running plus waiting, `num_waiting_reqs`, `num_tokens` held in the KV pool by requests
+/// (pages only the prefix cache holds are evictable and not counted) — and the pool usage besides. While loading, every figure is 0: nothing is running.
 pub async fn get_load(State(state): State<Arc<AppState>>) -> Response {
     let stats = state
         .engine()
@@ -109,7 +109,9 @@ pub async fn get_load(State(state): State<Arc<AppState>>) -> Response {
         "num_reqs": stats.running + stats.queued,
         "num_running_reqs": stats.running,
         "num_waiting_reqs": stats.queued,
-        "num_tokens": stats.kv_blocks_used * page_size,
+        // Pages only the prefix cache holds are free for the asking: not load.
+        "num_tokens": stats.kv_blocks_used.saturating_sub(stats.cached_kv_blocks) * page_size,
+        "cached_kv_blocks": stats.cached_kv_blocks,
         "kv_blocks_used": stats.kv_blocks_used,
         "kv_blocks_total": stats.kv_blocks_total,
         "kv_usage": usage(stats.kv_blocks_used, stats.kv_blocks_total),
@@ -120,12 +122,19 @@ pub async fn get_load(State(state): State<Arc<AppState>>) -> Response {
     .into_response()
 }
 
-/// `POST /flush_cache` (GET too, as SGLang): succeeds, since there is no prefix cache to flush; the
-/// body says so, so that nobody reads the success as "something was freed".
-pub async fn flush_cache() -> Response {
-    axum::Json(json!({
-        "success": true,
-        "message": "deltaserve keeps no prefix cache yet: there was nothing to flush",
-    }))
-    .into_response()
+/// `POST /flush_cache` (GET too, as SGLang): empties the prefix cache's radix tree before the
+/// engine's next step (pages and snapshots that running requests use stay theirs until they end).
+/// Without a prefix cache (`--disable-radix-cache`, or still loading) it succeeds and says there
+/// was nothing to flush, so that nobody reads the success as "something was freed".
+pub async fn flush_cache(State(state): State<Arc<AppState>>) -> Response {
+    let flushed = state
+        .engine()
+        .map(|engine| engine.flush_cache())
+        .unwrap_or(false);
+    let message = if flushed {
+        "Cache flushed: the prefix cache let go of its KV pages and GDN snapshots"
+    } else {
+        "deltaserve has no prefix cache (--disable-radix-cache, or still loading): there was nothing to flush"
+    };
+    axum::Json(json!({ "success": true, "message": message })).into_response()
 }

@@ -78,6 +78,7 @@ async fn chat_non_streaming_shape_reasoning_and_defaults() {
             "prompt_tokens": prompt.len(),
             "completion_tokens": completion,
             "total_tokens": prompt.len() + completion,
+            "prompt_tokens_details": {"cached_tokens": 0},
             "completion_tokens_details": {"reasoning_tokens": reasoning},
         })
     );

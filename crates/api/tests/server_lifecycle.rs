@@ -372,6 +372,9 @@ async fn bench_serve_drives_the_server() {
             no_ignore_eos: false,
             seed: 3,
             request_timeout: 30,
+            multi_turn: 1,
+            shared_prefix_len: 0,
+            output_file: None,
         };
         let report = run_bench_serve(&args).await.unwrap();
         assert_eq!(report.model, "test-model");
@@ -407,4 +410,63 @@ async fn bench_serve_drives_the_server() {
     assert!(requests
         .iter()
         .all(|r| r.stop_token_ids.is_empty() && r.max_new_tokens == 6));
+}
+
+#[tokio::test]
+async fn bench_serve_multi_turn_resends_the_history() {
+    use deltaserve_api::{run_bench_serve, BenchEndpoint, BenchServeArgs};
+    let engine = FakeEngine::new(|_: &GenerationRequest| Script {
+        delay: Duration::from_millis(1),
+        repeat: true,
+        ..Script::text("reply ")
+    });
+    let server = TestServer::start(engine).await;
+    let args = BenchServeArgs {
+        url: format!("http://{}", server.addr),
+        concurrency: 2,
+        num_prompts: 3,
+        input_len: 10,
+        output_len: 4,
+        model: None,
+        stream: true,
+        endpoint: BenchEndpoint::Chat,
+        temperature: 0.0,
+        min_tokens: false,
+        no_ignore_eos: false,
+        seed: 1,
+        request_timeout: 30,
+        multi_turn: 3,
+        shared_prefix_len: 40,
+        output_file: None,
+    };
+    let report = run_bench_serve(&args).await.unwrap();
+    assert_eq!(
+        (report.completed, report.failed),
+        (9, 0),
+        "{:?}",
+        report.errors
+    );
+    assert_eq!(report.ttft_by_turn.len(), 3);
+    assert!(report.ttft_by_turn.iter().all(|d| d.p50 > 0.0));
+    assert!(report.render().contains("Turn 3 mean / P50 TTFT (ms):"));
+    let json = report.to_json();
+    assert_eq!(json["ttft_by_turn_s"].as_array().unwrap().len(), 3);
+    assert_eq!(json["cached_tokens"], 0, "the fake engine caches nothing");
+    // Each turn resends the shared system prompt, the earlier turns and their replies.
+    let mut lengths: Vec<usize> = server
+        .engine
+        .requests()
+        .iter()
+        .map(|r| r.prompt_ids.len())
+        .collect();
+    lengths.sort_unstable();
+    assert!(lengths[0] >= 40, "{lengths:?}");
+    assert!(lengths[8] > lengths[0] + 2 * 10, "{lengths:?}");
+    assert!(args.multi_turn > 1);
+    let chat_only = run_bench_serve(&BenchServeArgs {
+        endpoint: BenchEndpoint::Completions,
+        ..args
+    })
+    .await;
+    assert!(chat_only.is_err());
 }

@@ -84,6 +84,7 @@ async fn get_load_reports_requests_kv_tokens_and_pool_usage() {
         kv_blocks_total: 500,
         state_slots_used: 3,
         state_slots_total: 49,
+        ..Default::default()
     };
     let reply = server.get("/get_load").await;
     assert_eq!(reply.status, 200, "{}", reply.body);

@@ -134,6 +134,8 @@ pub enum FinishReason {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Usage {
     pub prompt_tokens: usize,
+    /// Prompt tokens reused from the prefix cache (OpenAI's `prompt_tokens_details.cached_tokens`).
+    pub cached_tokens: usize,
     pub completion_tokens: usize,
     /// Speculative decoding: tokens drafted and accepted for this request (0 when off).
     pub draft_tokens: usize,
@@ -186,6 +188,11 @@ pub struct EngineStats {
     pub kv_blocks_total: usize,
     pub state_slots_used: usize,
     pub state_slots_total: usize,
+    /// KV blocks only the prefix cache holds (no running request shares them) and state slots
+    /// holding its snapshots: counted in the `_used` figures too, and yielded whenever a request
+    /// needs them.
+    pub cached_kv_blocks: usize,
+    pub cached_snapshots: usize,
 }
 
 /// The receiving end of one request's events.
@@ -216,6 +223,11 @@ pub trait EngineHandle: Send + Sync {
     /// The engine's own metrics in Prometheus text format (pools, queue, speculative decoding).
     fn prometheus_metrics(&self) -> String {
         String::new()
+    }
+    /// Empties the prefix cache before the engine's next step (pages and snapshots in use by
+    /// running requests stay theirs). False when there is no prefix cache.
+    fn flush_cache(&self) -> bool {
+        false
     }
 }
 

@@ -4,6 +4,7 @@
 
 use crate::api::*;
 use crate::metrics::EngineMetrics;
+use crate::prefix_cache::{PrefixCacheConfig, SnapshotGrid};
 use crate::sampler;
 use crate::scheduler::{Scheduled, Scheduler, SchedulerLimits};
 use crate::sequence::{Sequence, SpecState};
@@ -35,6 +36,7 @@ pub struct EngineConfig {
 enum Command {
     Submit(Box<Sequence>),
     Abort(RequestId),
+    FlushCache,
 }
 
 /// Handle to an engine running on its own thread.
@@ -46,11 +48,22 @@ pub struct LocalEngine {
     metrics: Arc<EngineMetrics>,
     config: EngineConfig,
     vocab_size: usize,
+    prefix_cache: bool,
 }
 
 impl LocalEngine {
-    /// Starts the engine thread for `model`. The cache is allocated here, from `config`.
+    /// Starts the engine thread for `model`, without a prefix cache. The cache is allocated here,
+    /// from `config`.
     pub fn spawn<B: Backend + 'static>(model: Model<B>, config: EngineConfig) -> Arc<Self> {
+        Self::spawn_with_cache(model, config, PrefixCacheConfig::disabled())
+    }
+
+    /// Starts the engine thread for `model` with the prefix cache `prefix` (docs/prefix-cache.md).
+    pub fn spawn_with_cache<B: Backend + 'static>(
+        model: Model<B>,
+        config: EngineConfig,
+        prefix: PrefixCacheConfig,
+    ) -> Arc<Self> {
         let speculative = config.speculative.clone().filter(|_| model.has_mtp());
         let geometry = CacheGeometry {
             num_blocks: config.num_kv_blocks,
@@ -74,8 +87,16 @@ impl LocalEngine {
             chunk_size: config.chunked_prefill_size,
         };
         let vocab_size = model.config.vocab_size;
+        let grid = SnapshotGrid::new(
+            config.block_size,
+            config.chunked_prefill_size,
+            model.config.num_attention_heads,
+            model.config.num_key_value_heads,
+        );
+        let prefix_cache = prefix.enabled;
         let worker = Worker {
-            scheduler: Scheduler::new(limits, config.num_kv_blocks, config.state_slots),
+            scheduler: Scheduler::new(limits, config.num_kv_blocks, config.state_slots)
+                .with_prefix_cache(prefix, grid),
             model,
             cache,
             commands: rx,
@@ -99,6 +120,7 @@ impl LocalEngine {
             metrics,
             config,
             vocab_size,
+            prefix_cache,
         })
     }
 
@@ -198,6 +220,10 @@ impl EngineHandle for LocalEngine {
     fn prometheus_metrics(&self) -> String {
         self.metrics.render(&self.stats())
     }
+
+    fn flush_cache(&self) -> bool {
+        self.prefix_cache && self.send(Command::FlushCache)
+    }
 }
 
 /// Decode statistics since the last log line.
@@ -208,6 +234,8 @@ pub(crate) struct LogWindow {
     pub(crate) verify_steps: usize,
     pub(crate) drafted: usize,
     pub(crate) accepted: usize,
+    cache_queried: u64,
+    cache_hits: u64,
 }
 
 impl LogWindow {
@@ -219,6 +247,8 @@ impl LogWindow {
             verify_steps: 0,
             drafted: 0,
             accepted: 0,
+            cache_queried: 0,
+            cache_hits: 0,
         }
     }
 }
@@ -267,6 +297,7 @@ impl<B: Backend> Worker<B> {
                 self.scheduler.waiting.push_back(*seq)
             }
             Command::Abort(id) => self.finish_by_id(id, FinishReason::Abort),
+            Command::FlushCache => self.scheduler.flush_cache(),
         }
     }
 
@@ -281,7 +312,20 @@ impl<B: Backend> Worker<B> {
                 kv_blocks_total: s.kv.total(),
                 state_slots_used: s.slots.used(),
                 state_slots_total: s.slots.total(),
+                cached_kv_blocks: s.evictable_blocks(),
+                cached_snapshots: s.tree.as_ref().map_or(0, |t| t.snapshots_held()),
             };
+        }
+        let c = &s.cache_counters;
+        let m = &self.metrics;
+        for (gauge, value) in [
+            (&m.prefix_cache_queried_tokens, c.queried_tokens),
+            (&m.prefix_cache_hit_tokens, c.hit_tokens),
+            (&m.prefix_cache_snapshots_taken, c.snapshots_taken),
+            (&m.prefix_cache_evicted_pages, c.evicted_pages),
+            (&m.prefix_cache_evicted_snapshots, c.evicted_snapshots),
+        ] {
+            gauge.store(value, Ordering::Relaxed);
         }
     }
 
@@ -295,6 +339,8 @@ impl<B: Backend> Worker<B> {
         );
         self.model.backend.recover_after_failure();
         EngineMetrics::add(&self.metrics.failed_steps, 1);
+        // The failed step may have left cached pages or snapshots half-written.
+        self.scheduler.flush_cache();
         for mut seq in running {
             self.scheduler.release(&mut seq);
             seq.send(EngineEvent::Error {
@@ -334,7 +380,11 @@ impl<B: Backend> Worker<B> {
     }
 
     fn step(&mut self) {
+        let before = self.scheduler.cache_counters;
         let (work, events) = self.scheduler.plan();
+        let after = self.scheduler.cache_counters;
+        self.window.cache_queried += after.queried_tokens - before.queried_tokens;
+        self.window.cache_hits += after.hit_tokens - before.hit_tokens;
         EngineMetrics::add(&self.metrics.preemptions, events.preempted as u64);
         for seq in events.impossible {
             seq.send(EngineEvent::Error {
@@ -349,6 +399,11 @@ impl<B: Backend> Worker<B> {
         }
         for slot in events.fresh_slots {
             self.cache.reset_slot(&self.model.backend, slot as usize);
+        }
+        for r in events.restores {
+            self.cache
+                .copy_slot(&self.model.backend, r.from as usize, r.to as usize);
+            self.scheduler.unlock(r.node);
         }
         let out = self.forward_with_masks(&work);
         let extends = self.commit(&work, &out);
@@ -474,6 +529,7 @@ impl<B: Backend> Worker<B> {
         let mut failed: Vec<(RequestId, String)> = Vec::new();
         let mut extends = Vec::new();
         let mut decoded = 0;
+        let mut snapshot_at = Vec::new();
         for (w, rows) in work.iter().zip(&out.rows) {
             let seq = &mut self.scheduler.running[w.index];
             let old_computed = seq.computed;
@@ -537,6 +593,9 @@ impl<B: Backend> Worker<B> {
                     .collect()
             } else {
                 seq.computed += w.len;
+                if seq.snapshot_points.contains(&seq.computed) {
+                    snapshot_at.push(w.index);
+                }
                 if let (true, Some(tokens)) = (w.samples, &out.sampled) {
                     let token = tokens[rows.first_logit];
                     seq.history.record(token);
@@ -616,6 +675,13 @@ impl<B: Backend> Worker<B> {
             }
         }
         EngineMetrics::add(&self.metrics.generated_tokens, decoded as u64);
+        // Snapshots of prefill states only: a step that ended at a snapshot point did not sample.
+        for index in snapshot_at {
+            if let Some((own, snapshot)) = self.scheduler.insert_prefix(index) {
+                self.cache
+                    .copy_slot(&self.model.backend, own as usize, snapshot as usize);
+            }
+        }
         for (id, reason) in finished {
             self.finish_by_id(id, reason);
         }
@@ -649,8 +715,14 @@ impl<B: Backend> Worker<B> {
         } else {
             ("-".to_string(), "-".to_string())
         };
+        let hit_rate = match &s.tree {
+            Some(_) if w.cache_queried > 0 => {
+                format!("{:.2}", w.cache_hits as f64 / w.cache_queried as f64)
+            }
+            _ => "-".to_string(),
+        };
         eprintln!(
-            "decode: running={} queued={} kv_usage={:.2} state_slots={}/{} accept_len={accept_len} draft_accept={draft_accept} gen_tok/s={:.1}",
+            "decode: running={} queued={} kv_usage={:.2} state_slots={}/{} cache_hit_rate={hit_rate} accept_len={accept_len} draft_accept={draft_accept} gen_tok/s={:.1}",
             s.running.len(),
             s.waiting.len(),
             s.kv.used() as f64 / s.kv.total().max(1) as f64,

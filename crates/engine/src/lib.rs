@@ -9,6 +9,7 @@ pub mod engine;
 pub mod metrics;
 pub mod pool_plan;
 pub mod pools;
+pub mod prefix_cache;
 pub mod rng;
 pub mod sampler;
 pub mod scheduler;
@@ -17,4 +18,5 @@ pub mod speculative;
 
 pub use api::*;
 pub use engine::{EngineConfig, LocalEngine};
+pub use prefix_cache::PrefixCacheConfig;
 pub use speculative::{DraftFault, DraftScript, SpecConfig};

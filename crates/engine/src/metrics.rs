@@ -24,6 +24,12 @@ pub struct EngineMetrics {
     pub spec_draft_tokens: AtomicU64,
     pub spec_accepted_tokens: AtomicU64,
     pub spec_accepted_at: [AtomicU64; MAX_SPEC_POSITIONS],
+    /// Prefix cache: prompt tokens looked up, tokens reused, snapshots taken, evictions.
+    pub prefix_cache_queried_tokens: AtomicU64,
+    pub prefix_cache_hit_tokens: AtomicU64,
+    pub prefix_cache_snapshots_taken: AtomicU64,
+    pub prefix_cache_evicted_pages: AtomicU64,
+    pub prefix_cache_evicted_snapshots: AtomicU64,
 }
 
 fn counter(out: &mut String, name: &str, help: &str, value: u64) {
@@ -157,6 +163,62 @@ impl EngineMetrics {
             "deltaserve_spec_decode_num_accepted_tokens_total",
             "Draft tokens accepted by the target (bonus tokens excluded).",
             get(&self.spec_accepted_tokens),
+        );
+        let (queried, hits) = (
+            get(&self.prefix_cache_queried_tokens),
+            get(&self.prefix_cache_hit_tokens),
+        );
+        counter(
+            &mut out,
+            "deltaserve_prefix_cache_queries_total",
+            "Prompt tokens of admitted requests looked up in the prefix cache (vLLM's prefix_cache_queries).",
+            queried,
+        );
+        counter(
+            &mut out,
+            "deltaserve_prefix_cache_hits_total",
+            "Prompt tokens reused from the prefix cache instead of computed (vLLM's prefix_cache_hits).",
+            hits,
+        );
+        gauge(
+            &mut out,
+            "deltaserve_cache_hit_rate",
+            "Cached prompt tokens / prompt tokens since start (SGLang's cache_hit_rate).",
+            if queried == 0 {
+                0.0
+            } else {
+                hits as f64 / queried as f64
+            },
+        );
+        counter(
+            &mut out,
+            "deltaserve_prefix_cache_snapshots_taken_total",
+            "GDN state snapshots stored in the prefix cache.",
+            get(&self.prefix_cache_snapshots_taken),
+        );
+        counter(
+            &mut out,
+            "deltaserve_prefix_cache_evicted_pages_total",
+            "KV pages the prefix cache let go of to make room.",
+            get(&self.prefix_cache_evicted_pages),
+        );
+        counter(
+            &mut out,
+            "deltaserve_prefix_cache_evicted_snapshots_total",
+            "GDN snapshots the prefix cache let go of to make room.",
+            get(&self.prefix_cache_evicted_snapshots),
+        );
+        gauge(
+            &mut out,
+            "deltaserve_prefix_cache_kv_blocks",
+            "KV blocks held only by the prefix cache (evictable at once; also counted as used).",
+            stats.cached_kv_blocks as f64,
+        );
+        gauge(
+            &mut out,
+            "deltaserve_prefix_cache_snapshots",
+            "State slots holding prefix-cache snapshots.",
+            stats.cached_snapshots as f64,
         );
         let _ = writeln!(
             out,

@@ -33,6 +33,9 @@ pub struct PoolRequest {
     pub speculative_steps: usize,
     /// Bytes of one KV element as the backend stores the cache (4 for f32, 2 for bf16).
     pub kv_element_bytes: usize,
+    /// The prefix cache is on: the state pool gets one snapshot slot per running request on top
+    /// (the cache may also use any slot no running request holds, and yields them on demand).
+    pub prefix_cache: bool,
 }
 
 /// The memory the pools are planned from, measured after the weights were loaded.
@@ -55,6 +58,8 @@ pub struct PoolPlan {
     pub state_slots: usize,
     pub state_bytes_per_slot: usize,
     pub snapshot_slots_per_sequence: usize,
+    /// State slots planned for prefix-cache snapshots (included in `state_slots`).
+    pub cache_snapshot_slots: usize,
     /// Why the context length is what it is, when it was not given.
     pub notes: Vec<String>,
 }
@@ -146,6 +151,7 @@ pub fn plan_pools(
     );
     let state_per_slot = state_bytes_per_slot(config);
     let mut notes = Vec::new();
+    let cache_per_request = usize::from(request.prefix_cache);
 
     let on_device = matches!(memory, Memory::Device { .. });
     let default_fraction = if on_device {
@@ -213,14 +219,14 @@ pub fn plan_pools(
     let derived_running = if derive_running {
         let ratio = ratio.unwrap_or(DEVICE_MAMBA_FULL_MEMORY_RATIO);
         let state_budget = (budget as f64 * ratio / (1.0 + ratio)) as usize;
-        let per_request = state_per_slot * (1 + snapshots);
+        let per_request = state_per_slot * (1 + snapshots + cache_per_request);
         let fit = state_budget / per_request.max(1);
         let running = fit.clamp(1, DEVICE_MAX_RUNNING_CAP);
         notes.push(format!(
             "max running {running}: the state pool's share {} (--mamba-full-memory-ratio {ratio}: state/KV) holds {fit} requests of {} ({} slot(s) each){}",
             human(state_budget),
             human(per_request),
-            1 + snapshots,
+            1 + snapshots + cache_per_request,
             if fit > DEVICE_MAX_RUNNING_CAP { format!(", capped at {DEVICE_MAX_RUNNING_CAP}") } else { String::new() }
         ));
         Some(running)
@@ -255,7 +261,8 @@ pub fn plan_pools(
         Some(slots) => slots,
         None => max_running,
     };
-    let state_slots = running_slots * (1 + snapshots);
+    let cache_snapshot_slots = running_slots * cache_per_request;
+    let state_slots = running_slots * (1 + snapshots) + cache_snapshot_slots;
     let state_bytes = state_slots * state_per_slot;
 
     let kv_tokens = match request.max_total_tokens {
@@ -307,6 +314,7 @@ pub fn plan_pools(
         state_slots,
         state_bytes_per_slot: state_per_slot,
         snapshot_slots_per_sequence: snapshots,
+        cache_snapshot_slots,
         notes,
     })
 }
@@ -510,6 +518,31 @@ mod tests {
         // 30 % of 139 GiB is less than the 54 GiB the weights already use: nothing is left.
         let err = plan_pools(&c, &req, H200).unwrap_err();
         assert!(err.to_string().contains("--"), "{err}");
+    }
+
+    #[test]
+    fn the_prefix_cache_gets_one_snapshot_slot_per_running_request() {
+        let c = qwen35_27b();
+        let req = PoolRequest {
+            page_size: 16,
+            kv_element_bytes: 2,
+            prefix_cache: true,
+            ..Default::default()
+        };
+        let plan = plan_pools(&c, &req, H200).unwrap();
+        assert_eq!(plan.cache_snapshot_slots, plan.max_running_requests);
+        assert_eq!(plan.state_slots, 2 * plan.max_running_requests);
+        let without = plan_pools(
+            &c,
+            &PoolRequest {
+                prefix_cache: false,
+                ..req
+            },
+            H200,
+        )
+        .unwrap();
+        assert_eq!(without.cache_snapshot_slots, 0);
+        assert!(plan.max_running_requests < without.max_running_requests);
     }
 
     #[test]

@@ -5,8 +5,17 @@
 //! Batch invariance: a sequence's prefill is always cut at the same absolute positions (multiples of
 //! the chunk size) and a chunk is scheduled whole or not at all, so what a sequence computes does not
 //! depend on what else is in the batch.
+//!
+//! With the prefix cache (docs/prefix-cache.md) an admitted sequence first looks up its prompt in
+//! the radix tree: it shares the KV pages of the deepest prefix with a GDN snapshot, starts with a
+//! copy of that snapshot in its own slot and computes only the rest. Prefill is then also cut at the
+//! sequence's snapshot points (only where `SnapshotGrid` says the cut changes no bit). KV blocks are
+//! reference counted: a sequence holds one reference per block of its table, the tree one per page
+//! it owns. Whenever a pool is short, the cache yields first (LRU eviction), before any waiting or
+//! preemption.
 
 use crate::pools::{blocks_for, IdPool};
+use crate::prefix_cache::{snapshot_points, PrefixCacheConfig, PrefixTree, Released, SnapshotGrid};
 use crate::sequence::Sequence;
 use std::collections::VecDeque;
 
@@ -39,6 +48,38 @@ pub struct Scheduler {
     pub running: Vec<Sequence>,
     pub kv: IdPool,
     pub slots: IdPool,
+    /// References on each KV block (sequences holding it in their table, plus the tree).
+    refs: Vec<u32>,
+    /// The prefix cache; None with `--disable-radix-cache`.
+    pub tree: Option<PrefixTree>,
+    cache_config: PrefixCacheConfig,
+    grid: SnapshotGrid,
+    /// Whether the engine speculates with MTP: then only speculating sequences (whose pages hold
+    /// the MTP layer's KV too) insert into the tree.
+    mtp: bool,
+    /// Prefix-cache events since start.
+    pub cache_counters: CacheCounters,
+}
+
+/// Prefix-cache counters since start.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheCounters {
+    /// Prompt tokens of admitted sequences (looked up in the tree).
+    pub queried_tokens: u64,
+    /// Of those, tokens reused from the cache.
+    pub hit_tokens: u64,
+    pub snapshots_taken: u64,
+    pub evicted_pages: u64,
+    pub evicted_snapshots: u64,
+}
+
+/// A newly admitted sequence that resumes from a cached snapshot: copy state slot `from` into
+/// `to`, then unlock tree node `node`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Restore {
+    pub from: u32,
+    pub to: u32,
+    pub node: usize,
 }
 
 /// What a plan did besides scheduling work.
@@ -46,6 +87,8 @@ pub struct Scheduler {
 pub struct PlanEvents {
     /// State slots of newly admitted sequences: their GDN state must be zeroed before the forward.
     pub fresh_slots: Vec<u32>,
+    /// Newly admitted sequences resuming from a snapshot.
+    pub restores: Vec<Restore>,
     pub preempted: usize,
     /// Sequences that can never fit (more KV than the whole pool); to be failed by the engine.
     pub impossible: Vec<Sequence>,
@@ -59,23 +102,161 @@ impl Scheduler {
             running: Vec::new(),
             kv: IdPool::new(kv_blocks),
             slots: IdPool::new(state_slots),
+            refs: vec![0; kv_blocks],
+            tree: None,
+            cache_config: PrefixCacheConfig::disabled(),
+            grid: SnapshotGrid::new(limits.block_size, limits.chunk_size, 1, 1),
+            mtp: limits.snapshot_slots > 0,
+            cache_counters: CacheCounters::default(),
         }
+    }
+
+    /// Turns the prefix cache on (when `config.enabled`), cutting prefills on `grid`.
+    pub fn with_prefix_cache(mut self, config: PrefixCacheConfig, grid: SnapshotGrid) -> Self {
+        self.tree = config
+            .enabled
+            .then(|| PrefixTree::new(self.limits.block_size));
+        self.cache_config = config;
+        self.grid = grid;
+        self
     }
 
     pub fn is_idle(&self) -> bool {
         self.waiting.is_empty() && self.running.is_empty()
     }
 
-    /// Tokens of `seq` to run next: up to the next multiple of the chunk size.
-    fn chunk_len(&self, seq: &Sequence) -> usize {
+    /// Where the step of a sequence at `from` ends: the next multiple of the chunk size, or the
+    /// next snapshot point if sooner.
+    fn chunk_end(&self, seq: &Sequence, from: usize) -> usize {
         let c = self.limits.chunk_size;
-        let end = seq.tokens.len().min((seq.computed / c + 1) * c);
-        end - seq.computed
+        let mut end = seq.tokens.len().min((from / c + 1) * c);
+        if let Some(&p) = seq.snapshot_points.iter().find(|&&p| p > from) {
+            end = end.min(p);
+        }
+        end
+    }
+
+    /// Tokens of `seq` to run next: up to the next multiple of the chunk size (or snapshot point).
+    fn chunk_len(&self, seq: &Sequence) -> usize {
+        self.chunk_end(seq, seq.computed) - seq.computed
+    }
+
+    /// Drops one reference on each block; blocks nobody references go back to the pool.
+    fn unref_blocks(&mut self, blocks: impl IntoIterator<Item = u32>) {
+        for b in blocks {
+            let r = &mut self.refs[b as usize];
+            debug_assert!(*r > 0, "block {b} released twice");
+            *r = r.saturating_sub(1);
+            if *r == 0 {
+                self.kv.give_back([b]);
+            }
+        }
+    }
+
+    fn give_back_released(&mut self, released: Released) {
+        self.unref_blocks(released.pages);
+        self.slots.give_back(released.slots);
+    }
+
+    /// Evicts cached leaves until `need` KV blocks are free; false when even that is not enough.
+    fn evict_for_blocks(&mut self, need: usize) -> bool {
+        while self.kv.available() < need {
+            let Some(released) = self.tree.as_mut().and_then(PrefixTree::evict_leaf) else {
+                return false;
+            };
+            self.cache_counters.evicted_pages += released.pages.len() as u64;
+            self.cache_counters.evicted_snapshots += released.slots.len() as u64;
+            self.give_back_released(released);
+        }
+        true
+    }
+
+    /// Evicts cached snapshots until `need` state slots are free; false when not enough.
+    fn evict_for_slots(&mut self, need: usize) -> bool {
+        while self.slots.available() < need {
+            let Some(released) = self.tree.as_mut().and_then(PrefixTree::evict_snapshot) else {
+                return false;
+            };
+            self.cache_counters.evicted_pages += released.pages.len() as u64;
+            self.cache_counters.evicted_snapshots += released.slots.len() as u64;
+            self.give_back_released(released);
+        }
+        true
+    }
+
+    /// Takes `n` fresh blocks (one reference each), evicting from the cache when short.
+    fn take_blocks(&mut self, n: usize) -> Option<Vec<u32>> {
+        if !self.evict_for_blocks(n) {
+            return None;
+        }
+        let ids = self.kv.take(n)?;
+        for &b in &ids {
+            self.refs[b as usize] = 1;
+        }
+        Some(ids)
+    }
+
+    /// Lets the tree go of everything (`/flush_cache`, or after a failed step).
+    pub fn flush_cache(&mut self) {
+        if let Some(released) = self.tree.as_mut().map(PrefixTree::flush) {
+            self.give_back_released(released);
+        }
+    }
+
+    /// KV blocks only the prefix cache holds (no running sequence shares them): what eviction can
+    /// free at once.
+    pub fn evictable_blocks(&self) -> usize {
+        self.tree.as_ref().map_or(0, |t| {
+            t.pages().filter(|&b| self.refs[b as usize] == 1).count()
+        })
+    }
+
+    /// Unlocks a tree node after its snapshot was copied.
+    pub fn unlock(&mut self, node: usize) {
+        if let Some(tree) = &mut self.tree {
+            tree.unlock(node);
+        }
+    }
+
+    /// After a step that left `running[index]` at one of its snapshot points: inserts its prefix
+    /// into the tree and returns `(its slot, snapshot slot)` for the caller to copy the GDN state
+    /// into. None when nothing is to be copied (no point here, already cached, no slot to spare).
+    pub fn insert_prefix(&mut self, index: usize) -> Option<(u32, u32)> {
+        let seq = &self.running[index];
+        let p = seq.computed;
+        if self.tree.is_none()
+            || !seq.snapshot_points.contains(&p)
+            || (self.mtp && seq.spec.is_none())
+        {
+            return None;
+        }
+        let own = seq.slot?;
+        if self.tree.as_mut()?.has_snapshot_at(&seq.tokens, p) {
+            return None;
+        }
+        if !self.evict_for_slots(1) {
+            return None;
+        }
+        let slot = self.slots.take_one()?;
+        let seq = &self.running[index];
+        let tree = self.tree.as_mut()?;
+        let (taken, released) = tree.insert(&seq.tokens, p, &seq.blocks, slot);
+        for b in taken {
+            self.refs[b as usize] += 1;
+        }
+        let kept = !released.slots.contains(&slot);
+        self.give_back_released(released);
+        if !kept {
+            return None;
+        }
+        self.cache_counters.snapshots_taken += 1;
+        Some((own, slot))
     }
 
     /// Gives a sequence's blocks and slots back to the pools.
     pub fn release(&mut self, seq: &mut Sequence) {
-        self.kv.give_back(seq.blocks.drain(..));
+        let blocks: Vec<u32> = seq.blocks.drain(..).collect();
+        self.unref_blocks(blocks);
         if let Some(slot) = seq.slot.take() {
             self.slots.give_back([slot]);
         }
@@ -91,7 +272,7 @@ impl Scheduler {
     pub fn try_reserve(&mut self, index: usize, upto: usize) -> bool {
         let need = blocks_for(upto, self.limits.block_size)
             .saturating_sub(self.running[index].blocks.len());
-        match self.kv.take(need) {
+        match self.take_blocks(need) {
             Some(ids) => {
                 self.running[index].blocks.extend(ids);
                 true
@@ -116,7 +297,7 @@ impl Scheduler {
         loop {
             let need = blocks_for(upto, self.limits.block_size)
                 .saturating_sub(self.running[index].blocks.len());
-            if let Some(ids) = self.kv.take(need) {
+            if let Some(ids) = self.take_blocks(need) {
                 self.running[index].blocks.extend(ids);
                 return true;
             }
@@ -173,30 +354,71 @@ impl Scheduler {
                 }
                 continue;
             }
-            let len = self.chunk_len(head);
+            let hit = self.lookup_head();
+            let Some(head) = self.waiting.front() else {
+                break;
+            };
+            let start = hit.as_ref().map_or(0, |m| m.len);
+            let shared = hit.as_ref().map_or(0, |m| m.pages.len());
+            let points = match &self.tree {
+                Some(_) => snapshot_points(&self.cache_config, &self.grid, &head.tokens),
+                None => Vec::new(),
+            };
+            let c = self.limits.chunk_size;
+            let mut end = head.tokens.len().min((start / c + 1) * c);
+            if let Some(&p) = points.iter().find(|&&p| p > start) {
+                end = end.min(p);
+            }
+            let len = end - start;
             let slots = head.slots_needed(self.limits.snapshot_slots);
-            if len > prefill_budget || whole > self.kv.available() || self.slots.available() < slots
+            if len > prefill_budget
+                || !self.evict_for_blocks(whole - shared)
+                || !self.evict_for_slots(slots)
             {
+                if let Some(m) = hit {
+                    self.unlock(m.node);
+                }
                 break;
             }
             let Some(mut seq) = self.waiting.pop_front() else {
                 break;
             };
-            // Invariant: availability of both pools was checked just above.
+            // Invariant: availability of both pools was made sure of just above.
             let slot = self.slots.take_one().expect("a free state slot");
-            let blocks = self
-                .kv
-                .take(blocks_for(len, self.limits.block_size))
+            let mut blocks = Vec::with_capacity(blocks_for(end, self.limits.block_size));
+            if let Some(m) = &hit {
+                for &b in &m.pages {
+                    self.refs[b as usize] += 1;
+                }
+                blocks.extend_from_slice(&m.pages);
+            }
+            let fresh = self
+                .take_blocks(blocks_for(end, self.limits.block_size) - shared)
                 .expect("free KV blocks");
+            blocks.extend(fresh);
             if let Some(spec) = &mut seq.spec {
                 spec.snapshot_slots = self
                     .slots
                     .take(self.limits.snapshot_slots)
                     .expect("free snapshot slots");
             }
+            if self.tree.is_some() {
+                self.cache_counters.queried_tokens += seq.prompt_len as u64;
+                self.cache_counters.hit_tokens += start.min(seq.prompt_len) as u64;
+            }
             seq.slot = Some(slot);
             seq.blocks = blocks;
-            events.fresh_slots.push(slot);
+            seq.computed = start;
+            seq.usage.cached_tokens = start.min(seq.prompt_len);
+            seq.snapshot_points = points;
+            match hit {
+                Some(m) => events.restores.push(Restore {
+                    from: m.snapshot,
+                    to: slot,
+                    node: m.node,
+                }),
+                None => events.fresh_slots.push(slot),
+            }
             prefill_budget -= len;
             self.running.push(seq);
             let index = self.running.len() - 1;
@@ -204,9 +426,29 @@ impl Scheduler {
                 index,
                 len,
                 drafts: 0,
-                samples: len == self.running[index].tokens.len(),
+                samples: end == self.running[index].tokens.len(),
             });
         }
         (work, events)
+    }
+
+    /// Looks the head of the queue up in the tree: the deepest cached prefix it may resume from
+    /// (exact cut, at least one token left to run, and for a speculating sequence the MTP pairing
+    /// token equal). The matched node is locked until its snapshot is copied.
+    fn lookup_head(&mut self) -> Option<crate::prefix_cache::PrefixMatch> {
+        let head = self.waiting.front()?;
+        let tree = self.tree.as_mut()?;
+        if head.computed != 0 {
+            return None;
+        }
+        let grid = self.grid;
+        let n = head.tokens.len();
+        let speculating = head.spec.is_some();
+        let tokens = &head.tokens;
+        let m = tree.match_prefix(tokens, |end, next| {
+            grid.allows(end, n) && (!speculating || tokens.get(end) == Some(&next))
+        })?;
+        tree.lock(m.node);
+        Some(m)
     }
 }

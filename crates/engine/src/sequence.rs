@@ -35,6 +35,9 @@ pub struct Sequence {
     /// The constraint's mask for the position this step samples, computed while the forward pass
     /// ran; taken by the sampler.
     pub mask_ahead: Option<Result<Option<TokenMask>, String>>,
+    /// Prompt positions after which its GDN state is snapshotted into the prefix cache (prefill is
+    /// cut there); set at admission, empty without the cache.
+    pub snapshot_points: Vec<usize>,
 }
 
 /// A speculating sequence's extra state.
@@ -79,6 +82,7 @@ impl Sequence {
             constraint: None,
             constrained: false,
             mask_ahead: None,
+            snapshot_points: Vec::new(),
         }
     }
 

@@ -193,12 +193,14 @@ impl EngineHandle for FakeEngine {
                     completion_tokens: completion,
                     draft_tokens: completion,
                     accepted_draft_tokens: (0..completion).filter(|&i| accept(i)).count(),
+                    ..Usage::default()
                 },
                 None => Usage {
                     prompt_tokens: request.prompt_ids.len(),
                     completion_tokens: completion,
                     draft_tokens: script.draft_tokens,
                     accepted_draft_tokens: script.accepted_draft_tokens,
+                    ..Usage::default()
                 },
             };
             let mut sent = 0;
