@@ -9,12 +9,16 @@ use crate::upload_cache::table;
 use cudarc::driver::{CudaSlice, LaunchConfig};
 use std::sync::Arc;
 
-/// One block per row of `dim` for the norms, with enough warps to cover `dim` once (at most 256
-/// threads).
+/// One block per row of `dim` for the norms: enough warps to cover `dim` once, at most 256 threads,
+/// and beyond 2048 values as many as keep a thread at 8 values (`ADD_NORM_PER_THREAD` of norm.cu;
+/// up to 1024 threads). Every norm kernel gets the same block for a row width, so the fused
+/// residual add + norm sums in rms_norm's order.
 fn row_config(rows: usize, dim: usize) -> LaunchConfig {
+    let covering = (dim.div_ceil(32) * 32).clamp(32, 256);
+    let eight_each = (dim.div_ceil(8).div_ceil(32) * 32).min(1024);
     LaunchConfig {
         grid_dim: (rows as u32, 1, 1),
-        block_dim: ((dim.div_ceil(32) * 32).clamp(32, 256) as u32, 1, 1),
+        block_dim: (covering.max(eight_each) as u32, 1, 1),
         shared_mem_bytes: 0,
     }
 }
