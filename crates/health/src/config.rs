@@ -52,9 +52,10 @@ use thiserror::Error;
 ///   repeated ten times whose tenth copy stops at `Thur`.
 ///
 /// What stays below: ten requested lines or sentences that end the reply at a whole copy, a few
-/// `ha ha ha` or emoji, dividers of up to about 200 characters, a repeating decimal or a bit pattern a
-/// few dozen digits long, and any text cut mid-word outside a loop. What is flagged although it may be
-/// wanted: a reply that ends in more than `end_loop_min_repeats` copies of a requested word or line.
+/// `ha ha ha` or emoji, dividers, repeating decimals and bit patterns shorter than 200 characters,
+/// and any text cut mid-word outside a loop. What is flagged although it may be wanted, when the
+/// model's own stop is not known: a reply that ends in `end_loop_min_repeats` or more copies of a
+/// requested word or line over `end_loop_min_bytes` (`Hello World` fifteen times, nothing after it).
 ///
 /// [`StreamEnd::Length`]: crate::StreamEnd::Length
 /// [`StreamEnd::Unknown`]: crate::StreamEnd::Unknown
