@@ -4,7 +4,8 @@
 Each line: {"id", "label": "healthy"|"degenerate", "kind" (degenerate only), "text", "note"}.
 Healthy items repeat things legitimately (tables, lists, code, counting, refrains, logs, closed
 reasoning); degenerate items loop, babble or reason without end, as a broken forward pass does
-(docs/serving.md, "The founding failure"). Long hand-written texts live in tests/data/degeneration/sources/
+(docs/serving.md, "The founding failure"); the `*-short-*` items are replies of a few hundred bytes,
+the size a small max_tokens leaves, on both sides. Long hand-written texts live in tests/data/degeneration/sources/
 (sections opened by "@@@ name :: note"); short lists and the generators are below. Variations are drawn
 with a fixed seed, so the output is reproducible:
 
@@ -250,6 +251,7 @@ def rambling_reasoning(rng, family):
             parts.append(f"{rng.choice(linkers)} I should {rng.choice(verbs)} {a} before {b}, "
                          f"since {a} affects {b} in week {rng.randint(1, 12)} and costs about {rng.randint(2, 40)} thousand.")
     return " ".join(parts)
+
 
 ITEMS = []
 
@@ -823,6 +825,124 @@ def degenerate_reasoning(rng):
             f"reasoning that never reaches </think> ({len(body)} chars)", "unclosed_reasoning")
 
 
+# ---------------------------------------------------------------- short texts (issue 17)
+# Replies of a few hundred bytes, the size a max_tokens cut leaves. The degenerate ones end inside
+# their loop; the healthy ones repeat legitimately and many of them end in their repetition too.
+
+
+def healthy_short_repetition():
+    add("healthy-short-hello-10-bare", "healthy", "hello " * 9 + "hello",
+        "asked for ten hellos; the text ends in them, with no newline")
+    add("healthy-short-lines-10-bare", "healthy", "\n".join(["I will not talk in class."] * 10),
+        "ten requested lines, no final newline: ends inside the repetition, at a whole line")
+    sentence = "The quick brown fox jumps over the lazy dog."
+    add("healthy-short-sentence-10-complete", "healthy", " ".join([sentence] * 10),
+        "a sentence asked for ten times (450 bytes) that ends with its full stop")
+    add("healthy-short-hello-world-20-closed", "healthy",
+        "Here you go:\n\n" + "Hello, World!\n" * 20 + "\nThat's 20 times.\n",
+        "twenty requested lines followed by a closing sentence")
+    add("healthy-short-thank-you-10", "healthy", "Thank you! " * 9 + "Thank you!",
+        "ten thank-yous, ending in them")
+    add("healthy-short-ha-ha", "healthy", "ha ha ha ha ha ha ha ha", "laughter in moderation, ends in it")
+    add("healthy-short-hahaha", "healthy", "That's a good one! Hahahahahahahahahahahahahaha",
+        "laughter written as one word at the end of the reply")
+    add("healthy-short-chinese-laughter", "healthy", "这个笑话太好笑了！哈哈哈哈哈哈哈哈",
+        "Chinese laughter at the end of the reply")
+    add("healthy-short-chant", "healthy", "Let's go, team! Let's go, team! Let's go, team!",
+        "a chant repeated three times")
+    add("healthy-short-divider-end", "healthy", "Summary of the run\n" + "=" * 80,
+        "an 80-character divider that ends the reply without a newline")
+    add("healthy-short-wide-divider-end", "healthy", "Report\n" + "-" * 160,
+        "a 160-character divider at the very end")
+    add("healthy-short-table-rule-end", "healthy",
+        "| Name | Date | Amount | Notes | Owner | Status |\n|---|---|---|---|---|---|",
+        "an empty markdown table: the header and its rule, which ends the reply")
+    cols = ["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun", "Total", "Avg", "Min", "Max", "Note"]
+    rows = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols),
+            "| " + " | ".join(str(v) for v in (3, 5, 2, 0, 4, 1, 6, 21, 3, 0, 6, "ok")) + " |",
+            "| " + " | ".join(str(v) for v in (1, 1, 1, 1, 1, 1, 1, 7, 1, 1, 1, "flat")) + " |"]
+    add("healthy-short-wide-table", "healthy", "\n".join(rows), "twelve-column table, a row of equal cells last")
+    add("healthy-short-count-1-40", "healthy", ", ".join(str(i) for i in range(1, 41)),
+        "counting to 40, ending on the last number")
+    add("healthy-short-counting-sheep-cut", "healthy",
+        ", ".join(f"{i} sheep" for i in range(1, 26)) + ", 26 sh",
+        "counting sheep cut mid-word: the numbers change, so it is not a loop")
+    add("healthy-short-one-seventh", "healthy", "1/7 written to 120 decimal places:\n\n0." + "142857" * 20,
+        "a repeating decimal: exactly periodic digits to the end")
+    add("healthy-short-one-third", "healthy", "1/3 = 0." + "3" * 60, "sixty threes of a repeating decimal")
+    add("healthy-short-alternating-bits", "healthy",
+        "Here is the alternating pattern of 64 bits you asked for:\n\n" + "01" * 32,
+        "0101... asked for, at the end of the reply")
+    add("healthy-short-morse-sos", "healthy", "SOS in Morse code, three times: " + " ".join(["... --- ..."] * 3),
+        "Morse code repeated three times")
+    add("healthy-short-placeholder-list", "healthy", "Agenda for Friday:\n" + "\n".join(["- TBD"] * 6),
+        "a list of placeholders, ending in them")
+    add("healthy-short-ascii-box", "healthy",
+        "+----------+\n" + "|          |\n" * 4 + "+----------+", "an empty ASCII box")
+    add("healthy-short-code-repeated-lines", "healthy",
+        "```python\nimport time\n\nfor step in range(3):\n    print(step)\n    time.sleep(1)\n"
+        "print(\"-\" * 40)\nprint(\"-\" * 40)\nprint(\"-\" * 40)\n```",
+        "code with three identical lines before the closing fence")
+    add("healthy-short-lisp-parens", "healthy",
+        "(defun fib (n)\n  (if (< n 2)\n      n\n      (+ (fib (- n 1)) (fib (- n 2)))))",
+        "Lisp ending in a run of closing parentheses")
+    refrain = "and the river runs on, and the river runs on."
+    add("healthy-short-poem-refrain-end", "healthy",
+        "The mill is quiet now, the wheel is still,\n" + refrain + "\n\n"
+        "The children left for cities over the hill,\n" + refrain + "\n\n"
+        "The bridge is mended where the stones once fell,\n" + refrain,
+        "a short poem whose refrain ends every stanza and the poem")
+    add("healthy-short-knock-knock", "healthy",
+        "Knock, knock.\nWho's there?\nBanana.\nBanana who?\n\n" * 3 +
+        "Knock, knock.\nWho's there?\nOrange.\nOrange who?\nOrange you glad I didn't say banana?",
+        "the banana knock-knock joke: three identical exchanges, then the punchline")
+    add("healthy-short-mississippi", "healthy", "M-I-S-S-I-S-S-I-P-P-I. Mississippi has four S's, four I's and two P's.",
+        "spelling with repeated letters")
+    add("healthy-short-cut-prose", "healthy",
+        "The lighthouse on the northern cape was built in 1873, after three ships were lost on the same reef in "
+        "a single winter. For most of its working life it was kept by one family, who passed the job from fa",
+        "normal prose cut mid-word by max_tokens: the cut alone is not a loop")
+    add("healthy-short-cut-list", "healthy",
+        "Capitals:\n1. Paris\n2. Berlin\n3. Rome\n4. Madrid\n5. Lisbon\n6. Warsaw\n7. Sto",
+        "a numbered list cut mid-word")
+
+
+def degenerate_short_loops():
+    def short(name, text, note):
+        add(f"degenerate-short-{name}", "degenerate", text, note + f" ({len(text.encode())} bytes)", "periodic_loop")
+
+    short("actually", "Okay. " + "Actually, " * 24, "issue 17: 'Actually, ' 24 times after 'Okay.', cut by max_tokens")
+    short("equals-line", "=" * 230, "issue 17: a line of 230 '=' cut by max_tokens")
+    s = "The meeting has been moved to Thursday at 3 pm. "
+    short("sentence-cut-mid-word", "Sure, here is the update.\n\n" + s * 9 + s[:34],
+          "issue 17: a sentence repeated ten times, the tenth cut mid-word")
+    short("value-token", cut("value token token " * 40, 250), "issue 17: 'value token token' cut mid-word")
+    short("of-the", "of the " * 26, "'of the ' 26 times")
+    short("yes", "yes " * 45, "'yes ' 45 times: fewer bytes than the streaming rule needs")
+    short("wait", "Hmm. " + "Wait, " * 30, "'Wait, ' 30 times")
+    short("answer-sentence", "The answer is 4. " * 14, "a short sentence 14 times, ending after a whole repeat")
+    short("i-think-cut", cut("I think " * 40, 165), "'I think ' cut mid-word")
+    s = "I'm sorry, I cannot help with that. "
+    short("sorry-cut", s * 4 + s[:16], "an apology four times, the fifth cut mid-word")
+    s = "这个问题的答案是四。"
+    short("chinese-cut", s * 5 + s[:3], "a Chinese sentence five times, the sixth cut mid-sentence")
+    s = '{"id": 1, "name": "Alice"}, '
+    short("json-cut", "[" + s * 8 + s[:21], "the same JSON object eight times, the ninth cut mid-word")
+    short("code-return-cut", "def f(x):\n" + "    return x\n" * 10 + "    ret",
+          "the same return line ten times, the eleventh cut mid-word")
+    short("table-row-cut", "| id | name | age |\n|---|---|---|\n" + "| 1 | Alice | 30 |\n" * 8 + "| 1 | Al",
+          "the same table row eight times, the ninth cut mid-word")
+    s = "Hmm, let me think about this. "
+    short("thinking-cut", "<think>\n" + s * 8 + s[:14], "reasoning that repeats one sentence, cut mid-word")
+    s = "Step 1: add the numbers.\n"
+    short("step-cut", s * 6 + s[:14], "the same step line six times, the seventh cut mid-word")
+    short("newlines", "Here is the answer:" + "\n" * 200, "200 newlines to the end of the reply")
+    short("zeros", "data = [" + "0, " * 70, "a zero array that the length limit cut")
+    short("emoji", "Haha, good one! " + "😂" * 45, "45 emoji to the end of the reply")
+    short("table-rule", "| a | b |\n" + "|---" * 60, "a table rule that never ends")
+    short("dots", "The answer is" + "." * 220, "220 dots to the end of the reply")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="compare with the committed corpus instead of writing it")
@@ -847,6 +967,8 @@ def main():
     degenerate_code_loops(rng)
     degenerate_babble(rng)
     degenerate_reasoning(rng)
+    healthy_short_repetition()
+    degenerate_short_loops()
 
     ids = [item["id"] for item in ITEMS]
     assert len(ids) == len(set(ids)), "duplicate ids"

@@ -1,6 +1,7 @@
 //! `deltaserve lint-output [FILE|-]`: runs the degeneration detector over a text, or over a JSONL
 //! file of chat completion responses (one per line), and prints one JSON verdict per item. Exits 1
-//! when any item is degenerate.
+//! when any item is degenerate. A plain text is read as a reply whose end is not known (so a loop
+//! that runs to its end counts, see `deltaserve_health::Config`), without the file's final line break.
 
 use anyhow::{Context, Result};
 use clap::Args;
@@ -22,6 +23,13 @@ fn is_response_jsonl(text: &str) -> bool {
         && lines.all(|l| {
             serde_json::from_str::<serde_json::Value>(l).is_ok_and(|v| v.get("choices").is_some())
         })
+}
+
+/// The reply in a text file: without the newline that ends the file's last line, which belongs to
+/// the file, not to the reply (the detector asks whether the reply ends inside its loop).
+fn reply_text(file: &str) -> &str {
+    file.strip_suffix('\n')
+        .map_or(file, |t| t.strip_suffix('\r').unwrap_or(t))
 }
 
 /// Lints and prints; returns whether anything was degenerate.
@@ -57,7 +65,7 @@ pub fn run(args: LintOutputArgs) -> Result<bool> {
             );
         }
     } else {
-        let verdict = analyze_text(&text, &config)?;
+        let verdict = analyze_text(reply_text(&text), &config)?;
         degenerate = verdict.is_some();
         println!(
             "{}",
@@ -65,4 +73,22 @@ pub fn run(args: LintOutputArgs) -> Result<bool> {
         );
     }
     Ok(degenerate)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_text_file_loses_only_its_final_line_break() {
+        assert_eq!(reply_text("a\nb\n"), "a\nb");
+        assert_eq!(reply_text("a\r\n"), "a");
+        assert_eq!(reply_text("a\n\n"), "a\n");
+        assert_eq!(reply_text("a"), "a");
+        // A line of 230 `=` saved by an editor is still a loop that runs to the end.
+        let file = format!("{}\n", "=".repeat(230));
+        assert!(analyze_text(reply_text(&file), &Config::default())
+            .unwrap()
+            .is_some());
+    }
 }

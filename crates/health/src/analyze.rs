@@ -80,7 +80,8 @@ impl DegenerationDetector {
 }
 
 /// The verdict for a finished text, fed as BPE-like word pieces; how the stream ended is unknown, so
-/// the length-cut rule does not apply.
+/// the length-cut rule does not apply, but the end-of-text rules do (a loop still running at the
+/// last character, see [`Config`]).
 pub fn analyze_text(text: &str, config: &Config) -> Result<Option<Verdict>, ConfigError> {
     let mut detector = DegenerationDetector::new(config.clone())?;
     Ok(detector.analyze_text(text, PseudoTokenizer::WordPieces, StreamEnd::Unknown))
@@ -119,7 +120,8 @@ fn text_field(message: &Value, names: &[&'static str], index: usize) -> Result<S
 /// unless the choice was cut by the length limit without any answer text (the docs/serving.md,
 /// "Reasoning output", case of
 /// `content: null`, `finish_reason: "length"`). `finish_reason: "length"` turns on the length-cut
-/// rule. Reasoning tokens are counted as pseudo-tokens (about one per word or digit), so set the
+/// rule; `length` or no finish reason at all turns on the end-of-text rules (any other reason means
+/// the model stopped by itself). Reasoning tokens are counted as pseudo-tokens (about one per word or digit), so set the
 /// budget in those units when linting stored responses.
 pub fn analyze_chat_completion(
     response: &Value,

@@ -33,6 +33,33 @@ use thiserror::Error;
 /// wanted: a unit the user asked for more than `many_repeats` times over `short_loop_bytes`, and
 /// long runs of one symbolic unit (a zero array of more than about a hundred elements, a divider
 /// longer than `short_loop_bytes_symbolic`).
+///
+/// # The end-of-text rules
+/// A short reply cut by `max_tokens` leaves a loop little room to repeat, so the rules above miss it.
+/// What gives it away is that the text ends inside the loop: the loop was still running when the
+/// stream stopped. At the end of a stream that did not stop by itself ([`StreamEnd::Length`] or
+/// [`StreamEnd::Unknown`], never [`StreamEnd::Stop`]), the periodic stretch that reaches the last
+/// character (with its shortest period) is a loop when
+/// - its unit contains a letter or an emoji, it repeats at least
+///   [`end_loop_min_repeats`](Self::end_loop_min_repeats) times and covers at least
+///   [`end_loop_min_bytes`](Self::end_loop_min_bytes) (`Okay. Actually, Actually, ...` 24 times); or
+///   its unit has neither and it repeats [`end_loop_min_repeats_symbolic`](Self::end_loop_min_repeats_symbolic)
+///   times over [`end_loop_min_bytes_symbolic`](Self::end_loop_min_bytes_symbolic) (a line of 230
+///   `=`, 200 newlines); or
+/// - the text ends in the middle of a word of it (the last character and the one the loop would write
+///   next are both letters or digits, and the unit holds a letter and a separator), it repeats
+///   `min_repeats` times and covers [`mid_word_min_bytes`](Self::mid_word_min_bytes): a sentence
+///   repeated ten times whose tenth copy stops at `Thur`.
+///
+/// What stays below: ten requested lines or sentences that end the reply at a whole copy, a few
+/// `ha ha ha` or emoji, dividers, repeating decimals and bit patterns shorter than 200 characters,
+/// and any text cut mid-word outside a loop. What is flagged although it may be wanted, when the
+/// model's own stop is not known: a reply that ends in `end_loop_min_repeats` or more copies of a
+/// requested word or line over `end_loop_min_bytes` (`Hello World` fifteen times, nothing after it).
+///
+/// [`StreamEnd::Length`]: crate::StreamEnd::Length
+/// [`StreamEnd::Unknown`]: crate::StreamEnd::Unknown
+/// [`StreamEnd::Stop`]: crate::StreamEnd::Stop
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Config {
@@ -59,6 +86,18 @@ pub struct Config {
     pub length_cut_min_repeats: u32,
     /// ...covering at least this many bytes is reported: a loop that runs into the length limit.
     pub length_cut_min_bytes: usize,
+    /// At the end of a stream that did not stop by itself, a loop that reaches the last character,
+    /// whose unit contains a letter or an emoji, with at least this many repeats...
+    pub end_loop_min_repeats: u32,
+    /// ...covering at least this many bytes is reported.
+    pub end_loop_min_bytes: usize,
+    /// The same for a unit without letters or emoji (digits, marks, whitespace): this many repeats...
+    pub end_loop_min_repeats_symbolic: u32,
+    /// ...over at least this many bytes.
+    pub end_loop_min_bytes_symbolic: usize,
+    /// A text that ends in the middle of a word of a loop (at least `min_repeats` repeats) is reported
+    /// once the loop covers this many bytes.
+    pub mid_word_min_bytes: usize,
 
     /// Sliding window, in word units, over which distinct-n ratios are measured (words, numbers,
     /// single CJK characters and emoji are units; ASCII punctuation and whitespace separate them).
@@ -103,6 +142,11 @@ impl Default for Config {
             long_loop_bytes_symbolic: 1024,
             length_cut_min_repeats: 4,
             length_cut_min_bytes: 120,
+            end_loop_min_repeats: 12,
+            end_loop_min_bytes: 160,
+            end_loop_min_repeats_symbolic: 48,
+            end_loop_min_bytes_symbolic: 200,
+            mid_word_min_bytes: 100,
             collapse_window: 128,
             vocab_max_distinct_ratio: 0.10,
             phrase_ngram: 4,
@@ -186,6 +230,23 @@ impl Config {
             2,
         )?;
         check_extent("length_cut_min_bytes", self.length_cut_min_bytes, 1)?;
+        check_extent(
+            "end_loop_min_repeats",
+            self.end_loop_min_repeats as usize,
+            2,
+        )?;
+        check_extent("end_loop_min_bytes", self.end_loop_min_bytes, 1)?;
+        check_extent(
+            "end_loop_min_repeats_symbolic",
+            self.end_loop_min_repeats_symbolic as usize,
+            2,
+        )?;
+        check_extent(
+            "end_loop_min_bytes_symbolic",
+            self.end_loop_min_bytes_symbolic,
+            1,
+        )?;
+        check_extent("mid_word_min_bytes", self.mid_word_min_bytes, 1)?;
         check_extent("collapse_window", self.collapse_window, 8)?;
         check_ratio(
             "vocab_max_distinct_ratio",
@@ -235,6 +296,36 @@ impl Config {
         }
     }
 
+    /// Whether a loop that reaches the end of a stream that did not stop by itself is reported:
+    /// `wordy` when its unit holds a letter or an emoji, `mid_word` when the text ends inside one of
+    /// the unit's words.
+    pub(crate) fn end_loop_rule(
+        &self,
+        repeats: f64,
+        covered: u64,
+        wordy: bool,
+        mid_word: bool,
+    ) -> Option<LoopRule> {
+        let (min_repeats, min_bytes) = if wordy {
+            (self.end_loop_min_repeats, self.end_loop_min_bytes)
+        } else {
+            (
+                self.end_loop_min_repeats_symbolic,
+                self.end_loop_min_bytes_symbolic,
+            )
+        };
+        if repeats >= f64::from(min_repeats) && covered >= min_bytes as u64 {
+            Some(LoopRule::EndsInLoop)
+        } else if mid_word
+            && repeats >= f64::from(self.min_repeats)
+            && covered >= self.mid_word_min_bytes as u64
+        {
+            Some(LoopRule::EndsMidWord)
+        } else {
+            None
+        }
+    }
+
     /// Fewest characters a periodic suffix of `period` characters covers when some loop rule holds
     /// (a character is at most 4 bytes); the character tracker looks closer from there on.
     pub(crate) fn min_loop_chars(&self, period: usize) -> usize {
@@ -249,6 +340,8 @@ impl Config {
 pub(crate) enum LoopRule {
     ManyRepeats,
     LongCoverage,
+    EndsInLoop,
+    EndsMidWord,
 }
 
 #[cfg(test)]
@@ -306,5 +399,32 @@ mod tests {
         assert_eq!(cfg.min_loop_chars(6), 160);
         assert_eq!(cfg.min_loop_chars(60), 180);
         assert_eq!(cfg.min_loop_chars(300), 900);
+    }
+
+    #[test]
+    fn end_of_text_rules() {
+        let cfg = Config::default();
+        // `Actually, ` 24 times: 240 bytes.
+        assert_eq!(
+            cfg.end_loop_rule(24.0, 240, true, false),
+            Some(LoopRule::EndsInLoop)
+        );
+        // Ten requested lines that end the reply at a whole line.
+        assert_eq!(cfg.end_loop_rule(9.96, 259, true, false), None);
+        // The same ten lines, the tenth cut mid-word.
+        assert_eq!(
+            cfg.end_loop_rule(9.5, 247, true, true),
+            Some(LoopRule::EndsMidWord)
+        );
+        assert_eq!(cfg.end_loop_rule(2.5, 247, true, true), None);
+        assert_eq!(cfg.end_loop_rule(6.0, 60, true, true), None);
+        // A divider: 80 `=` stay, 230 do not.
+        assert_eq!(cfg.end_loop_rule(80.0, 80, false, false), None);
+        assert_eq!(
+            cfg.end_loop_rule(230.0, 230, false, false),
+            Some(LoopRule::EndsInLoop)
+        );
+        // 1/7 to 120 places: 20 repeats of six digits.
+        assert_eq!(cfg.end_loop_rule(20.0, 120, false, false), None);
     }
 }

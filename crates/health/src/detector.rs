@@ -9,7 +9,7 @@ use crate::ledger::Ledger;
 use crate::periodic::PeriodicTracker;
 use crate::think_tags::{ThinkTag, ThinkTagScanner};
 use crate::verdict::{Rule, Verdict};
-use crate::words::{WordSegmenter, WordUnit};
+use crate::words::{is_pictograph, WordSegmenter, WordUnit};
 
 mod evidence;
 
@@ -20,9 +20,10 @@ pub enum StreamEnd {
     Stop,
     /// Cut by `max_tokens` (`finish_reason: "length"`): a loop still running at the cut is reported
     /// with the lower `length_cut_*` thresholds, because a loop that only a length limit ended is
-    /// the signature of a broken forward pass.
+    /// the signature of a broken forward pass. The `end_loop_*` rules apply too.
     Length,
-    /// Not known (a text without its finish reason).
+    /// Not known (a text without its finish reason, an aborted request): a loop still running at
+    /// the end is reported by the `end_loop_*` and `mid_word_*` rules (see [`Config`]).
     Unknown,
 }
 
@@ -89,6 +90,8 @@ fn loop_rule(rule: LoopRule) -> Rule {
     match rule {
         LoopRule::ManyRepeats => Rule::ManyRepeats,
         LoopRule::LongCoverage => Rule::LongCoverage,
+        LoopRule::EndsInLoop => Rule::EndsInLoop,
+        LoopRule::EndsMidWord => Rule::EndsMidWord,
     }
 }
 
@@ -317,8 +320,9 @@ impl DegenerationDetector {
         self.verdict.as_ref()
     }
 
-    /// Ends the stream: completes the last word and, for a stream cut by the length limit, applies
-    /// the trailing-loop rule. Returns the verdict, if any fired during or at the end of the stream.
+    /// Ends the stream: completes the last word and, unless the model stopped by itself, applies the
+    /// rules for a loop still running at the end (the `length_cut_*` ones only for a stream cut by the
+    /// length limit). Returns the verdict, if any fired during or at the end of the stream.
     pub fn finish(&mut self, end: StreamEnd) -> Option<&Verdict> {
         if self.verdict.is_some() {
             return self.verdict.as_ref();
@@ -326,6 +330,9 @@ impl DegenerationDetector {
         let mut finding = self.flush_word();
         if finding.is_none() && end == StreamEnd::Length {
             finding = self.length_cut_tail();
+        }
+        if finding.is_none() && end != StreamEnd::Stop {
+            finding = self.end_loop();
         }
         let finding = finding?;
         let token = self.tokens_seen.saturating_sub(1);
@@ -489,6 +496,51 @@ impl DegenerationDetector {
                     end_unit: self.unit_ledger.len(),
                 })
         })
+    }
+
+    /// The loop that reaches the last character of the text, by its shortest period, if an
+    /// end-of-text rule reports it (`Config::end_loop_rule`).
+    fn end_loop(&self) -> Option<Finding> {
+        let min_repeats = u64::from(self.config.min_repeats);
+        (1..=self.chars.max_period()).find_map(|period| {
+            let covered = self.chars.covered(period);
+            if covered < min_repeats * period as u64 || !self.is_shortest_period(period, covered) {
+                return None;
+            }
+            let (mut letter, mut wordy, mut separator) = (false, false, false);
+            for distance in 0..period as u64 {
+                let c = self.char_back(distance)?;
+                letter |= c.is_alphabetic();
+                wordy |= c.is_alphabetic() || is_pictograph(c);
+                separator |= !c.is_alphanumeric();
+            }
+            // The last character and the one the loop would write next, inside one word.
+            let mid_word = letter
+                && separator
+                && self.char_back(0)?.is_alphanumeric()
+                && self.char_back(period as u64 - 1)?.is_alphanumeric();
+            let repeats = covered as f64 / period as f64;
+            let bytes = self.bytes_of_periodic_suffix(period, covered);
+            self.config
+                .end_loop_rule(repeats, bytes, wordy, mid_word)
+                .map(|rule| Finding::CharLoop {
+                    period,
+                    covered,
+                    rule: loop_rule(rule),
+                    end_char: self.chars_seen,
+                })
+        })
+    }
+
+    /// Whether no shorter period that divides `period` covers the same periodic suffix (then
+    /// `period` is only a multiple of the loop's unit).
+    fn is_shortest_period(&self, period: usize, covered: u64) -> bool {
+        (1..period).all(|d| !period.is_multiple_of(d) || self.chars.covered(d) < covered)
+    }
+
+    /// The character `distance` back from the last one (0: the last), if still remembered.
+    fn char_back(&self, distance: u64) -> Option<char> {
+        self.chars.symbol_back(distance).and_then(char::from_u32)
     }
 
     /// A loop still running when the length limit cut the stream.
@@ -732,6 +784,67 @@ mod tests {
         // The loop starts at the space before the first "yes": the unit is that rotation.
         assert_eq!(verdict.evidence.span, " yes, and");
         assert_eq!(verdict.evidence.period_chars, Some(9));
+    }
+
+    #[test]
+    fn a_short_loop_running_to_the_end_is_reported_unless_the_model_stopped() {
+        let sentence = "The meeting has been moved to Thursday at 3 pm. ";
+        let cases = [
+            (
+                format!("Okay. {}", "Actually, ".repeat(24)),
+                Rule::EndsInLoop,
+                "Actually,",
+            ),
+            ("=".repeat(230), Rule::EndsInLoop, "="),
+            (
+                format!("{}{}", sentence.repeat(9), &sentence[..34]),
+                Rule::EndsMidWord,
+                sentence.trim(),
+            ),
+            (
+                "value token token ".repeat(9)[..160].to_string(),
+                Rule::EndsMidWord,
+                "value token token",
+            ),
+        ];
+        for (text, rule, unit) in &cases {
+            for tokenizer in [PseudoTokenizer::WordPieces, PseudoTokenizer::CharChunks(3)] {
+                let verdict = run_as(&mut detector(), text, tokenizer, StreamEnd::Unknown)
+                    .unwrap_or_else(|| panic!("{text:?} under {tokenizer:?}"));
+                assert_eq!(verdict.rule, *rule, "{text:?}");
+                assert_eq!(verdict.kind, DegenerationKind::PeriodicLoop);
+                assert_eq!(verdict.evidence.span.trim(), *unit, "{text:?}");
+                assert!(run_as(&mut detector(), text, tokenizer, StreamEnd::Length).is_some());
+                // The model stopped by itself: the loop did not run into a limit.
+                assert_eq!(
+                    run_as(&mut detector(), text, tokenizer, StreamEnd::Stop),
+                    None
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn short_repetition_that_ends_the_text_legitimately_is_not_a_loop() {
+        let cases = [
+            "hello ".repeat(9) + "hello",
+            ["I will not talk in class."; 10].join("\n"),
+            ["The quick brown fox jumps over the lazy dog."; 10].join(" "),
+            "That's a good one! Hahahahahahahahahahahahahaha".to_string(),
+            format!("Summary\n{}", "=".repeat(80)),
+            format!("1/7 to 120 places: 0.{}", "142857".repeat(20)),
+            // Cut mid-word, but the numbers change: not a loop.
+            (1..26).map(|i| format!("{i} sheep, ")).collect::<String>() + "26 sh",
+            // Cut mid-word, but only two repeats.
+            ["The quick brown fox jumps over the lazy dog. "; 2].concat() + "The quick br",
+        ];
+        for text in &cases {
+            assert_eq!(
+                run(&mut detector(), text, StreamEnd::Unknown),
+                None,
+                "{text:?}"
+            );
+        }
     }
 
     #[test]

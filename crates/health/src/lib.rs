@@ -19,6 +19,12 @@
 //!   not closed.
 //! - At the end of a stream cut by the length limit, a loop still running there counts with lower
 //!   bounds (`length_cut_*`): a loop that only the limit stopped is the signature of the failure.
+//! - At the end of any stream the model did not stop itself (cut, or an end not known, as for a
+//!   stored text), a loop still running at the last character counts with the `end_loop_*` bounds
+//!   (a dozen repeats over 160 bytes), and one that stops in the middle of one of its words with
+//!   `min_repeats` over `mid_word_min_bytes`: a short reply cut by `max_tokens` gives a loop little
+//!   room, but a text that ends inside its loop is strong evidence. A reply that ends after ten
+//!   requested lines, a divider or a repeating decimal stays below.
 //!
 //! ```
 //! use deltaserve_health::{analyze_text, Config, DegenerationKind};

@@ -38,6 +38,11 @@ pub enum Rule {
     LongCoverage,
     /// A trailing loop in a stream cut by the length limit.
     LengthCutTail,
+    /// A loop still running at the end of a stream that did not stop by itself, repeated
+    /// `end_loop_min_repeats` times over `end_loop_min_bytes`.
+    EndsInLoop,
+    /// A stream that did not stop by itself ends in the middle of a word of a loop.
+    EndsMidWord,
     /// Few distinct words over the window (distinct-1).
     VocabularyCollapse,
     /// Few distinct phrases over the window (distinct-n, n = `phrase_ngram`).

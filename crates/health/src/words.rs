@@ -63,7 +63,7 @@ fn is_written_without_spaces(c: char) -> bool {
 }
 
 /// Emoji pictographs (faces, objects, animals), not marks such as check boxes or arrows.
-fn is_pictograph(c: char) -> bool {
+pub(crate) fn is_pictograph(c: char) -> bool {
     matches!(c as u32, 0x1F300..=0x1FAFF)
 }
 
