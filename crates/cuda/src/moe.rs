@@ -199,31 +199,24 @@ impl CudaBackend {
             return self.scratch(0);
         }
         let routes = self.moe_route(router_logits, tokens, e, routing);
+        let stacked = Stacked {
+            gate_up,
+            down,
+            e,
+            im,
+            h,
+        };
         let fused_shared = match &shared {
             None => Some(None),
             Some(s) => SharedMats::of(s, h).map(Some),
         };
         match fused_shared {
             Some(fused) if tokens <= SLOT_PATH_MAX_TOKENS => {
-                let stacked = Stacked {
-                    gate_up,
-                    down,
-                    e,
-                    im,
-                    h,
-                };
                 self.moe_slots(x, &stacked, &routes, fused)
             }
             _ if tokens <= SLOT_PATH_MAX_TOKENS => {
                 // A shared expert the slot kernels cannot read (f32, or rows not whole vectors):
                 // the routed experts fused, the shared one through the dense ops.
-                let stacked = Stacked {
-                    gate_up,
-                    down,
-                    e,
-                    im,
-                    h,
-                };
                 let mut out = self.moe_slots(x, &stacked, &routes, None);
                 if let Some(s) = &shared {
                     let mut y = shared_expert_output(self, x, s, tokens);
@@ -233,13 +226,6 @@ impl CudaBackend {
                 out
             }
             _ => {
-                let stacked = Stacked {
-                    gate_up,
-                    down,
-                    e,
-                    im,
-                    h,
-                };
                 let shared_out = shared
                     .as_ref()
                     .map(|s| (shared_expert_output(self, x, s, tokens), s.gate_logits));
