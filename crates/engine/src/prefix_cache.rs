@@ -439,7 +439,14 @@ impl PrefixTree {
             last_use: self.clock,
             lock: 0,
         };
-        let id = match self.free.pop() {
+        let id = self.store(node);
+        self.node_mut(parent).children.insert(key, id);
+        id
+    }
+
+    /// Puts `node` in a free slot of the arena (or a new one) and returns its id.
+    fn store(&mut self, node: Node) -> usize {
+        match self.free.pop() {
             Some(id) => {
                 self.nodes[id] = Some(node);
                 id
@@ -448,9 +455,7 @@ impl PrefixTree {
                 self.nodes.push(Some(node));
                 self.nodes.len() - 1
             }
-        };
-        self.node_mut(parent).children.insert(key, id);
-        id
+        }
     }
 
     /// Splits `id`'s edge after `at` tokens: `id` keeps the first part (and becomes the parent of
@@ -477,16 +482,7 @@ impl PrefixTree {
             // Locks live only between planning and the next forward, never across an insert.
             lock: 0,
         };
-        let tail_id = match self.free.pop() {
-            Some(t) => {
-                self.nodes[t] = Some(tail);
-                t
-            }
-            None => {
-                self.nodes.push(Some(tail));
-                self.nodes.len() - 1
-            }
-        };
+        let tail_id = self.store(tail);
         let grandchildren: Vec<usize> = self.node(tail_id).children.values().copied().collect();
         for g in grandchildren {
             self.node_mut(g).parent = tail_id;
