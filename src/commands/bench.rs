@@ -330,6 +330,14 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
             phases.push(("verify", &s.verify));
             phases.push(("draft", &s.draft));
         }
+        let batch_names: Vec<String> = p
+            .batched
+            .iter()
+            .map(|(b, _)| format!("decode_batch_{b}"))
+            .collect();
+        for (name, (_, phase)) in batch_names.iter().zip(&p.batched) {
+            phases.push((name.as_str(), phase));
+        }
         let (mut ops, mut summaries) = (serde_json::Map::new(), serde_json::Map::new());
         for (name, phase) in phases {
             let (o, s) = phase_profile(phase);
@@ -497,6 +505,9 @@ fn print_table(args: &BenchArgs, r: &Value, measured: &Measured, threads: usize)
             if let Some(s) = &p.speculative {
                 print_profile("speculative verify", &s.verify);
                 print_profile("speculative drafting", &s.draft);
+            }
+            for (b, phase) in &p.batched {
+                print_profile(&format!("decode, batch {b}"), phase);
             }
         }
     }

@@ -176,6 +176,7 @@ pub fn batched_decode_run<B: Backend>(
     batch: usize,
     prefill_len: usize,
     decode_len: usize,
+    profile: bool,
 ) -> Phase {
     let blocks_per_seq = (prefill_len + decode_len + 1).div_ceil(BLOCK_SIZE);
     let geometry = CacheGeometry {
@@ -209,6 +210,7 @@ pub fn batched_decode_run<B: Backend>(
     }
     let rows: Vec<u32> = (0..batch as u32).collect();
     let mut phase = Phase::default();
+    let profiler = Profiler::start(&m.backend, profile);
     for step in 0..decode_len {
         let t0 = Instant::now();
         let layout = BatchLayout::packed(
@@ -227,6 +229,7 @@ pub fn batched_decode_run<B: Backend>(
         next = pick(&out.logits, batch);
         phase.step_s.push(t0.elapsed().as_secs_f64());
     }
+    profiler.take_into(&mut phase);
     phase
 }
 
@@ -423,6 +426,8 @@ pub struct RunPlan {
 pub struct Profiled {
     pub plain: PlainRun,
     pub speculative: Option<SpeculativeRun>,
+    /// `(batch size, its decode steps)` for each batched run above batch 1.
+    pub batched: Vec<(usize, Phase)>,
 }
 
 /// Everything measured on the model, backend-independent from here on.
@@ -466,10 +471,17 @@ pub fn measure<B: Backend>(m: &Model<B>, plan: &RunPlan) -> anyhow::Result<Measu
         let speculative = (k > 0)
             .then(|| speculative_run(m, prefill, steps, k, true))
             .transpose();
+        let batched = plan
+            .batches
+            .iter()
+            .filter(|&&b| b > 1)
+            .map(|&b| (b, batched_decode_run(m, b, prefill, steps, true)))
+            .collect();
         m.backend.set_op_profiling(false);
         Some(Some(Profiled {
             plain,
             speculative: speculative.map_err(spec_err)?,
+            batched,
         }))
     } else {
         Some(None)
@@ -483,7 +495,7 @@ pub fn measure<B: Backend>(m: &Model<B>, plan: &RunPlan) -> anyhow::Result<Measu
     batches.dedup();
     let batched = batches
         .into_iter()
-        .map(|b| (b, batched_decode_run(m, b, prefill, steps)))
+        .map(|b| (b, batched_decode_run(m, b, prefill, steps, false)))
         .collect();
     // Over every run above; profiled runs cannot record (their shapes count as failed).
     let step_graphs = m.step_graph_counts();
