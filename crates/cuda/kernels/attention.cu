@@ -184,11 +184,13 @@ ATTENTION_BY_WARPS(2)
 ATTENTION_BY_WARPS(4)
 ATTENTION_BY_WARPS(8)
 
-// Merges the partials of the splits a row used: one block per (token, q head).
+// Merges the partials of the splits a row used: one block per (token, q head). A row with no visible
+// position is another kernel's (flash_attention.cu) and is left alone.
 extern "C" __global__ void attention_combine(const float* part_stats, const float* part_acc, float* out, const int* rows,
                                              int q_heads, int head_dim, int splits) {
     const i64 t = blockIdx.x / q_heads;
     const int used = min((rows[2 * t] + ATTENTION_SPLIT - 1) / ATTENTION_SPLIT, splits);
+    if (used == 0) return;
     const i64 first = (i64)blockIdx.x * splits;
     float block_max_v = NEG_INF;
     for (int s = 0; s < used; ++s) block_max_v = fmaxf(block_max_v, part_stats[2 * (first + s)]);

@@ -19,7 +19,7 @@
 // weights and the activations alike: the sum over k is the same sum, each column once.
 
 #define GEMV_MATRICES 4
-#define GEMV_MAX_TOKEN_TILES 4
+#define GEMV_MAX_TOKEN_TILES 1
 #ifndef GEMV_WARPS
 #define GEMV_WARPS 8
 #endif
@@ -115,7 +115,10 @@ __device__ __forceinline__ void gemv_block(const GemvGroup& group, const bf16_bi
 // Up to GEMV_LANE_TOKENS tokens on the CUDA cores: each warp owns GEMV_LANE_ROWS rows and reads
 // each row in 512-byte sweeps (lane l takes 16-byte vector l, l + 32, ...; whole cache lines per
 // instruction, as the memory system likes best), GEMV_LANE_UNROLL sweeps in flight; the f32
-// activations come from L1/L2, shared by the warps of an SM, and are rounded to bf16 on the way in. Each lane sums its vectors in order and
+// activations come from L1/L2, shared by the warps of an SM. One token rounds its f32 activations to
+// bf16 on the way in (no cast launch); two to four tokens read them already rounded (the rounding of
+// every token on every weight vector made a four-token verify twice a one-token step on the H200).
+// Each lane sums its vectors in order and
 // the warp reduces by butterfly: the same order for every token count up to GEMV_LANE_TOKENS, so a
 // one-token decode and a four-token verify compute a row bit for bit alike.
 #define GEMV_LANE_TOKENS 4
@@ -129,8 +132,8 @@ __device__ __forceinline__ void gemv_block(const GemvGroup& group, const bf16_bi
 #define GEMV_LANE_UNROLL 4
 #endif
 
-template <int T>
-__device__ __forceinline__ void gemv_lanes(const GemvGroup& group, const float* __restrict__ x, int k) {
+template <int T, bool ROUNDED_X>
+__device__ __forceinline__ void gemv_lanes(const GemvGroup& group, const void* __restrict__ x, int k) {
     const int lane = threadIdx.x & 31;
     const int first = (blockIdx.x * GEMV_LANE_WARPS + (threadIdx.x >> 5)) * GEMV_LANE_ROWS;
     int local[GEMV_LANE_ROWS], mat[GEMV_LANE_ROWS];
@@ -162,7 +165,13 @@ __device__ __forceinline__ void gemv_lanes(const GemvGroup& group, const float* 
             if (v >= vecs) continue;  // the weights there are zero: nothing to add
             float xf[T][8];
 #pragma unroll
-            for (int t = 0; t < T; ++t) load_rounded8(x + (i64)t * k + 8 * v, xf[t]);
+            for (int t = 0; t < T; ++t) {
+                if (ROUNDED_X) {
+                    bf16x8_to_f32(*reinterpret_cast<const uint4*>(static_cast<const bf16_bits*>(x) + (i64)t * k + 8 * v), xf[t]);
+                } else {
+                    load_rounded8(static_cast<const float*>(x) + (i64)t * k + 8 * v, xf[t]);
+                }
+            }
 #pragma unroll
             for (int r = 0; r < GEMV_LANE_ROWS; ++r) {
                 float wf[8];
@@ -193,25 +202,23 @@ __device__ __forceinline__ void gemv_lanes(const GemvGroup& group, const float* 
 
 // Grid: ceil(first_row[count] / (GEMV_LANE_WARPS * GEMV_LANE_ROWS)) blocks of 32 * GEMV_LANE_WARPS
 // threads.
-#define GEMV_LANE_KERNEL(T)                                                                             \
+// x: f32 activations for one token, bf16 (already rounded) for two to four.
+#define GEMV_LANE_KERNEL(T, ROUNDED_X)                                                                  \
     extern "C" __global__ void __launch_bounds__(32 * GEMV_LANE_WARPS)                                 \
-        gemv_bf16_lanes_t##T(const GemvGroup group, const float* __restrict__ x, int tokens, int k) {   \
-        gemv_lanes<T>(group, x, k);                                                                     \
+        gemv_bf16_lanes_t##T(const GemvGroup group, const void* __restrict__ x, int tokens, int k) {    \
+        gemv_lanes<T, ROUNDED_X>(group, x, k);                                                          \
     }
-GEMV_LANE_KERNEL(1)
-GEMV_LANE_KERNEL(2)
-GEMV_LANE_KERNEL(3)
-GEMV_LANE_KERNEL(4)
+GEMV_LANE_KERNEL(1, false)
+GEMV_LANE_KERNEL(2, true)
+GEMV_LANE_KERNEL(3, true)
+GEMV_LANE_KERNEL(4, true)
 
 // Grid: ceil(first_row[count] / 16) blocks of 32 * GEMV_WARPS threads. Requires k % 8 == 0 and
 // 16-byte aligned weights and activations (checked by the launcher). One kernel per 8-token tile
-// count, so that the one-token kernel is not held to the registers of the 32-token one.
+// count; only one tile (5-8 rows) is built: from 9 rows on cuBLAS was faster on the H200 (gemv.rs).
 #define GEMV_KERNEL(TILES)                                                                              \
     extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)                                      \
         gemv_bf16_t##TILES(const GemvGroup group, const bf16_bits* __restrict__ xb, int tokens, int k) { \
         gemv_block<TILES>(group, xb, tokens, k);                                                        \
     }
 GEMV_KERNEL(1)
-GEMV_KERNEL(2)
-GEMV_KERNEL(3)
-GEMV_KERNEL(4)

@@ -5,9 +5,10 @@
 
 use crate::backend::{launch, CudaBackend};
 use crate::buffer::CudaBuf;
+use crate::flash::FlashPlan;
 use crate::layout::{attention_table, check_kv};
 use crate::upload_cache::table;
-use cudarc::driver::LaunchConfig;
+use cudarc::driver::{CudaSlice, LaunchConfig};
 use deltaserve_tensor::{AttnShape, BatchLayout, KvLayerPool};
 
 /// Positions scored per tile (threads per block) of the general kernel.
@@ -110,13 +111,51 @@ impl CudaBackend {
             &kv_row32
         );
 
+        // Long sequences (prefill chunks) take the tensor-core flash kernel; the paged kernels
+        // take the other rows, with the flash rows' visible counts zeroed so they skip them.
+        let flash = FlashPlan::new(batch, shape, self.gemm_precision);
+        let paged_rows = flash.as_ref().map(|plan| plan.paged_rows(&table.rows));
+        let (host_rows, device_rows) = match &paged_rows {
+            Some(paged) => (
+                paged.as_slice(),
+                self.upload_cached(table::ATTENTION_PAGED_ROWS, paged),
+            ),
+            None => (table.rows.as_slice(), rows.clone()),
+        };
+        if host_rows.iter().step_by(2).any(|&visible| visible > 0) {
+            self.paged_attention(q, pool, shape, host_rows, &device_rows, &blocks, out);
+        }
+        if let Some(plan) = &flash {
+            self.flash_attention(plan, q, pool, shape, &rows, &blocks, out);
+        }
+    }
+
+    /// The paged kernels over the rows of `host_rows` (a copy of `device_rows`) that see at
+    /// least one position.
+    #[allow(clippy::too_many_arguments)]
+    fn paged_attention(
+        &self,
+        q: &CudaBuf,
+        pool: &KvLayerPool<Self>,
+        shape: AttnShape,
+        host_rows: &[i32],
+        rows: &CudaSlice<i32>,
+        blocks: &CudaSlice<u32>,
+        out: &mut CudaBuf,
+    ) {
+        let AttnShape {
+            q_heads,
+            kv_heads,
+            head_dim,
+        } = shape;
+        let tokens = host_rows.len() / 2;
         let Ok(grid_blocks) = u32::try_from(tokens * q_heads) else {
             panic!("attention: {tokens} tokens x {q_heads} heads exceed one launch grid");
         };
         let scale = (1.0 / (head_dim as f64).sqrt()) as f32;
         let (qh, kvh, bs) = (q_heads as i32, kv_heads as i32, pool.block_size as i32);
         if let Some(kernel) = warp_kernel(head_dim) {
-            let wanted = split_count(&table.rows);
+            let wanted = split_count(host_rows);
             // Long prefill chunks have parallelism in their rows already; their partials would
             // grow with rows x context. Capped, each block takes several chunks in turn.
             let per_split = tokens * q_heads * head_dim * std::mem::size_of::<f32>();
@@ -146,8 +185,8 @@ impl CudaBackend {
                 &mut out.data,
                 &mut stats,
                 &mut acc,
-                rows.as_ref(),
-                blocks.as_ref(),
+                rows,
+                blocks,
                 &qh,
                 &kvh,
                 &bs,
@@ -169,7 +208,7 @@ impl CudaBackend {
                     &stats,
                     &acc,
                     &mut out.data,
-                    rows.as_ref(),
+                    rows,
                     &qh,
                     &hd,
                     &splits32
@@ -194,8 +233,8 @@ impl CudaBackend {
             &pool.k.data,
             &pool.v.data,
             &mut out.data,
-            rows.as_ref(),
-            blocks.as_ref(),
+            rows,
+            blocks,
             &qh,
             &kvh,
             &hd,

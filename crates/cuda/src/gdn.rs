@@ -40,6 +40,34 @@ fn chunked_kernel(key_dim: usize) -> Option<&'static str> {
     })
 }
 
+/// Threads per block of the row-coalesced delta rule (`ROW_WARPS` warps in gdn.cu).
+const ROW_THREADS: u32 = 256;
+/// Below this many blocks at 4 columns a lane (a small batch: one prefill, a few decode rows), the
+/// row kernel takes 1 column a lane instead: four times the blocks, a quarter of the work each, for
+/// a GPU the batch alone would not fill. Both widths give bitwise the same results.
+const ROW_WIDE_MIN_BLOCKS: usize = 512;
+
+/// The delta-rule kernel that keeps whole state rows in registers and reads them in coalesced
+/// sweeps, `columns` value columns a lane, compiled for these key dims (a multiple of its 8 warps).
+fn row_kernel(key_dim: usize, value_dim: usize, columns: usize) -> Option<&'static str> {
+    if !value_dim.is_multiple_of(columns) {
+        return None;
+    }
+    Some(match (key_dim, columns) {
+        (16, 1) => "gated_delta_rule_rows_k16_c1",
+        (32, 1) => "gated_delta_rule_rows_k32_c1",
+        (64, 1) => "gated_delta_rule_rows_k64_c1",
+        (128, 1) => "gated_delta_rule_rows_k128_c1",
+        (256, 1) => "gated_delta_rule_rows_k256_c1",
+        (16, 4) => "gated_delta_rule_rows_k16_c4",
+        (32, 4) => "gated_delta_rule_rows_k32_c4",
+        (64, 4) => "gated_delta_rule_rows_k64_c4",
+        (128, 4) => "gated_delta_rule_rows_k128_c4",
+        (256, 4) => "gated_delta_rule_rows_k256_c4",
+        _ => return None,
+    })
+}
+
 /// The delta-rule kernel that keeps a state column in registers, compiled for these key dims.
 fn register_kernel(key_dim: usize) -> Option<&'static str> {
     Some(match key_dim {
@@ -275,9 +303,23 @@ impl CudaBackend {
         };
         // Both kernels take (mixed, g, beta, ssm, out, seqs, [snaps,] key_heads, value_heads,
         // value_dim); the chunked one has no snapshots (it only runs without them).
-        let fast = match (prefill, chunked_kernel(key_dim), register_kernel(key_dim)) {
-            (true, Some(kernel), _) => Some((kernel, grid(CHUNK_SLICE), CHUNK_THREADS, 0, false)),
-            (_, _, Some(kernel)) => Some((
+        let wide_blocks = value_heads * batch.seqs.len() * value_dim.div_ceil(128);
+        let columns = if wide_blocks >= ROW_WIDE_MIN_BLOCKS && value_dim.is_multiple_of(4) {
+            4
+        } else {
+            1
+        };
+        let fast = match (
+            prefill,
+            chunked_kernel(key_dim),
+            row_kernel(key_dim, value_dim, columns),
+            register_kernel(key_dim),
+        ) {
+            (true, Some(kernel), _, _) => {
+                Some((kernel, grid(CHUNK_SLICE), CHUNK_THREADS, 0, false))
+            }
+            (_, _, Some(kernel), _) => Some((kernel, grid(32 * columns), ROW_THREADS, 0, true)),
+            (_, _, _, Some(kernel)) => Some((
                 kernel,
                 grid(COLUMNS_PER_BLOCK),
                 32,

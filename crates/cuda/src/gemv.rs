@@ -10,11 +10,12 @@ use crate::buffer::CudaBuf;
 use crate::mat::{CudaMat, MatData};
 use cudarc::driver::{DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig};
 
-/// `8 * GEMV_MAX_TOKEN_TILES`, `GEMV_MATRICES` and `GEMV_WARPS` of gemv.cu; each block owns 16 rows.
-/// Measured on the H200 (27B shape, batched decode): tiles up to 8 (64 rows) made a 64-row step
-/// 77.9 ms against cuBLAS's faster one (the activation loads grow with the rows), so beyond 32 rows
-/// cuBLAS runs.
-pub(crate) const GEMV_MAX_TOKENS: usize = 32;
+/// Rows up to which this path runs (at most `8 * GEMV_MAX_TOKEN_TILES` of gemv.cu); `GEMV_MATRICES`
+/// and `GEMV_WARPS` of gemv.cu; each block owns 16 rows. Measured on the H200 (27B shape, batched
+/// decode steps, docs/benchmarks.md): with this path up to 32 rows a 16-row step took 23.5 ms and a
+/// 32-row one 34.8 ms, with cuBLAS from 9 rows on 18.4 and 20.3 ms (the tensor-core kernel's
+/// activation loads grow with the rows); 1-8 rows stay here.
+pub(crate) const GEMV_MAX_TOKENS: usize = 8;
 const GEMV_MATRICES: usize = 4;
 const GEMV_WARPS: usize = 8;
 const ROWS_PER_BLOCK: usize = 16;
@@ -65,10 +66,11 @@ impl CudaBackend {
         tokens: usize,
     ) {
         let k = ws[0].cols;
-        // The tensor-core kernel reads the activations rounded to bf16 once for the whole group
-        // (as the cuBLAS path does); the CUDA-core one rounds the f32 values itself, the same way.
+        // The kernels read the activations rounded to bf16 once for the whole group (as the cuBLAS
+        // path does), except the one-token kernel, which rounds the f32 values itself the same way
+        // and so saves the cast's launch (with more tokens the rounding costs more than the launch).
         let lanes = tokens <= LANE_TOKENS;
-        let x_bf16 = (!lanes).then(|| self.cast_to_bf16(x, tokens * k));
+        let x_bf16 = (tokens > 1).then(|| self.cast_to_bf16(x, tokens * k));
         for (chunk_w, chunk_out) in ws.chunks(GEMV_MATRICES).zip(outs.chunks_mut(GEMV_MATRICES)) {
             let mut group = GemvGroup {
                 count: chunk_w.len() as i32,
@@ -103,7 +105,7 @@ impl CudaBackend {
             let (t32, k32) = (tokens as i32, k as i32);
             // Contract: every matrix is bf16 [rows_m, k] with k % 8 == 0 (gemv_applies), so each
             // row starts 16-byte aligned (and each x_bf16 or f32 x row too); tokens <=
-            // GEMV_MAX_TOKENS; x (f32 for the lane kernels, x_bf16 for the others) holds tokens * k
+            // GEMV_MAX_TOKENS; x (f32 for one token, x_bf16 for more) holds tokens * k
             // values and each out tokens * rows_m f32
             // (checked by the callers); first_row partitions the grid's rows among the matrices.
             let kernel = match tokens {
@@ -111,10 +113,7 @@ impl CudaBackend {
                 2 => "gemv_bf16_lanes_t2",
                 3 => "gemv_bf16_lanes_t3",
                 4 => "gemv_bf16_lanes_t4",
-                5..=8 => "gemv_bf16_t1",
-                9..=16 => "gemv_bf16_t2",
-                17..=24 => "gemv_bf16_t3",
-                _ => "gemv_bf16_t4",
+                _ => "gemv_bf16_t1",
             };
             match &x_bf16 {
                 Some(xb) => launch!(self, kernel, cfg, &group, xb, &t32, &k32),

@@ -12,7 +12,7 @@ pub struct KernelFile {
 /// Helpers prepended to every file (`#line` keeps NVRTC's line numbers those of the file).
 pub const COMMON: &str = include_str!("../kernels/common.cuh");
 
-pub const FILES: [KernelFile; 12] = [
+pub const FILES: [KernelFile; 13] = [
     KernelFile {
         name: "elementwise.cu",
         source: include_str!("../kernels/elementwise.cu"),
@@ -34,9 +34,6 @@ pub const FILES: [KernelFile; 12] = [
         source: include_str!("../kernels/gemv.cu"),
         functions: &[
             "gemv_bf16_t1",
-            "gemv_bf16_t2",
-            "gemv_bf16_t3",
-            "gemv_bf16_t4",
             "gemv_bf16_lanes_t1",
             "gemv_bf16_lanes_t2",
             "gemv_bf16_lanes_t3",
@@ -88,6 +85,16 @@ pub const FILES: [KernelFile; 12] = [
             "gated_delta_rule_k64",
             "gated_delta_rule_k128",
             "gated_delta_rule_k256",
+            "gated_delta_rule_rows_k16_c1",
+            "gated_delta_rule_rows_k32_c1",
+            "gated_delta_rule_rows_k64_c1",
+            "gated_delta_rule_rows_k128_c1",
+            "gated_delta_rule_rows_k256_c1",
+            "gated_delta_rule_rows_k16_c4",
+            "gated_delta_rule_rows_k32_c4",
+            "gated_delta_rule_rows_k64_c4",
+            "gated_delta_rule_rows_k128_c4",
+            "gated_delta_rule_rows_k256_c4",
         ],
     },
     KernelFile {
@@ -111,6 +118,16 @@ pub const FILES: [KernelFile; 12] = [
             "paged_attention_d4",
             "paged_attention_d8",
             "attention_combine",
+        ],
+    },
+    KernelFile {
+        name: "flash_attention.cu",
+        source: include_str!("../kernels/flash_attention.cu"),
+        functions: &[
+            "flash_prefill_d32",
+            "flash_prefill_d64",
+            "flash_prefill_d128",
+            "flash_prefill_d256",
         ],
     },
     KernelFile {

@@ -10,6 +10,7 @@ pub mod compile;
 mod dense;
 mod detect;
 mod error;
+mod flash;
 mod gdn;
 mod gemm;
 mod gemv;

@@ -31,6 +31,10 @@ pub(crate) mod table {
     pub const ATTENTION_OFFSETS: &str = "attention offsets";
     pub const ATTENTION_ROWS: &str = "attention rows";
     pub const ATTENTION_BLOCKS: &str = "attention block tables";
+    /// The attention rows left to the paged kernels when long sequences take the flash kernel
+    /// (theirs zeroed), and the flash kernel's tiles.
+    pub const ATTENTION_PAGED_ROWS: &str = "attention paged rows";
+    pub const FLASH_TILES: &str = "flash attention tiles";
     pub const GATHER_ROWS: &str = "gather_rows rows";
 }
 

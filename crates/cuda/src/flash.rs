@@ -1,0 +1,136 @@
+//! Launcher of the tensor-core prefill attention (flash_attention.cu): which rows it takes, how they
+//! are cut into tiles, and its launch. The paged kernels (attention.rs) keep every other row.
+
+use crate::backend::{device_failure, CudaBackend};
+use crate::buffer::CudaBuf;
+use crate::options::GemmPrecision;
+use crate::upload_cache::table;
+use cudarc::driver::sys::CUfunction_attribute_enum;
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use deltaserve_tensor::{AttnShape, BatchLayout, KvLayerPool};
+
+/// A sequence with at least this many new tokens (a prefill chunk) takes the flash kernel; decode
+/// and verify rows stay on the paged kernels, whose f32 products are exact to the reference.
+pub(crate) const FLASH_MIN_TOKENS: usize = 64;
+/// `FLASH_ROWS`, `FLASH_KEYS` and `FLASH_WARPS` of flash_attention.cu.
+const FLASH_ROWS: usize = 128;
+const FLASH_KEYS: usize = 64;
+const FLASH_THREADS: u32 = 256;
+
+/// The flash kernel compiled for `head_dim`.
+fn flash_kernel(head_dim: usize) -> Option<&'static str> {
+    Some(match head_dim {
+        32 => "flash_prefill_d32",
+        64 => "flash_prefill_d64",
+        128 => "flash_prefill_d128",
+        256 => "flash_prefill_d256",
+        _ => return None,
+    })
+}
+
+/// The flash kernel's share of a batch: its tiles (4 ints each, as flash_attention.cu reads them)
+/// and the batch rows they cover.
+pub(crate) struct FlashPlan {
+    kernel: &'static str,
+    tiles: Vec<i32>,
+    /// `(first row, rows)` of each sequence the tiles cover.
+    pub covered: Vec<(usize, usize)>,
+}
+
+impl FlashPlan {
+    /// Tiles of FLASH_ROWS packed (token, q head of the group) rows over every long sequence of the
+    /// batch; `None` when no sequence is long enough, the head dim has no kernel, or the backend
+    /// runs its products in f32 (the flash kernel rounds to bf16).
+    pub(crate) fn new(
+        batch: &BatchLayout,
+        shape: AttnShape,
+        precision: GemmPrecision,
+    ) -> Option<Self> {
+        let kernel = flash_kernel(shape.head_dim)?;
+        if precision != GemmPrecision::Bf16 {
+            return None;
+        }
+        let group = shape.q_heads / shape.kv_heads;
+        let mut tiles = Vec::new();
+        let mut covered = Vec::new();
+        for s in batch.seqs.iter().filter(|s| s.len >= FLASH_MIN_TOKENS) {
+            for first in (0..s.len * group).step_by(FLASH_ROWS) {
+                tiles.extend([s.start as i32, s.len as i32, first as i32, 0]);
+            }
+            covered.push((s.start, s.len));
+        }
+        (!covered.is_empty()).then_some(Self {
+            kernel,
+            tiles,
+            covered,
+        })
+    }
+
+    /// `rows` (`AttentionTable::rows`) with the covered rows' visible counts zeroed, which makes
+    /// the paged kernels skip them.
+    pub(crate) fn paged_rows(&self, rows: &[i32]) -> Vec<i32> {
+        let mut rows = rows.to_vec();
+        for &(start, len) in &self.covered {
+            for row in start..start + len {
+                rows[2 * row] = 0;
+            }
+        }
+        rows
+    }
+}
+
+impl CudaBackend {
+    /// Attention of the plan's rows; the new K/V rows are already in the pool. `rows` and
+    /// `blocks` are the batch's whole attention table on the device.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn flash_attention(
+        &self,
+        plan: &FlashPlan,
+        q: &CudaBuf,
+        pool: &KvLayerPool<Self>,
+        shape: AttnShape,
+        rows: &CudaSlice<i32>,
+        blocks: &CudaSlice<u32>,
+        out: &mut CudaBuf,
+    ) {
+        let tiles = self.upload_cached(table::FLASH_TILES, &plan.tiles);
+        let function = self.function(plan.kernel);
+        let shared = (FLASH_ROWS + 2 * FLASH_KEYS) * (shape.head_dim + 8) * 2;
+        if let Err(e) = function.set_attribute(
+            CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            shared as i32,
+        ) {
+            device_failure(plan.kernel, e);
+        }
+        let cfg = LaunchConfig {
+            grid_dim: ((plan.tiles.len() / 4) as u32, shape.kv_heads as u32, 1),
+            block_dim: (FLASH_THREADS, 1, 1),
+            shared_mem_bytes: shared as u32,
+        };
+        let scale_log2 = (std::f64::consts::LOG2_E / (shape.head_dim as f64).sqrt()) as f32;
+        let (qh, kvh, bs) = (
+            shape.q_heads as i32,
+            shape.kv_heads as i32,
+            pool.block_size as i32,
+        );
+        let mut builder = self.stream.launch_builder(function);
+        builder
+            .arg(&q.data)
+            .arg(&pool.k.data)
+            .arg(&pool.v.data)
+            .arg(&mut out.data)
+            .arg(tiles.as_ref())
+            .arg(rows)
+            .arg(blocks)
+            .arg(&qh)
+            .arg(&kvh)
+            .arg(&bs)
+            .arg(&scale_log2);
+        // SAFETY: the tiles name sequences of this batch (rows within q and out, checked by the
+        // caller), `rows` / `blocks` are the batch's attention table, whose block ids lie in the
+        // pool; the kernel was compiled for this head dim and its shared memory was allowed above.
+        if let Err(e) = unsafe { builder.launch(cfg) } {
+            device_failure(plan.kernel, e);
+        }
+    }
+}
