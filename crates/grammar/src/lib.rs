@@ -281,9 +281,7 @@ impl TokenConstraint for GrammarConstraint {
             .matcher
             .compute_mask_or_eos()
             .map_err(|e| clean_error(&e.to_string()))?;
-        Ok(Some(TokenMask {
-            words: mask.as_slice().to_vec(),
-        }))
+        Ok(Some(TokenMask { words: mask.into() }))
     }
 
     fn commit(&mut self, token: u32) -> Result<(), String> {
