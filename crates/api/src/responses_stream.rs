@@ -67,10 +67,10 @@ pub(crate) fn responses_stream(
     let created = writer.response.clone();
     writer.event("response.created", json!({"response": created}));
     writer.event("response.in_progress", json!({"response": created}));
-    let items: Items = run.into_stream().boxed();
+    let items: BoxStream<'static, ChoiceItem> = run.into_stream().boxed();
     let events = futures_util::stream::unfold(
         (writer, items, false),
-        |(mut writer, mut items, ended)| async move {
+        |(mut writer, mut items, mut ended)| async move {
             loop {
                 if !writer.events.is_empty() {
                     let events = std::mem::take(&mut writer.events);
@@ -86,35 +86,26 @@ pub(crate) fn responses_stream(
                     }
                     Some(ChoiceItem::Finished(end)) => {
                         writer.on_end(&end);
-                        return writer_done(writer, items);
+                        ended = true;
                     }
                     None => {
-                        let finish = FinishKind::Error("the choice ended twice".to_string());
+                        // A run hands out `Finished` before it ends; this is the failure it would be.
                         writer.on_end(&ChoiceEnd {
-                            finish,
+                            finish: FinishKind::Error(
+                                "the choice ended without finishing".to_string(),
+                            ),
                             usage: ChoiceUsage::default(),
                             time_to_first_token: None,
                             e2e: Duration::ZERO,
                             degeneration: None,
                         });
-                        return writer_done(writer, items);
+                        ended = true;
                     }
                 }
             }
         },
     );
     Ok(sse_response(events))
-}
-
-type Items = BoxStream<'static, ChoiceItem>;
-
-/// The last events of a stream, and the state that ends it.
-fn writer_done(
-    mut writer: EventWriter,
-    items: Items,
-) -> Option<(String, (EventWriter, Items, bool))> {
-    let events = std::mem::take(&mut writer.events);
-    Some((events, (writer, items, true)))
 }
 
 /// The output item being streamed.
