@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Client-side test of a running deltaserve (or any OpenAI-compatible server) with the official `openai`
 package: models, chat (whole and streamed, reasoning_content, usage), thinking switched off, logprobs,
-n > 1, completions, error classes, and structured output (`chat.completions.parse` and `responses.parse`
-with a Pydantic model, a forced tool call). It starts nothing; pass --base-url of a running server.
+n > 1, completions, error classes, and structured output (`chat.completions.parse`, `responses.parse`
+and the streamed `responses.stream` with a Pydantic model, a forced tool call). It starts nothing; pass --base-url of a running server.
 
     .venv/bin/python tests/openai_client.py --base-url http://127.0.0.1:30000
 
@@ -240,6 +240,22 @@ def main():
         expect(response.status == "completed", f"status {response.status}")
         expect(isinstance(response.output_parsed, Sum), f"output_parsed {response.output_parsed!r}")
 
+    def stream_responses():
+        kwargs = dict(model=model, input="What is 47 + 38?", temperature=0.0, max_output_tokens=400)
+        whole = client.responses.parse(text_format=Sum, **kwargs)
+        deltas, types = [], []
+        with client.responses.stream(text_format=Sum, **kwargs) as stream:
+            for event in stream:
+                types.append(event.type)
+                if event.type == "response.output_text.delta":
+                    deltas.append(event.delta)
+            final = stream.get_final_response()
+        expect(types[0] == "response.created", f"first event {types[0]}")
+        expect(types[-1] == "response.completed", f"last event {types[-1]}")
+        expect("response.output_text.done" in types, f"no output_text.done in {types}")
+        expect("".join(deltas) == whole.output_text, f"streamed {''.join(deltas)!r} != {whole.output_text!r}")
+        expect(final.output_parsed == whole.output_parsed, f"{final.output_parsed!r} != {whole.output_parsed!r}")
+
     def forced_tool_call():
         tools = [
             {
@@ -279,6 +295,7 @@ def main():
     checks.run("errors (404 model, 400 temperature)", errors)
     checks.run("chat.completions.parse (Pydantic response_format)", parse_chat)
     checks.run("responses.parse (Pydantic text_format)", parse_responses)
+    checks.run("responses.stream equals responses.parse (Pydantic text_format)", stream_responses)
     checks.run("tool_choice required", forced_tool_call)
     print(f"{checks.passed} passed, {checks.failed} failed")
     return 1 if checks.failed else 0

@@ -69,14 +69,58 @@ async fn chat(
     chat_body(state, &body, arrival).await
 }
 
-/// A chat completion for a parsed JSON body (also how /v1/responses runs its requests).
+/// A chat completion for a parsed JSON body (also how /v1/responses runs its whole requests).
 pub(crate) async fn chat_body(
     state: Arc<AppState>,
     body: &Value,
     arrival: Instant,
 ) -> Result<Response, ApiError> {
+    let started = start_chat(&state, body, arrival)?;
+    if started.stream {
+        let stream = ChatStream::new(
+            state,
+            started.head,
+            started.runs,
+            &started.parsing,
+            started.logprobs,
+            started.include_usage,
+            started.prompt_tokens,
+        );
+        Ok(sse_response(stream.into_stream()))
+    } else {
+        complete(
+            &state,
+            started.head,
+            started.runs,
+            &started.parsing,
+            started.logprobs,
+            started.prompt_tokens,
+        )
+        .await
+    }
+}
+
+/// A validated chat request whose choices run on the engine, with what reading them needs.
+pub(crate) struct StartedChat {
+    pub head: ResponseHead,
+    pub runs: Vec<ChoiceRun>,
+    /// How each choice's output splits into reasoning, content and tool calls.
+    pub parsing: Vec<OutputParsing>,
+    pub stream: bool,
+    pub logprobs: bool,
+    pub include_usage: bool,
+    pub prompt_tokens: usize,
+}
+
+/// Validates a chat body, renders and tokenizes its prompt, compiles its grammar and submits its
+/// choices (also how /v1/responses streams).
+pub(crate) fn start_chat(
+    state: &Arc<AppState>,
+    body: &Value,
+    arrival: Instant,
+) -> Result<StartedChat, ApiError> {
     let request = ChatRequest::parse(body, &state.config.limits)?;
-    check_model(&state, request.params.model.as_deref())?;
+    check_model(state, request.params.model.as_deref())?;
     let engine = state.engine()?;
     let with_tools = !request.tools.is_empty();
     let options = RenderOptions {
@@ -102,12 +146,12 @@ pub(crate) async fn chat_body(
         ids,
         opens_reasoning: prompt_opens_reasoning(&prompt_text),
     };
-    let grammar = match chat_grammar(&state, &request) {
-        Some((spec, field)) => Some(compile_grammar(&state, &engine, &spec, field)?),
+    let grammar = match chat_grammar(state, &request) {
+        Some((spec, field)) => Some(compile_grammar(state, &engine, &spec, field)?),
         None => None,
     };
     let runs = start_choices(
-        &state,
+        state,
         &engine,
         &request.params,
         &prompt,
@@ -128,21 +172,15 @@ pub(crate) async fn chat_body(
             call_id_prefix: format!("call_{id_suffix}_{i}_"),
         })
         .collect();
-    let logprobs = request.params.logprobs.is_some();
-    if request.params.stream {
-        let stream = ChatStream::new(
-            state,
-            head,
-            runs,
-            &parsing,
-            logprobs,
-            request.params.include_usage,
-            prompt.ids.len(),
-        );
-        Ok(sse_response(stream.into_stream()))
-    } else {
-        complete(&state, head, runs, &parsing, logprobs, prompt.ids.len()).await
-    }
+    Ok(StartedChat {
+        head,
+        runs,
+        parsing,
+        stream: request.params.stream,
+        logprobs: request.params.logprobs.is_some(),
+        include_usage: request.params.include_usage,
+        prompt_tokens: prompt.ids.len(),
+    })
 }
 
 /// The grammar a chat request's output follows, and the field that asked for it: a forced tool call

@@ -29,6 +29,7 @@ pub mod output_watch;
 pub mod request;
 mod response;
 mod responses;
+mod responses_stream;
 mod routes;
 pub mod server;
 mod server_seed;

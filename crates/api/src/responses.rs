@@ -1,9 +1,10 @@
 //! POST /v1/responses, a subset of OpenAI's Responses API: the request is translated into a chat
 //! completion (instructions and input items into messages, function tools, `text.format` into
 //! `response_format`), run through the chat route, and its result turned into a `response` object
-//! with reasoning, message and function-call output items. Not streamed, nothing stored: fields that
-//! need either (`stream`, `previous_response_id`, `conversation`, `background`, ...) are 400s
-//! naming the field, as are non-function tools and non-text inputs.
+//! with reasoning, message and function-call output items; with `stream: true` the same object is
+//! built up by the Responses API's events (responses_stream.rs). Nothing is stored: fields that need
+//! that (`previous_response_id`, `conversation`, `background`, ...) are 400s naming the field, as
+//! are non-function tools and non-text inputs.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -14,11 +15,12 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
-use crate::chat::chat_body;
+use crate::chat::{chat_body, start_chat};
 use crate::common::read_json;
 use crate::error::ApiError;
 use crate::fields::{describe, Fields};
 use crate::response::new_id;
+use crate::responses_stream::responses_stream;
 use crate::state::AppState;
 
 pub async fn responses(
@@ -33,11 +35,7 @@ pub async fn responses(
 }
 
 /// Fields this subset refuses, and why.
-const REFUSED: [(&str, &str); 6] = [
-    (
-        "stream",
-        "streaming /v1/responses is not supported; send `stream: false`, or stream with /v1/chat/completions",
-    ),
+const REFUSED: [(&str, &str); 5] = [
     (
         "previous_response_id",
         "responses are not stored, so there is no previous response to continue; send the whole conversation as `input`",
@@ -71,7 +69,12 @@ async fn respond(
             return Err(ApiError::unsupported(field, why));
         }
     }
+    let stream = f.bool("stream")?.unwrap_or(false);
     let chat = to_chat(&f)?;
+    if stream {
+        let started = start_chat(&state, &chat, arrival).map_err(responses_error)?;
+        return responses_stream(state, started, &f, &chat);
+    }
     let completion = chat_body(Arc::clone(&state), &chat, arrival)
         .await
         .map_err(responses_error)?;
@@ -84,7 +87,7 @@ async fn respond(
 }
 
 /// Chat's field names in an error turned into the Responses API's.
-fn responses_error(mut error: ApiError) -> ApiError {
+pub(crate) fn responses_error(mut error: ApiError) -> ApiError {
     let rename = |text: &str| {
         text.replace("response_format", "text.format")
             .replace("max_tokens", "max_output_tokens")
@@ -334,28 +337,16 @@ fn to_chat(f: &Fields) -> Result<Value, ApiError> {
 fn to_response(f: &Fields, chat: &Value, completion: &Value) -> Value {
     let choice = &completion["choices"][0];
     let message = &choice["message"];
-    let suffix = completion["id"]
-        .as_str()
-        .unwrap_or("")
-        .trim_start_matches("chatcmpl-")
-        .to_string();
+    let ids = ItemIds::of_chat(completion["id"].as_str().unwrap_or(""));
     let mut output = Vec::new();
-    if let Some(reasoning) = message["reasoning_content"].as_str() {
-        output.push(json!({
-            "type": "reasoning",
-            "id": format!("rs_{suffix}"),
-            "summary": [],
-            "content": [{"type": "reasoning_text", "text": reasoning}],
-        }));
+    if let Some(reasoning) = message["reasoning_content"]
+        .as_str()
+        .filter(|t| !t.is_empty())
+    {
+        output.push(reasoning_item(&ids.reasoning(), reasoning, "completed"));
     }
-    if let Some(text) = message["content"].as_str() {
-        output.push(json!({
-            "type": "message",
-            "id": format!("msg_{suffix}"),
-            "status": "completed",
-            "role": "assistant",
-            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}],
-        }));
+    if let Some(text) = message["content"].as_str().filter(|t| !t.is_empty()) {
+        output.push(message_item(&ids.message(), text, "completed"));
     }
     for (i, call) in message["tool_calls"]
         .as_array()
@@ -363,21 +354,112 @@ fn to_response(f: &Fields, chat: &Value, completion: &Value) -> Value {
         .flatten()
         .enumerate()
     {
-        output.push(json!({
-            "type": "function_call",
-            "id": format!("fc_{suffix}_{i}"),
-            "call_id": call["id"],
-            "name": call["function"]["name"],
-            "arguments": call["function"]["arguments"],
-            "status": "completed",
-        }));
+        output.push(function_call_item(
+            &ids.call(i),
+            call["id"].as_str().unwrap_or(""),
+            call["function"]["name"].as_str().unwrap_or(""),
+            call["function"]["arguments"].as_str().unwrap_or(""),
+            "completed",
+        ));
     }
-    let finish = choice["finish_reason"].as_str().unwrap_or("");
-    let (status, incomplete) = match finish {
-        "length" => ("incomplete", json!({"reason": "max_output_tokens"})),
-        _ => ("completed", Value::Null),
-    };
-    let usage = &completion["usage"];
+    let mut response = response_object(
+        f,
+        chat,
+        &new_id("resp"),
+        &completion["created"],
+        &completion["model"],
+    );
+    finish_response(
+        &mut response,
+        choice["finish_reason"].as_str().unwrap_or(""),
+        output,
+        &completion["usage"],
+    );
+    response
+}
+
+/// The ids of one response's output items, from the chat completion id it runs as.
+pub(crate) struct ItemIds {
+    suffix: String,
+}
+
+impl ItemIds {
+    pub fn of_chat(chat_id: &str) -> Self {
+        Self {
+            suffix: chat_id.trim_start_matches("chatcmpl-").to_string(),
+        }
+    }
+
+    pub fn reasoning(&self) -> String {
+        format!("rs_{}", self.suffix)
+    }
+
+    pub fn message(&self) -> String {
+        format!("msg_{}", self.suffix)
+    }
+
+    /// The item id of the `index`-th function call.
+    pub fn call(&self, index: usize) -> String {
+        format!("fc_{}_{index}", self.suffix)
+    }
+}
+
+/// A reasoning output item.
+pub(crate) fn reasoning_item(id: &str, text: &str, status: &str) -> Value {
+    json!({
+        "type": "reasoning",
+        "id": id,
+        "summary": [],
+        "content": [reasoning_part(text)],
+        "status": status,
+    })
+}
+
+pub(crate) fn reasoning_part(text: &str) -> Value {
+    json!({"type": "reasoning_text", "text": text})
+}
+
+/// An assistant message output item with one text part.
+pub(crate) fn message_item(id: &str, text: &str, status: &str) -> Value {
+    json!({
+        "type": "message",
+        "id": id,
+        "status": status,
+        "role": "assistant",
+        "content": [output_text_part(text)],
+    })
+}
+
+pub(crate) fn output_text_part(text: &str) -> Value {
+    json!({"type": "output_text", "text": text, "annotations": [], "logprobs": []})
+}
+
+/// A function-call output item.
+pub(crate) fn function_call_item(
+    id: &str,
+    call_id: &str,
+    name: &str,
+    arguments: &str,
+    status: &str,
+) -> Value {
+    json!({
+        "type": "function_call",
+        "id": id,
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+        "status": status,
+    })
+}
+
+/// The `response` object of a request as it starts: `in_progress`, no output, no usage.
+pub(crate) fn response_object(
+    f: &Fields,
+    chat: &Value,
+    id: &str,
+    created: &Value,
+    model: &Value,
+) -> Value {
     let text_format = f
         .get("text")
         .and_then(|t| t.get("format"))
@@ -394,16 +476,16 @@ fn to_response(f: &Fields, chat: &Value, completion: &Value) -> Value {
         })
         .collect();
     json!({
-        "id": new_id("resp"),
+        "id": id,
         "object": "response",
-        "created_at": completion["created"],
-        "status": status,
+        "created_at": created,
+        "status": "in_progress",
         "error": null,
-        "incomplete_details": incomplete,
+        "incomplete_details": null,
         "instructions": f.get("instructions").cloned().unwrap_or(Value::Null),
         "max_output_tokens": f.get("max_output_tokens").cloned().unwrap_or(Value::Null),
-        "model": completion["model"],
-        "output": output,
+        "model": model,
+        "output": [],
         "parallel_tool_calls": f.get("parallel_tool_calls").cloned().unwrap_or(json!(true)),
         "previous_response_id": null,
         "reasoning": {"effort": null, "summary": null},
@@ -415,14 +497,38 @@ fn to_response(f: &Fields, chat: &Value, completion: &Value) -> Value {
         "top_p": f.get("top_p").cloned().unwrap_or(Value::Null),
         "truncation": "disabled",
         "metadata": {},
-        "usage": {
-            "input_tokens": usage["prompt_tokens"],
-            "input_tokens_details": {"cached_tokens": 0},
-            "output_tokens": usage["completion_tokens"],
-            "output_tokens_details": {
-                "reasoning_tokens": usage["completion_tokens_details"]["reasoning_tokens"],
-            },
-            "total_tokens": usage["total_tokens"],
-        },
+        "usage": null,
     })
+}
+
+/// Completes `response` with the chat finish reason, the output items and the chat `usage`; returns
+/// its status (`completed`, `incomplete` at the token limit, `failed` on an error).
+pub(crate) fn finish_response(
+    response: &mut Value,
+    finish_reason: &str,
+    output: Vec<Value>,
+    chat_usage: &Value,
+) -> &'static str {
+    let status = match finish_reason {
+        "length" => {
+            response["incomplete_details"] = json!({"reason": "max_output_tokens"});
+            "incomplete"
+        }
+        "error" => "failed",
+        _ => "completed",
+    };
+    response["status"] = json!(status);
+    response["output"] = Value::Array(output);
+    response["usage"] = json!({
+        "input_tokens": chat_usage["prompt_tokens"],
+        "input_tokens_details": {
+            "cached_tokens": chat_usage["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0),
+        },
+        "output_tokens": chat_usage["completion_tokens"],
+        "output_tokens_details": {
+            "reasoning_tokens": chat_usage["completion_tokens_details"]["reasoning_tokens"],
+        },
+        "total_tokens": chat_usage["total_tokens"],
+    });
+    status
 }

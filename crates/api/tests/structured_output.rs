@@ -708,7 +708,7 @@ async fn responses_api_subset_with_text_format_and_function_tools() {
 
     // What the subset does not do is a 400 naming the field.
     for (extra, field) in [
-        (json!({"stream": true}), "stream"),
+        (json!({"background": true}), "background"),
         (
             json!({"previous_response_id": "resp_1"}),
             "previous_response_id",
@@ -730,5 +730,182 @@ async fn responses_api_subset_with_text_format_and_function_tools() {
         let reply = post_responses(addr, &body).await;
         assert_eq!(reply.status, 400, "{extra}: {}", reply.body);
         assert_eq!(reply.json()["error"]["param"], field, "{}", reply.body);
+    }
+}
+
+/// The events of a streamed /v1/responses reply: each an `event:` line naming its type and a `data:`
+/// line, numbered from 0 without gaps.
+fn response_events(reply: &Reply) -> Vec<Value> {
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(
+        reply.headers.get("content-type").unwrap(),
+        "text/event-stream"
+    );
+    let events: Vec<Value> = reply
+        .body
+        .split("\n\n")
+        .filter(|e| !e.is_empty())
+        .map(|event| {
+            let (name, data) = event
+                .strip_prefix("event: ")
+                .and_then(|rest| rest.split_once("\ndata: "))
+                .unwrap_or_else(|| panic!("not a named SSE event: {event:?}"));
+            let data: Value = serde_json::from_str(data).unwrap();
+            assert_eq!(data["type"], name, "{event}");
+            data
+        })
+        .collect();
+    for (i, event) in events.iter().enumerate() {
+        assert_eq!(event["sequence_number"], i, "{}", reply.body);
+    }
+    events
+}
+
+/// The final `response` of a streamed reply, after checking that the deltas add up to every item's
+/// `.done` text and to the item in the final response, as a client accumulating the stream sees it.
+fn streamed_response(reply: &Reply) -> Value {
+    let events = response_events(reply);
+    let first = &events[0];
+    assert_eq!(first["type"], "response.created");
+    assert_eq!(first["response"]["status"], "in_progress");
+    assert_eq!(events[1]["type"], "response.in_progress");
+    let last = events.last().unwrap();
+    assert!(
+        ["response.completed", "response.incomplete"].contains(&last["type"].as_str().unwrap()),
+        "{}",
+        reply.body
+    );
+    let response = last["response"].clone();
+    let output = response["output"].as_array().unwrap();
+    let mut items: Vec<Value> = Vec::new();
+    let mut texts: Vec<String> = Vec::new();
+    for event in &events {
+        assert!(
+            ["response.created", "response.in_progress"].contains(&event["type"].as_str().unwrap())
+                || event.get("response").is_none()
+                || event["response"]["id"] == response["id"],
+            "the response id changed"
+        );
+        let index = event["output_index"].as_u64().map(|i| i as usize);
+        match event["type"].as_str().unwrap() {
+            "response.output_item.added" => {
+                assert_eq!(index, Some(items.len()), "items are added in order");
+                items.push(event["item"].clone());
+                texts.push(String::new());
+            }
+            "response.reasoning_text.delta"
+            | "response.output_text.delta"
+            | "response.function_call_arguments.delta" => {
+                let index = index.unwrap();
+                assert_eq!(event["item_id"], items[index]["id"]);
+                texts[index].push_str(event["delta"].as_str().unwrap());
+            }
+            "response.reasoning_text.done" | "response.output_text.done" => {
+                assert_eq!(event["text"].as_str().unwrap(), texts[index.unwrap()]);
+            }
+            "response.function_call_arguments.done" => {
+                assert_eq!(event["arguments"].as_str().unwrap(), texts[index.unwrap()]);
+            }
+            "response.output_item.done" => {
+                let index = index.unwrap();
+                assert_eq!(
+                    event["item"], output[index],
+                    "item {index} changed at the end"
+                );
+                let text = match event["item"]["type"].as_str().unwrap() {
+                    "function_call" => event["item"]["arguments"].as_str().unwrap(),
+                    _ => event["item"]["content"][0]["text"].as_str().unwrap(),
+                };
+                assert_eq!(text, texts[index]);
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(items.len(), output.len(), "every item was streamed");
+    response
+}
+
+/// A response's output items without their ids (which differ between two requests).
+fn output_without_ids(response: &Value) -> Vec<Value> {
+    response["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|item| {
+            let mut item = item.clone();
+            let object = item.as_object_mut().unwrap();
+            object.remove("id");
+            object.remove("call_id");
+            item
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamed_responses_equal_whole_ones_under_a_grammar() {
+    let addr = start().await;
+    let schema = schemas().remove(0);
+    let flat_tools: Vec<Value> = tools()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            let mut f = t["function"].clone();
+            f["type"] = json!("function");
+            f
+        })
+        .collect();
+    let cases = [
+        json!({"input": "What is 47 + 38?",
+               "text": {"format": {"type": "json_schema", "name": "sum", "schema": schema, "strict": true}}}),
+        json!({"input": "Is 91 prime?", "reasoning": {"effort": "none"},
+               "text": {"format": {"type": "json_schema", "name": "sum", "schema": schema}}}),
+        json!({"input": "Is it raining in Atlanta right now?", "tools": flat_tools,
+               "tool_choice": "required"}),
+        json!({"input": "Is 91 prime?", "regex": "(Yes|No), [0-9]{1,3} is (not )?prime\\."}),
+        json!({"input": "Tell me a story.", "max_output_tokens": 12}),
+    ];
+    for case in cases {
+        let mut body = json!({"model": "demo", "temperature": 0, "max_output_tokens": 400});
+        for (k, v) in case.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let whole = post_responses(addr, &body).await;
+        assert_eq!(whole.status, 200, "{}", whole.body);
+        let whole = whole.json();
+        body["stream"] = json!(true);
+        let streamed = streamed_response(&post_responses(addr, &body).await);
+        assert_eq!(
+            output_without_ids(&streamed),
+            output_without_ids(&whole),
+            "streaming changed the output under {case}"
+        );
+        assert_eq!(streamed["status"], whole["status"], "{case}");
+        assert_eq!(streamed["usage"], whole["usage"], "{case}");
+        assert_eq!(streamed["text"], whole["text"], "{case}");
+        if case.get("text").is_some() {
+            let message = output_without_ids(&streamed)
+                .into_iter()
+                .find(|o| o["type"] == "message")
+                .unwrap_or_else(|| panic!("no message under {case}: {streamed}"));
+            let value: Value =
+                serde_json::from_str(message["content"][0]["text"].as_str().unwrap()).unwrap();
+            validate(&value, &schema, &schema, "$").unwrap();
+        }
+        if case.get("tool_choice").is_some() {
+            assert!(
+                output_without_ids(&streamed)
+                    .iter()
+                    .any(|o| o["type"] == "function_call"),
+                "no function call: {streamed}"
+            );
+        }
+        if case.get("max_output_tokens").is_some() {
+            assert_eq!(streamed["status"], "incomplete", "{streamed}");
+            assert_eq!(
+                streamed["incomplete_details"]["reason"],
+                "max_output_tokens"
+            );
+        }
     }
 }

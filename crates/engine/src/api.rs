@@ -102,14 +102,22 @@ impl TokenMask {
 
 /// Constrained decoding: decides which tokens one request may generate next (a compiled grammar
 /// such as a JSON schema). The engine asks for the mask before every position it samples for the
-/// request and reports every token it commits, in order; drafts are never reported, only the tokens
-/// verification keeps. Errors end the request with an error event.
+/// request and reports every token it commits, in order; drafts are never committed, only the tokens
+/// verification keeps (drafting asks what the grammar allows after them, on the side). Errors end
+/// the request with an error event.
 pub trait TokenConstraint: Send {
     /// Tokens allowed at the next position; `None` when any token is (e.g. while the model is still
     /// reasoning and the grammar has not started).
     fn allowed(&mut self) -> Result<Option<TokenMask>, String>;
     /// The request committed `token`.
     fn commit(&mut self, token: u32) -> Result<(), String>;
+    /// Whether `token` may follow the committed tokens and then `drafts` (speculative drafts this
+    /// constraint allowed), answered without changing the constraint. A cheap check of one token,
+    /// asked of every draft before it is proposed; `false` may also mean "not sure" (the caller then
+    /// asks for the whole mask with `allowed_after`).
+    fn allows_after(&mut self, drafts: &[u32], token: u32) -> Result<bool, String>;
+    /// `allowed` after the committed tokens and then `drafts`, without changing the constraint.
+    fn allowed_after(&mut self, drafts: &[u32]) -> Result<Option<TokenMask>, String>;
 }
 
 /// Log-probability information of one generated token.

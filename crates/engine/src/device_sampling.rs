@@ -75,9 +75,11 @@ impl<B: Backend> Worker<B> {
         logits: &B::Buf,
     ) -> Option<Vec<u32>> {
         let backend = &self.model.backend;
+        // A constrained drafter checks its draft against its grammar, which may need the whole row.
         let greedy = drafters.iter().all(|&index| {
-            let p = &self.scheduler.running[index].request.sampling;
-            p.temperature == 0.0 && !needs_host_logits(p, true)
+            let seq = &self.scheduler.running[index];
+            let p = &seq.request.sampling;
+            p.temperature == 0.0 && !needs_host_logits(p, true) && !seq.constrained
         });
         if !backend.samples_on_device() || !greedy {
             return None;

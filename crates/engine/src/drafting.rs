@@ -1,10 +1,13 @@
 //! The MTP side of speculative decoding, run after every engine step: "extend" the MTP head's KV
 //! cache with the pairs (target hidden of t, token t+1) of the positions just computed, then draft k
 //! tokens autoregressively for the next verify step (docs/model.md, "MTP head"). All speculating
-//! sequences are batched into one MTP forward per draft step.
+//! sequences are batched into one MTP forward per draft step. A request under a grammar drafts only
+//! tokens the grammar allows after its earlier drafts.
 
+use crate::api::{SamplingParams, TokenConstraint};
 use crate::engine::{Extend, Worker};
-use crate::sampler::{draw, processed_distribution};
+use crate::rng::Rng;
+use crate::sampler::{apply_mask, draw, processed_distribution, PenaltyHistory};
 use crate::speculative::DraftFault;
 use deltaserve_model::MtpInput;
 use deltaserve_tensor::{Backend, BatchLayout, SeqLayout};
@@ -178,12 +181,22 @@ impl<B: Backend> Worker<B> {
             let (mut token, mut dist) = match logits {
                 DraftLogits::Argmaxes(ids) => (ids[row], vec![(ids[row], 1.0)]),
                 DraftLogits::Host(logits) => {
-                    let dist = processed_distribution(
-                        &logits[row * vocab..(row + 1) * vocab],
-                        &seq.request.sampling,
-                        &history,
-                    );
-                    (draw(&dist, &mut seq.rng), dist)
+                    let row = &logits[row * vocab..(row + 1) * vocab];
+                    let sampling = &seq.request.sampling;
+                    match seq.constraint.as_deref_mut() {
+                        Some(constraint) => constrained_draft(
+                            row,
+                            constraint,
+                            &spec.drafts,
+                            sampling,
+                            &history,
+                            &mut seq.rng,
+                        ),
+                        None => {
+                            let dist = processed_distribution(row, sampling, &history);
+                            (draw(&dist, &mut seq.rng), dist)
+                        }
+                    }
                 }
             };
             match &fault {
@@ -202,4 +215,33 @@ impl<B: Backend> Worker<B> {
             spec.draft_dists.push(dist);
         }
     }
+}
+
+/// A draft that the request's grammar allows after its earlier drafts, so verification does not
+/// spend a position rejecting it. A greedy drafter checks its argmax alone (cheap) and computes the
+/// grammar's mask only when the argmax is forbidden; a sampling drafter always draws from the masked
+/// distribution, since verification divides by the probability the draft was drawn with. When the
+/// constraint cannot answer, the draft goes unconstrained: verification holds the output to the
+/// grammar either way and reports the constraint's errors itself.
+fn constrained_draft(
+    row: &[f32],
+    constraint: &mut dyn TokenConstraint,
+    drafts: &[u32],
+    sampling: &SamplingParams,
+    history: &PenaltyHistory,
+    rng: &mut Rng,
+) -> (u32, Vec<(u32, f32)>) {
+    if sampling.temperature == 0.0 {
+        let dist = processed_distribution(row, sampling, history);
+        let token = dist[0].0;
+        if constraint.allows_after(drafts, token).unwrap_or(true) {
+            return (token, dist);
+        }
+    }
+    let masked = match constraint.allowed_after(drafts) {
+        Ok(mask) => apply_mask(row, mask).ok(),
+        Err(_) => None,
+    };
+    let dist = processed_distribution(masked.as_deref().unwrap_or(row), sampling, history);
+    (draw(&dist, rng), dist)
 }

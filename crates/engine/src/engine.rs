@@ -540,6 +540,9 @@ impl<B: Backend> Worker<B> {
                 );
             }
             let emitted: Vec<(u32, Option<TokenLogprob>)> = if w.drafts > 0 {
+                // What the request may still generate: verification emits no more.
+                let budget = (seq.request.max_new_tokens.saturating_sub(seq.generated()))
+                    .min(context.saturating_sub(seq.tokens.len()));
                 let spec = seq
                     .spec
                     .as_mut()
@@ -566,6 +569,7 @@ impl<B: Backend> Worker<B> {
                         &mut seq.history,
                         &mut seq.rng,
                         seq.constraint.as_deref_mut(),
+                        budget,
                     ) {
                         Ok(v) => v,
                         Err(message) => {
@@ -582,9 +586,11 @@ impl<B: Backend> Worker<B> {
                     seq.slot.expect("running sequences hold a slot") as usize,
                 );
                 seq.computed += 1 + v.accepted;
-                seq.usage.draft_tokens += drafts.len();
+                // Drafts past the request's end were never verified: they count as neither.
+                let verified = drafts.len().min(v.emitted.len());
+                seq.usage.draft_tokens += verified;
                 seq.usage.accepted_draft_tokens += v.accepted;
-                record_verify(&self.metrics, &mut self.window, drafts.len(), v.accepted);
+                record_verify(&self.metrics, &mut self.window, verified, v.accepted);
                 let k = seq.request.sampling.logprobs;
                 v.emitted
                     .iter()

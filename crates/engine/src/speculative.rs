@@ -102,15 +102,26 @@ pub fn verify(
     history: &mut PenaltyHistory,
     rng: &mut Rng,
 ) -> Verification {
-    verify_constrained(target, drafts, draft_dists, params, history, rng, None)
-        .expect("verification without a constraint cannot fail")
+    verify_constrained(
+        target,
+        drafts,
+        draft_dists,
+        params,
+        history,
+        rng,
+        None,
+        usize::MAX,
+    )
+    .expect("verification without a constraint cannot fail")
 }
 
 /// `verify` under a constraint (a grammar): row `j` is masked by what the constraint allows after
 /// the tokens emitted before it, so a draft the grammar forbids has target probability 0 and is
 /// rejected, and the correction is drawn from the allowed tokens only. Every emitted token is
 /// committed to the constraint, in order; nothing else is (rejected drafts never reach it). Greedy
-/// requests therefore emit exactly what non-speculative constrained decoding emits.
+/// requests therefore emit exactly what non-speculative constrained decoding emits. At most `budget`
+/// tokens are emitted (what the request may still generate), so none past its end is committed.
+#[allow(clippy::too_many_arguments)]
 pub fn verify_constrained(
     target: &[&[f32]],
     drafts: &[u32],
@@ -119,10 +130,17 @@ pub fn verify_constrained(
     history: &mut PenaltyHistory,
     rng: &mut Rng,
     mut constraint: Option<&mut (dyn TokenConstraint + 'static)>,
+    budget: usize,
 ) -> Result<Verification, String> {
     debug_assert_eq!(target.len(), drafts.len() + 1);
     let mut emitted = Vec::with_capacity(drafts.len() + 1);
     for (j, &draft) in drafts.iter().enumerate() {
+        if emitted.len() >= budget.max(1) {
+            return Ok(Verification {
+                accepted: j,
+                emitted,
+            });
+        }
         let row = constrain(target[j], constraint.as_deref_mut())?;
         let p = processed_distribution(&row, params, history);
         let ratio =
@@ -145,6 +163,12 @@ pub fn verify_constrained(
                 emitted,
             });
         }
+    }
+    if emitted.len() >= budget.max(1) {
+        return Ok(Verification {
+            accepted: drafts.len(),
+            emitted,
+        });
     }
     let row = constrain(target[drafts.len()], constraint.as_deref_mut())?;
     let bonus = draw(&processed_distribution(&row, params, history), rng);

@@ -23,10 +23,7 @@ impl TokenConstraint for Forced {
         if Some(position) == self.fail_at {
             return Err("scripted failure".into());
         }
-        let token = self.script[position % self.script.len()];
-        let mut words = vec![0u32; 256 / 32 + 1];
-        words[token as usize / 32] |= 1 << (token % 32);
-        Ok(Some(TokenMask { words }))
+        Ok(Some(self.mask_at(position)))
     }
 
     fn commit(&mut self, token: u32) -> Result<(), String> {
@@ -39,6 +36,26 @@ impl TokenConstraint for Forced {
         }
         committed.push(token);
         Ok(())
+    }
+
+    fn allows_after(&mut self, drafts: &[u32], token: u32) -> Result<bool, String> {
+        let position = self.committed.lock().unwrap().len() + drafts.len();
+        Ok(token == self.script[position % self.script.len()])
+    }
+
+    fn allowed_after(&mut self, drafts: &[u32]) -> Result<Option<TokenMask>, String> {
+        let position = self.committed.lock().unwrap().len() + drafts.len();
+        Ok(Some(self.mask_at(position)))
+    }
+}
+
+impl Forced {
+    /// Only the script's token at output `position`.
+    fn mask_at(&self, position: usize) -> TokenMask {
+        let token = self.script[position % self.script.len()];
+        let mut words = vec![0u32; 256 / 32 + 1];
+        words[token as usize / 32] |= 1 << (token % 32);
+        TokenMask { words }
     }
 }
 
@@ -56,22 +73,33 @@ fn request(max_new: usize, temperature: f32) -> GenerationRequest {
     }
 }
 
-fn events(mut rx: EventReceiver) -> (Vec<u32>, Option<String>) {
+fn events(rx: EventReceiver) -> (Vec<u32>, Option<String>) {
+    let (tokens, end) = events_and_usage(rx);
+    (tokens, end.err())
+}
+
+/// The tokens of a request, and its usage or its error.
+fn events_and_usage(mut rx: EventReceiver) -> (Vec<u32>, Result<Usage, String>) {
     let mut tokens = Vec::new();
     loop {
         match rx.blocking_recv().expect("the engine ends every request") {
             EngineEvent::Token { id, .. } => tokens.push(id),
-            EngineEvent::Finished { .. } => return (tokens, None),
-            EngineEvent::Error { message } => return (tokens, Some(message)),
+            EngineEvent::Finished { usage, .. } => return (tokens, Ok(usage)),
+            EngineEvent::Error { message } => return (tokens, Err(message)),
         }
     }
 }
 
 #[test]
 fn outputs_follow_the_constraint_with_and_without_speculation() {
-    // A script the model would not write by itself, so MTP drafts are mostly forbidden.
+    // A script the model would not write by itself. Drafting follows the constraint; the faulty
+    // drafter then spoils every draft, so verification must reject forbidden drafts too.
     let script = vec![3, 250, 17, 17, 99, 4, 200, 31];
-    for speculative in [None, spec(3, DraftFault::None)] {
+    for speculative in [
+        None,
+        spec(3, DraftFault::None),
+        spec(3, DraftFault::WrongTokens),
+    ] {
         let engine = LocalEngine::spawn(fixture_model("qwen35_f32"), config(speculative.clone()));
         for temperature in [0.0, 1.0] {
             let committed = Arc::new(Mutex::new(Vec::new()));
@@ -109,4 +137,38 @@ fn a_failing_constraint_ends_only_its_request() {
     assert!(error.is_some_and(|e| e.contains("scripted failure")));
     let (tokens, error) = events(good);
     assert_eq!((tokens.len(), error), (10, None));
+}
+
+#[test]
+fn drafts_follow_the_constraint_so_none_is_rejected() {
+    // The model would never draft this script by itself; constrained drafting proposes only what the
+    // constraint allows after the drafts before it, so with one allowed token per position every
+    // draft is the token verification emits, greedy and sampled.
+    let script = vec![3, 250, 17, 17, 99, 4, 200, 31];
+    let engine = LocalEngine::spawn(
+        fixture_model("qwen35_f32"),
+        config(spec(3, DraftFault::None)),
+    );
+    for temperature in [0.0, 1.0] {
+        let constraint = Forced {
+            script: script.clone(),
+            committed: Arc::new(Mutex::new(Vec::new())),
+            fail_at: None,
+        };
+        let (_, rx) = engine
+            .submit_constrained(request(20, temperature), Some(Box::new(constraint)))
+            .unwrap();
+        let (tokens, usage) = events_and_usage(rx);
+        let usage = usage.unwrap();
+        let want: Vec<u32> = script.iter().copied().cycle().take(20).collect();
+        assert_eq!(tokens, want);
+        assert!(
+            usage.draft_tokens > 0,
+            "temperature {temperature}: nothing drafted"
+        );
+        assert_eq!(
+            usage.accepted_draft_tokens, usage.draft_tokens,
+            "temperature {temperature}: a draft the constraint allowed was rejected"
+        );
+    }
 }

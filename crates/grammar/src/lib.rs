@@ -281,9 +281,7 @@ impl TokenConstraint for GrammarConstraint {
             .matcher
             .compute_mask_or_eos()
             .map_err(|e| clean_error(&e.to_string()))?;
-        Ok(Some(TokenMask {
-            words: mask.as_slice().to_vec(),
-        }))
+        Ok(Some(TokenMask { words: mask.into() }))
     }
 
     fn commit(&mut self, token: u32) -> Result<(), String> {
@@ -304,6 +302,64 @@ impl TokenConstraint for GrammarConstraint {
         self.matcher
             .consume_token(token)
             .map_err(|e| clean_error(&e.to_string()))
+    }
+
+    fn allows_after(&mut self, drafts: &[u32], token: u32) -> Result<bool, String> {
+        let Some(grammar_drafts) = self.grammar_part(drafts) else {
+            return Ok(true);
+        };
+        let mut tokens = Vec::with_capacity(grammar_drafts.len() + 1);
+        tokens.extend_from_slice(grammar_drafts);
+        tokens.push(token);
+        // Checks the tokens against the parser without consuming them (no copy of the matcher). A
+        // stopped grammar answers 0 even for an end-of-sequence token: "not sure", and the caller
+        // asks for the mask.
+        let valid = self
+            .matcher
+            .validate_tokens(&tokens)
+            .map_err(|e| clean_error(&e.to_string()))?;
+        Ok(valid == tokens.len())
+    }
+
+    fn allowed_after(&mut self, drafts: &[u32]) -> Result<Option<TokenMask>, String> {
+        let Some(grammar_drafts) = self.grammar_part(drafts) else {
+            return Ok(None);
+        };
+        let mut probe = GrammarConstraint {
+            matcher: self.matcher.clone(),
+            reasoning: false,
+            think_end: self.think_end,
+            eos: Vec::new(),
+            ended: false,
+        };
+        probe
+            .matcher
+            .consume_tokens(grammar_drafts)
+            .map_err(|e| clean_error(&e.to_string()))?;
+        probe.allowed()
+    }
+}
+
+impl GrammarConstraint {
+    /// The drafts the grammar sees, when the grammar holds after `drafts`: those after the think
+    /// block ends. `None` while the output after them is free (still reasoning, or already ended).
+    fn grammar_part<'a>(&self, drafts: &'a [u32]) -> Option<&'a [u32]> {
+        if self.ended {
+            return None;
+        }
+        let mut start = 0;
+        let mut reasoning = self.reasoning;
+        for (i, &draft) in drafts.iter().enumerate() {
+            if reasoning {
+                if Some(draft) == self.think_end {
+                    reasoning = false;
+                    start = i + 1;
+                }
+            } else if self.eos.contains(&draft) {
+                return None;
+            }
+        }
+        (!reasoning).then(|| &drafts[start..])
     }
 }
 
@@ -488,5 +544,42 @@ mod tests {
         assert_eq!(k.allowed().unwrap(), None);
         k.commit(c.think_end.unwrap()).unwrap();
         assert!(k.allowed().unwrap().is_some());
+    }
+
+    #[test]
+    fn drafts_are_checked_after_earlier_drafts_without_committing_them() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/demo");
+        let tokenizer = Tokenizer::from_dir(&dir).unwrap();
+        let c = compiler();
+        let g = c
+            .compile(&GrammarSpec::Regex(
+                "(Yes|No), 91 is (not )?prime\\.".into(),
+            ))
+            .unwrap();
+        let yes = tokenizer.encode("Yes, 91 is not prime.", false).unwrap();
+        let no = tokenizer.encode("No", false).unwrap();
+        let eos = c.eos[0];
+        let mut k = g.constraint(false);
+        // Each token of a valid answer is allowed after the ones before it, as drafts.
+        for i in 0..yes.len() {
+            assert!(k.allows_after(&yes[..i], yes[i]).unwrap(), "token {i}");
+            let mask = k.allowed_after(&yes[..i]).unwrap().unwrap();
+            assert!(mask.allows(yes[i]), "token {i}");
+        }
+        assert!(k.allows_after(&yes, eos).unwrap());
+        assert!(!k.allows_after(&yes[..1], no[0]).unwrap());
+        assert!(!k.allowed_after(&yes[..1]).unwrap().unwrap().allows(no[0]));
+        // Nothing was committed: the constraint still starts at the beginning.
+        assert!(k.allowed().unwrap().unwrap().allows(no[0]));
+
+        // While reasoning, drafts are free; after a drafted `</think>` the grammar holds.
+        let think_end = c.think_end.unwrap();
+        let mut r = g.constraint(true);
+        assert!(r.allows_after(&[], no[0]).unwrap());
+        assert_eq!(r.allowed_after(&yes).unwrap(), None);
+        assert!(r.allows_after(&[yes[0], think_end], no[0]).unwrap());
+        assert!(!r.allows_after(&[think_end, yes[0]], no[0]).unwrap());
+        let mask = r.allowed_after(&[think_end, yes[0]]).unwrap().unwrap();
+        assert!(mask.allows(yes[1]) && !mask.allows(no[0]));
     }
 }
