@@ -162,14 +162,22 @@ fn two_replicas_share_the_requests_and_answer_as_one_engine() {
         let info = get_json(port, "/server_info").await;
         assert_eq!(info["dp_size"], 2);
         let load = get_json(port, "/get_load").await;
-        let ranks: Vec<&Value> = load.as_array().unwrap().iter().map(|e| &e["dp_rank"]).collect();
+        let ranks: Vec<&Value> = load
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| &e["dp_rank"])
+            .collect();
         assert_eq!(ranks, [&json!(0), &json!(1)], "{load}");
 
         // The canary ran on both replicas before /health said 200.
         let before = request(port, "GET", "/metrics", None).await.1;
         for replica in ["0", "1"] {
             let labels = format!("{{replica=\"{replica}\"}}");
-            assert!(generated(&before, &labels) > 0.0, "the canary ran on replica {replica}");
+            assert!(
+                generated(&before, &labels) > 0.0,
+                "the canary ran on replica {replica}"
+            );
         }
 
         let tasks: Vec<_> = (0..REQUESTS)
@@ -180,7 +188,10 @@ fn two_replicas_share_the_requests_and_answer_as_one_engine() {
             replies.push(task.await.unwrap());
         }
         for (i, (two, one)) in replies.iter().zip(&solo).enumerate() {
-            assert_eq!(two, one, "request {i}: --dp-size 2 answered differently from --dp-size 1");
+            assert_eq!(
+                two, one,
+                "request {i}: --dp-size 2 answered differently from --dp-size 1"
+            );
         }
 
         let after = request(port, "GET", "/metrics", None).await.1;
@@ -192,7 +203,11 @@ fn two_replicas_share_the_requests_and_answer_as_one_engine() {
             assert!(grew > 0.0, "replica {replica} served none of the requests");
             sum += generated(&after, &labels);
         }
-        assert_eq!(generated(&after, ""), sum, "the unlabelled total is the replicas' sum");
+        assert_eq!(
+            generated(&after, ""),
+            sum,
+            "the unlabelled total is the replicas' sum"
+        );
         let running = sample(&after, "deltaserve_kv_blocks_total", "");
         let each = sample(&after, "deltaserve_kv_blocks_total", "{replica=\"0\"}");
         assert_eq!(running, 2.0 * each, "pool totals add both replicas' pools");
@@ -224,13 +239,20 @@ fn two_replicas_share_the_requests_and_answer_as_one_engine() {
         }
         finishes
     });
-    assert_eq!(finishes, ["length", "length"], "both streams ran to max_tokens");
+    assert_eq!(
+        finishes,
+        ["length", "length"],
+        "both streams ran to max_tokens"
+    );
     let deadline = Instant::now() + TIMEOUT;
     let status = loop {
         if let Some(status) = server.child.try_wait().unwrap() {
             break status;
         }
-        assert!(Instant::now() < deadline, "deltaserve did not exit after SIGTERM");
+        assert!(
+            Instant::now() < deadline,
+            "deltaserve did not exit after SIGTERM"
+        );
         std::thread::sleep(Duration::from_millis(20));
     };
     assert!(status.success(), "exit status after SIGTERM: {status}");
@@ -257,11 +279,14 @@ async fn long_stream(port: u16, i: usize, started: tokio::sync::mpsc::Sender<()>
             .expect("a frame in time")
             .unwrap_or_else(|| panic!("stream {i} ended without [DONE]"))
             .expect("a body frame");
-        let Ok(data) = frame.into_data() else { continue };
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
         buffer.push_str(&String::from_utf8_lossy(&data));
         for payload in drain_sse_payloads(&mut buffer) {
             if payload == "[DONE]" {
-                return finish.unwrap_or_else(|| panic!("stream {i}: [DONE] without a finish_reason"));
+                return finish
+                    .unwrap_or_else(|| panic!("stream {i}: [DONE] without a finish_reason"));
             }
             let event: Value = serde_json::from_str(&payload).unwrap();
             assert!(event.get("error").is_none(), "stream {i}: {event}");
@@ -279,7 +304,10 @@ async fn long_stream(port: u16, i: usize, started: tokio::sync::mpsc::Sender<()>
 #[test]
 fn bad_dp_sizes_stop_the_command_naming_the_flag() {
     for (flags, expected) in [
-        (&["--dp-size", "0"][..], "--dp-size must be at least 1, found 0"),
+        (
+            &["--dp-size", "0"][..],
+            "--dp-size must be at least 1, found 0",
+        ),
         (&["--dp-size", "two"][..], "--dp-size"),
         (&["--dp-size", "-1"][..], "--dp-size"),
         (&["--data-parallel-size", "x"][..], "--data-parallel-size"),

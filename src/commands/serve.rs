@@ -12,8 +12,8 @@ use deltaserve_doctor::canary::{judge, CanaryOutcome, CanarySpec};
 use deltaserve_engine::pool_plan::{plan_pools, Memory, PoolPlan, PoolRequest};
 use deltaserve_engine::prefix_cache::DEFAULT_TRACK_INTERVAL;
 use deltaserve_engine::{
-    EngineConfig, EngineEvent, EngineHandle, GenerationRequest, LocalEngine, PrefixCacheConfig,
-    ReplicaSet, SamplingParams, SharedEngine, SpecConfig,
+    EngineConfig, EngineEvent, GenerationRequest, LocalEngine, PrefixCacheConfig, ReplicaSet,
+    SamplingParams, SharedEngine, SpecConfig,
 };
 use deltaserve_model::config::ModelConfig;
 use deltaserve_tensor::{Backend, DType};
@@ -71,10 +71,17 @@ struct DataParallel {
 
 impl DataParallel {
     fn plan(args: &ModelArgs, replicas: usize) -> Result<Self> {
+        if replicas <= 1 {
+            return Ok(Self {
+                replicas: 1,
+                threads_each: None,
+                summary: String::new(),
+            });
+        }
         let tp = args.tp_size.max(1);
         if args.backend == BackendKind::Cuda {
-            let gpus = deltaserve_cuda::gpu_count()
-                .map_err(|e| anyhow::anyhow!("--backend cuda: {e}"))?;
+            let gpus =
+                deltaserve_cuda::gpu_count().map_err(|e| anyhow::anyhow!("--backend cuda: {e}"))?;
             if gpus < replicas * tp {
                 anyhow::bail!(
                     "--dp-size {replicas} with --tp-size {tp} needs {} GPUs (replica i on GPUs i*{tp}..(i+1)*{tp}); this process sees {gpus}",
@@ -222,7 +229,10 @@ fn print_summary(
         None => eprintln!("  speculative      off"),
     }
     let each = if dp.replicas > 1 { " per replica" } else { "" };
-    eprintln!("  max running      {} requests{each}", plan.max_running_requests);
+    eprintln!(
+        "  max running      {} requests{each}",
+        plan.max_running_requests
+    );
     eprintln!("  context length   {} tokens", plan.context_length);
     for note in &plan.notes {
         eprintln!("  note             {note}");

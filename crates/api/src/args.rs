@@ -125,7 +125,7 @@ pub struct ServeArgs {
     /// Data-parallel replicas: N whole engines (own weights, cache pools, scheduler) in this
     /// process behind one HTTP front, each request to the least loaded; on cuda replica i takes
     /// GPUs i*TP..(i+1)*TP, on cpu the replicas share --threads.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub dp_size: Option<usize>,
     /// `auto` reads the safetensors weights; `dummy` makes random weights of the right shapes.
     #[arg(long, value_enum, default_value_t = LoadFormat::Auto)]

@@ -123,7 +123,11 @@ impl HealthMonitor {
 
     /// Healthy only while every replica is: each one that generated nothing within the interval
     /// is probed; the first failure names its replica.
-    async fn check_replicas(&self, replicas: &[SharedEngine], probe_prompt: &[u32]) -> HealthReport {
+    async fn check_replicas(
+        &self,
+        replicas: &[SharedEngine],
+        probe_prompt: &[u32],
+    ) -> HealthReport {
         let stale: Vec<usize> = {
             let mut progress = self
                 .replica_progress
@@ -146,9 +150,11 @@ impl HealthMonitor {
         }
         let _guard = self.probe.lock().await;
         for i in stale {
-            let outcome =
-                tokio::time::timeout(self.probe_timeout, probe(replicas[i].as_ref(), probe_prompt))
-                    .await;
+            let outcome = tokio::time::timeout(
+                self.probe_timeout,
+                probe(replicas[i].as_ref(), probe_prompt),
+            )
+            .await;
             let why = match outcome {
                 Ok(Ok(())) => {
                     let mut progress = self

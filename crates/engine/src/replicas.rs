@@ -108,7 +108,8 @@ impl EngineHandle for ReplicaSet {
     }
 
     fn prometheus_metrics(&self) -> String {
-        let total = EngineMetrics::sum(self.replicas.iter().map(|r| r.metrics())).render(&self.stats());
+        let total =
+            EngineMetrics::sum(self.replicas.iter().map(|r| r.metrics())).render(&self.stats());
         let per_replica: Vec<String> = self
             .replicas
             .iter()
@@ -158,7 +159,11 @@ fn families(text: &str) -> Vec<(&str, Vec<&str>)> {
 fn labelled(sample: &str, replica: usize) -> String {
     match sample.find(['{', ' ']) {
         Some(i) if sample[i..].starts_with('{') => {
-            format!("{}{{replica=\"{replica}\",{}", &sample[..i], &sample[i + 1..])
+            format!(
+                "{}{{replica=\"{replica}\",{}",
+                &sample[..i],
+                &sample[i + 1..]
+            )
         }
         Some(i) => format!("{}{{replica=\"{replica}\"}}{}", &sample[..i], &sample[i..]),
         None => sample.to_string(),
@@ -251,6 +256,9 @@ mod tests {
         let total = EngineMetrics::sum([&a, &b]);
         assert_eq!(total.generated_tokens.load(Ordering::Relaxed), 10);
         assert_eq!(total.spec_accepted_at[2].load(Ordering::Relaxed), 1);
-        assert_eq!(total.prefix_cache_evicted_snapshots.load(Ordering::Relaxed), 2);
+        assert_eq!(
+            total.prefix_cache_evicted_snapshots.load(Ordering::Relaxed),
+            2
+        );
     }
 }
