@@ -150,16 +150,22 @@ fn human_bytes(bytes: usize) -> String {
     }
 }
 
+/// How the model is spread: tensor-parallel ranks and their communicator, data-parallel replicas.
+struct Parallelism<'a> {
+    tp: Option<(usize, &'a str)>,
+    dp: &'a DataParallel,
+}
+
 fn print_summary(
     args: &ServeArgs,
     config: &ModelConfig,
     backend: &str,
     plan: &PoolPlan,
     spec: Option<&SpecConfig>,
-    tp: Option<(usize, &str)>,
-    dp: &DataParallel,
+    parallel: Parallelism,
     prefix: &PrefixCacheConfig,
 ) {
+    let Parallelism { tp, dp } = parallel;
     let dtype = config
         .dtype
         .map_or("unknown".to_string(), |d| d.to_string());
@@ -468,8 +474,7 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
                 &backend_name,
                 &plan,
                 spec.as_ref(),
-                tp,
-                &dp,
+                Parallelism { tp, dp: &dp },
                 &prefix,
             );
         }
