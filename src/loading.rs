@@ -60,6 +60,10 @@ pub struct ModelArgs {
     /// cuda) whose collectives change nothing. Checks the communicator's plumbing on one GPU.
     #[arg(long = "tp-force-communicator", hide = true)]
     pub tp_force_communicator: bool,
+    /// The first GPU this model takes (cuda): data-parallel replica i of `serve --dp-size` starts
+    /// at GPU i x --tp-size. Not a flag.
+    #[arg(skip)]
+    pub first_gpu: usize,
 }
 
 /// Decode batches up to this size are replayed as CUDA graphs by default. Measured on the H200
@@ -197,10 +201,11 @@ pub fn load_model(args: &ModelArgs) -> Result<AnyModel> {
             }
             BackendKind::Cuda => {
                 let options = cuda_options(args);
-                let backend = CudaBackend::with_options(0, options)
-                    .map_err(|e| anyhow::anyhow!("--backend cuda: {e}"))?;
+                let gpu = args.first_gpu;
+                let backend = CudaBackend::with_options(gpu, options)
+                    .map_err(|e| anyhow::anyhow!("--backend cuda, GPU {gpu}: {e}"))?;
                 eprintln!(
-                    "cuda: {} (compute capability {:?})",
+                    "cuda: GPU {gpu}: {} (compute capability {:?})",
                     backend.device_name(),
                     backend.compute_capability()
                 );
@@ -262,18 +267,22 @@ fn load_split(
                 let options = cuda_options(args);
                 let gpus = deltaserve_cuda::gpu_count()
                     .map_err(|e| anyhow::anyhow!("--backend cuda: {e}"))?;
-                if gpus < n {
-                    bail!("--tp-size {n} needs {n} GPUs, one per rank; this process sees {gpus}");
+                let first = args.first_gpu;
+                if gpus < first + n {
+                    bail!(
+                        "--tp-size {n} needs {n} GPUs, one per rank, from GPU {first} on; this process sees {gpus}"
+                    );
                 }
-                let backends = (0..n)
+                let backends = (first..first + n)
                     .map(|ordinal| {
                         CudaBackend::with_options(ordinal, options.clone())
                             .map_err(|e| anyhow::anyhow!("--backend cuda, GPU {ordinal}: {e}"))
                     })
                     .collect::<Result<Vec<_>>>()?;
-                for (ordinal, b) in backends.iter().enumerate() {
+                for (rank, b) in backends.iter().enumerate() {
+                    let ordinal = first + rank;
                     eprintln!(
-                        "cuda: rank {ordinal} on GPU {ordinal}: {} (compute capability {:?})",
+                        "cuda: rank {rank} on GPU {ordinal}: {} (compute capability {:?})",
                         b.device_name(),
                         b.compute_capability()
                     );

@@ -502,7 +502,8 @@ fn sglang_and_vllm_command_lines_start_deltaserve_unchanged() {
 #[test]
 fn refused_flags_stop_start_up_naming_the_flag() {
     let cases: [(&[&str], &str); 5] = [
-        (&["--dp-size", "2"], "--dp-size 2"),
+        // Data parallelism is implemented; a size of 0 is refused naming the flag.
+        (&["--dp-size", "0"], "--dp-size must be at least 1"),
         // Tensor parallelism is implemented, but the demo model's 4 query heads do not split 8
         // ways: refused at start-up naming the config field.
         (

@@ -1,17 +1,18 @@
 //! `deltaserve serve`: loads the model, plans both cache pools, starts the engine and the HTTP server,
 //! prints a start-up summary, and proves generation with the canary before /health says ready.
 
-use crate::loading::{load_model, with_model, AnyModel, ModelArgs};
+use crate::loading::{load_model, resolve_backend, with_model, AnyModel, ModelArgs};
 use anyhow::{Context, Result};
 use deltaserve_api::chat_template_flag::load_chat_template;
 use deltaserve_api::{
-    AppState, EngineCapacity, HealthStatus, ModelDtype, ModelIdentity, ServeArgs, ServerConfig,
+    AppState, BackendKind, EngineCapacity, HealthStatus, ModelDtype, ModelIdentity, ServeArgs,
+    ServerConfig,
 };
 use deltaserve_doctor::canary::{judge, CanaryOutcome, CanarySpec};
 use deltaserve_engine::pool_plan::{plan_pools, Memory, PoolPlan, PoolRequest};
 use deltaserve_engine::prefix_cache::DEFAULT_TRACK_INTERVAL;
 use deltaserve_engine::{
-    EngineConfig, EngineEvent, EngineHandle, GenerationRequest, LocalEngine, PrefixCacheConfig,
+    EngineConfig, EngineEvent, GenerationRequest, LocalEngine, PrefixCacheConfig, ReplicaSet,
     SamplingParams, SharedEngine, SpecConfig,
 };
 use deltaserve_model::config::ModelConfig;
@@ -54,6 +55,79 @@ fn model_args(args: &ServeArgs) -> ModelArgs {
         },
         tp_size: args.tp_size.unwrap_or(1),
         tp_force_communicator: args.tp_force_communicator,
+        first_gpu: 0,
+    }
+}
+
+/// How `--dp-size N` lays the replicas out: on cuda replica i takes GPUs i*TP..(i+1)*TP; on the CPU
+/// backends the replicas share `--threads` (all cores when not given), an equal part each.
+struct DataParallel {
+    replicas: usize,
+    /// CPU threads of each replica (CPU backends only).
+    threads_each: Option<usize>,
+    /// What the start-up summary says about the layout.
+    summary: String,
+}
+
+impl DataParallel {
+    fn plan(args: &ModelArgs, replicas: usize) -> Result<Self> {
+        if replicas <= 1 {
+            return Ok(Self {
+                replicas: 1,
+                threads_each: None,
+                summary: String::new(),
+            });
+        }
+        let tp = args.tp_size.max(1);
+        if args.backend == BackendKind::Cuda {
+            let gpus =
+                deltaserve_cuda::gpu_count().map_err(|e| anyhow::anyhow!("--backend cuda: {e}"))?;
+            if gpus < replicas * tp {
+                anyhow::bail!(
+                    "--dp-size {replicas} with --tp-size {tp} needs {} GPUs (replica i on GPUs i*{tp}..(i+1)*{tp}); this process sees {gpus}",
+                    replicas * tp
+                );
+            }
+            let summary = (0..replicas)
+                .map(|i| match tp {
+                    1 => format!("replica {i} on GPU {i}"),
+                    _ => format!("replica {i} on GPUs {}-{}", i * tp, (i + 1) * tp - 1),
+                })
+                .collect::<Vec<_>>()
+                .join(", ");
+            return Ok(Self {
+                replicas,
+                threads_each: None,
+                summary,
+            });
+        }
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let total = match args.threads {
+            0 => cores,
+            t => t,
+        };
+        let each = (total / replicas).max(1);
+        let shared = if each * replicas > total {
+            format!("; {replicas} replicas x {each} thread > {total}: they take turns on the cores")
+        } else {
+            String::new()
+        };
+        Ok(Self {
+            replicas,
+            threads_each: Some(each),
+            summary: format!(
+                "the replicas share the cores: {each} cpu thread(s) each of {total} (--threads split {replicas} ways){shared}"
+            ),
+        })
+    }
+
+    /// The model flags of replica `i`.
+    fn replica_args(&self, args: &ModelArgs, i: usize) -> ModelArgs {
+        ModelArgs {
+            threads: self.threads_each.unwrap_or(args.threads),
+            first_gpu: i * args.tp_size.max(1),
+            ..args.clone()
+        }
     }
 }
 
@@ -76,15 +150,22 @@ fn human_bytes(bytes: usize) -> String {
     }
 }
 
+/// How the model is spread: tensor-parallel ranks and their communicator, data-parallel replicas.
+struct Parallelism<'a> {
+    tp: Option<(usize, &'a str)>,
+    dp: &'a DataParallel,
+}
+
 fn print_summary(
     args: &ServeArgs,
     config: &ModelConfig,
     backend: &str,
     plan: &PoolPlan,
     spec: Option<&SpecConfig>,
-    tp: Option<(usize, &str)>,
+    parallel: Parallelism,
     prefix: &PrefixCacheConfig,
 ) {
+    let Parallelism { tp, dp } = parallel;
     let dtype = config
         .dtype
         .map_or("unknown".to_string(), |d| d.to_string());
@@ -96,14 +177,25 @@ fn print_summary(
         config.num_hidden_layers
     );
     eprintln!("  backend          {backend}");
-    let per_gpu = match tp {
-        Some((n, comm)) => {
+    if dp.replicas > 1 {
+        eprintln!(
+            "  data parallel    {} replicas, each a whole engine (weights, pools below, scheduler thread); each request to the least loaded; {}",
+            dp.replicas, dp.summary
+        );
+    }
+    let per_gpu = match (tp, dp.replicas > 1) {
+        (Some((n, comm)), replicated) => {
             eprintln!(
                 "  tensor parallel  {n} ranks ({comm}); heads, MLP widths and vocabulary split {n} ways"
             );
-            " per rank"
+            if replicated {
+                " per rank of each replica"
+            } else {
+                " per rank"
+            }
         }
-        None => "",
+        (None, true) => " per replica",
+        (None, false) => "",
     };
     eprintln!(
         "  KV pool          {} blocks x {} tokens = {} tokens, {}{per_gpu} ({} per token)",
@@ -142,7 +234,11 @@ fn print_summary(
         ),
         None => eprintln!("  speculative      off"),
     }
-    eprintln!("  max running      {} requests", plan.max_running_requests);
+    let each = if dp.replicas > 1 { " per replica" } else { "" };
+    eprintln!(
+        "  max running      {} requests{each}",
+        plan.max_running_requests
+    );
     eprintln!("  context length   {} tokens", plan.context_length);
     for note in &plan.notes {
         eprintln!("  note             {note}");
@@ -287,9 +383,17 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
         let addr = args.listen_addr()?;
         let server = tokio::spawn(deltaserve_api::serve(addr, state.clone()));
 
-        let margs = model_args(&args);
-        let model: AnyModel = tokio::task::spawn_blocking(move || load_model(&margs)).await.context("the loading thread failed")??;
-        let (config, backend_name) = with_model!(&model, m => (m.config.clone(), m.backend.name()));
+        let mut margs = model_args(&args);
+        margs.backend = resolve_backend(margs.backend, &margs.attention_backend);
+        let dp = DataParallel::plan(&margs, args.dp_size.unwrap_or(1))?;
+        let replica_args: Vec<ModelArgs> = (0..dp.replicas).map(|i| dp.replica_args(&margs, i)).collect();
+        let models: Vec<AnyModel> = tokio::task::spawn_blocking(move || {
+            replica_args.iter().map(load_model).collect::<Result<Vec<_>>>()
+        })
+        .await
+        .context("the loading thread failed")??;
+        let model = &models[0];
+        let (config, backend_name) = with_model!(model, m => (m.config.clone(), m.backend.name()));
         let backend_name = match model.cpu_kernels() {
             Some(kernels) => format!("{backend_name} ({kernels} kernels)"),
             None => backend_name.to_string(),
@@ -322,14 +426,19 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
         };
         // GPU backends plan from the device's memory (SGLang's rules), CPU ones from the host's.
         // Split over GPUs: every rank holds pools of the same size, planned on the tightest GPU.
-        let device = with_model!(&model, m => m.device_memory());
+        // Replicas get pools of the same size: planned on the tightest GPU, or on an equal share of
+        // the host's memory (every replica's weights already loaded).
+        let device = models
+            .iter()
+            .filter_map(|model| with_model!(model, m => m.device_memory()))
+            .min_by_key(|&(free, _)| free);
         let device = match (device, args.device_memory_cap_gb) {
             (Some((free, total)), Some(gb)) => Some(capped_device_memory(free, total, (gb * 1e9) as usize)),
             (device, _) => device,
         };
         let memory = match device {
             Some((free, total)) => Memory::Device { free, total },
-            None => Memory::Host { available: available_memory_bytes() },
+            None => Memory::Host { available: available_memory_bytes() / dp.replicas },
         };
         let plan = plan_pools(&config, &request, memory)?;
         let chunk = args.chunked_prefill_tokens().unwrap_or(DEFAULT_CHUNKED_PREFILL).max(1);
@@ -358,24 +467,32 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
             chunked_prefill_size: engine_config.chunked_prefill_size,
         });
         if log_level.shows_info() {
-            let tp = with_model!(&model, m => m.communicator_kind().map(|kind| (m.tp_size(), kind)));
+            let tp = with_model!(model, m => m.communicator_kind().map(|kind| (m.tp_size(), kind)));
             print_summary(
                 &args,
                 &config,
                 &backend_name,
                 &plan,
                 spec.as_ref(),
-                tp,
+                Parallelism { tp, dp: &dp },
                 &prefix,
             );
         }
-        let local: Arc<LocalEngine> = with_model!(model, m => LocalEngine::spawn_with_cache(m, engine_config, prefix));
+        let locals: Vec<Arc<LocalEngine>> = models
+            .into_iter()
+            .map(|model| with_model!(model, m => LocalEngine::spawn_with_cache(m, engine_config.clone(), prefix.clone())))
+            .collect();
         if let Some(timeout) = args.watchdog_timeout() {
-            crate::watchdog::spawn(local.clone(), state.clone(), timeout)?;
+            for local in &locals {
+                crate::watchdog::spawn(local.clone(), state.clone(), timeout)?;
+            }
         }
-        let engine: SharedEngine = local.clone();
+        let engine: SharedEngine = match locals.as_slice() {
+            [one] => one.clone(),
+            _ => ReplicaSet::new(locals.clone()),
+        };
         state.attach_engine(engine.clone());
-        let metrics_engine = local.clone();
+        let metrics_engine = engine.clone();
         state.set_engine_metrics(Arc::new(move || metrics_engine.prometheus_metrics()));
 
         if args.skip_canary {
@@ -385,21 +502,34 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
         } else {
             state.health.set(HealthStatus::Loading("running the start-up canary".into()));
             let spec = CanarySpec::for_model(&model_path, Some(&tokenizer), config.vocab_size).map_err(anyhow::Error::msg)?;
-            match run_canary(&engine, &spec, &tokenizer).await {
-                Ok(outcome) => match outcome.failure() {
-                    None => {
-                        if log_level.shows_info() {
-                            eprintln!("canary ok: {:?}", outcome.text);
+            // Every replica proves itself: one bad GPU (or a bad load) must not hide behind the others.
+            let mut failed = None;
+            for (i, local) in locals.iter().enumerate() {
+                let replica: SharedEngine = local.clone();
+                let which = if locals.len() > 1 { format!(" on replica {i}") } else { String::new() };
+                match run_canary(&replica, &spec, &tokenizer).await {
+                    Ok(outcome) => match outcome.failure() {
+                        None => {
+                            if log_level.shows_info() {
+                                eprintln!("canary ok{which}: {:?}", outcome.text);
+                            }
                         }
-                        state.health.set(HealthStatus::Ready);
+                        Some(why) => {
+                            eprintln!("CANARY FAILED{which}: {why}\n  the model does not generate correct text on this backend; /health stays 503. Run `deltaserve doctor --model-path {}` to locate the fault.", model_path.display());
+                            failed = Some(format!("start-up canary failed{which}: {why}"));
+                            break;
+                        }
+                    },
+                    Err(why) => {
+                        failed = Some(format!("{why}{which}"));
+                        break;
                     }
-                    Some(why) => {
-                        eprintln!("CANARY FAILED: {why}\n  the model does not generate correct text on this backend; /health stays 503. Run `deltaserve doctor --model-path {}` to locate the fault.", model_path.display());
-                        state.health.set(HealthStatus::Failed(format!("start-up canary failed: {why}")));
-                    }
-                },
-                Err(why) => state.health.set(HealthStatus::Failed(why)),
+                }
             }
+            state.health.set(match failed {
+                None => HealthStatus::Ready,
+                Some(why) => HealthStatus::Failed(why),
+            });
         }
         if log_level.shows_info() {
             eprintln!("listening on http://{addr}");

@@ -122,8 +122,10 @@ pub struct ServeArgs {
     /// cuda): checks the communicator's plumbing on one GPU.
     #[arg(long, hide = true)]
     pub tp_force_communicator: bool,
-    /// Data-parallel degree (1, the default: one engine per process).
-    #[arg(long, value_name = "N")]
+    /// Data-parallel replicas: N whole engines (own weights, cache pools, scheduler) in this
+    /// process behind one HTTP front, each request to the least loaded; on cuda replica i takes
+    /// GPUs i*TP..(i+1)*TP, on cpu the replicas share --threads.
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub dp_size: Option<usize>,
     /// `auto` reads the safetensors weights; `dummy` makes random weights of the right shapes.
     #[arg(long, value_enum, default_value_t = LoadFormat::Auto)]
@@ -302,14 +304,6 @@ pub const DEFAULT_MODEL_PATH: &str = "demo";
 
 /// Default draft length when only `--speculative-algorithm` is given (SGLang's NEXTN default).
 const DEFAULT_SPECULATIVE_STEPS: usize = 3;
-
-/// Data parallelism is not implemented (a separate issue); `flag` is the spelling used.
-pub(crate) fn data_parallel_refusal(flag: &str, dp: usize) -> ArgsError {
-    ArgsError(format!(
-        "{flag} {dp} is not supported: one deltaserve process runs one engine; run {dp} processes on \
-         different ports behind a load balancer instead"
-    ))
-}
 
 /// A flag combination refused at start-up.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -549,9 +543,6 @@ impl ServeArgs {
     }
 
     fn validate_backend(&self) -> Result<(), ArgsError> {
-        if let Some(dp) = self.dp_size.filter(|&dp| dp > 1) {
-            return Err(data_parallel_refusal("--dp-size", dp));
-        }
         if let Some(attention) = &self.attention_backend {
             match attention.as_str() {
                 "auto" | "native" => {}
@@ -745,11 +736,8 @@ mod tests {
         assert!(e.contains("mistral") && e.contains("hermes"), "{e}");
         let e = refused("--model-path m --attention-backend flashinfer-xl");
         assert!(e.contains("flashinfer-xl"), "{e}");
-        let e = refused("--model-path m --dp-size 2");
-        assert!(
-            e.contains("--dp-size 2") && e.contains("load balancer"),
-            "{e}"
-        );
+        let e = refused("--model-path m --dp-size 0");
+        assert!(e.contains("--dp-size must be at least 1"), "{e}");
         let e = refused("--model-path m --watchdog-timeout 0");
         assert!(e.contains("--watchdog-timeout"), "{e}");
         let e = refused("--model-path m --max-mamba-cache-size 8 --mamba-full-memory-ratio 0.5");

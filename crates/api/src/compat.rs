@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use crate::args::{data_parallel_refusal, ArgsError, BackendKind, ServeArgs};
+use crate::args::{ArgsError, BackendKind, ServeArgs};
 use crate::auth::ApiKey;
 use crate::flag_values::{KvCacheDtype, LogLevel, SchedulePolicy};
 use crate::foreign_flags::{ForeignFlags, Verdict};
@@ -257,7 +257,8 @@ impl ServeArgs {
                 ("--tensor-parallel-size", compat.tensor_parallel_size),
             ],
         )?;
-        let dp_flag = merge(
+        // So is data parallelism (replicas in one process): every spelling folds into --dp-size.
+        merge(
             &mut self.dp_size,
             "--dp-size",
             &[
@@ -265,9 +266,6 @@ impl ServeArgs {
                 ("--data-parallel-size", compat.data_parallel_size),
             ],
         )?;
-        if let (Some(flag), Some(dp)) = (dp_flag, self.dp_size.filter(|&n| n > 1)) {
-            return Err(data_parallel_refusal(flag, dp));
-        }
         merge(
             &mut self.context_length,
             "--context-length",
@@ -548,8 +546,8 @@ mod tests {
         );
         let (args, _) = resolved("--tensor-parallel-size 8");
         assert_eq!(args.tp_size, Some(8));
-        let e = refused("--dp 2");
-        assert!(e.starts_with("--dp 2 is not supported"), "{e}");
+        let (args, _) = resolved("--dp 2");
+        assert_eq!(args.dp_size, Some(2));
         let e = refused("--random-seed 1 --seed 2");
         assert!(
             e.contains("--random-seed 1") && e.contains("--seed 2"),
@@ -570,19 +568,22 @@ mod tests {
     }
 
     #[test]
-    fn parallel_sizes_other_than_one_keep_their_refusal() {
-        // Tensor parallelism is accepted under every spelling.
+    fn tp_and_dp_spellings_fold_and_other_parallel_sizes_stay_refused() {
+        // Tensor and data parallelism are accepted under every spelling.
         for flags in ["--tp 2", "--tensor-parallel-size 2", "--tp-size 2"] {
             let (args, _) = resolved(flags);
             assert_eq!(args.tp_size, Some(2), "{flags}");
         }
-        for flags in [
-            "--dp 2",
-            "--data-parallel-size 4",
-            "--ep 2",
-            "--pipeline-parallel-size 2",
-            "--dp-size 2",
-        ] {
+        for flags in ["--dp 2", "--data-parallel-size 2", "--dp-size 2"] {
+            let (args, _) = resolved(flags);
+            assert_eq!(args.dp_size, Some(2), "{flags}");
+        }
+        let e = refused("--dp 2 --data-parallel-size 4");
+        assert!(
+            e.contains("--dp 2") && e.contains("--data-parallel-size 4"),
+            "{e}"
+        );
+        for flags in ["--ep 2", "--pipeline-parallel-size 2"] {
             let e = refused(flags);
             assert!(
                 e.contains(flags) && e.contains("not supported"),

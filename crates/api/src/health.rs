@@ -6,7 +6,7 @@ use std::sync::{Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use deltaserve_engine::{
-    EngineEvent, EngineHandle, FinishReason, GenerationRequest, SamplingParams,
+    EngineEvent, EngineHandle, FinishReason, GenerationRequest, SamplingParams, SharedEngine,
 };
 
 /// What the server says about itself before any generation is checked.
@@ -34,6 +34,9 @@ pub enum HealthReport {
 pub struct HealthMonitor {
     status: RwLock<HealthStatus>,
     last_success: Mutex<Option<Instant>>,
+    /// Data-parallel replicas: what each had generated when last seen, and when that last grew
+    /// or a probe on it succeeded (its own proof of life; one busy replica proves nothing of another).
+    replica_progress: Mutex<Vec<ReplicaProgress>>,
     /// Serialises probes so a burst of health checks runs one generation, not many.
     probe: tokio::sync::Mutex<()>,
     interval: Duration,
@@ -45,6 +48,7 @@ impl HealthMonitor {
         Self {
             status: RwLock::new(HealthStatus::Loading("starting".to_string())),
             last_success: Mutex::new(None),
+            replica_progress: Mutex::new(Vec::new()),
             probe: tokio::sync::Mutex::new(()),
             interval,
             probe_timeout,
@@ -86,12 +90,19 @@ impl HealthMonitor {
             HealthStatus::Failed(reason) => return HealthReport::Failed(reason),
             HealthStatus::Ready => {}
         }
+        let Some(engine) = engine else {
+            return match self.recent_success() {
+                true => HealthReport::Healthy { probed: false },
+                false => HealthReport::Loading("the engine is not attached yet".to_string()),
+            };
+        };
+        let replicas = engine.replicas();
+        if !replicas.is_empty() {
+            return self.check_replicas(&replicas, probe_prompt).await;
+        }
         if self.recent_success() {
             return HealthReport::Healthy { probed: false };
         }
-        let Some(engine) = engine else {
-            return HealthReport::Loading("the engine is not attached yet".to_string());
-        };
         let _guard = self.probe.lock().await;
         // Another check may have probed (or a request finished) while this one waited for the lock.
         if self.recent_success() {
@@ -108,6 +119,87 @@ impl HealthMonitor {
                 self.probe_timeout.as_secs_f32()
             )),
         }
+    }
+
+    /// Healthy only while every replica is: each one that generated nothing within the interval
+    /// is probed; the first failure names its replica.
+    async fn check_replicas(
+        &self,
+        replicas: &[SharedEngine],
+        probe_prompt: &[u32],
+    ) -> HealthReport {
+        let stale: Vec<usize> = {
+            let mut progress = self
+                .replica_progress
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            progress.resize(replicas.len(), ReplicaProgress::default());
+            let now = Instant::now();
+            replicas
+                .iter()
+                .zip(progress.iter_mut())
+                .enumerate()
+                .filter_map(|(i, (replica, seen))| {
+                    seen.observe(replica.generated_tokens(), now);
+                    (!seen.recent(now, self.interval)).then_some(i)
+                })
+                .collect()
+        };
+        if stale.is_empty() {
+            return HealthReport::Healthy { probed: false };
+        }
+        let _guard = self.probe.lock().await;
+        for i in stale {
+            let outcome = tokio::time::timeout(
+                self.probe_timeout,
+                probe(replicas[i].as_ref(), probe_prompt),
+            )
+            .await;
+            let why = match outcome {
+                Ok(Ok(())) => {
+                    let mut progress = self
+                        .replica_progress
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner());
+                    if let Some(seen) = progress.get_mut(i) {
+                        seen.proven = Some(Instant::now());
+                    }
+                    continue;
+                }
+                Ok(Err(reason)) => reason,
+                Err(_) => format!(
+                    "the one-token probe generation did not finish within {} s",
+                    self.probe_timeout.as_secs_f32()
+                ),
+            };
+            return HealthReport::Unhealthy(format!(
+                "data-parallel replica {i} of {}: {why}",
+                replicas.len()
+            ));
+        }
+        HealthReport::Healthy { probed: true }
+    }
+}
+
+/// One replica's proof of life.
+#[derive(Debug, Clone, Copy, Default)]
+struct ReplicaProgress {
+    generated: u64,
+    /// When `generated` was last seen to grow, or a probe on the replica last succeeded.
+    proven: Option<Instant>,
+}
+
+impl ReplicaProgress {
+    fn observe(&mut self, generated: u64, now: Instant) {
+        if generated != self.generated {
+            self.generated = generated;
+            self.proven = Some(now);
+        }
+    }
+
+    fn recent(&self, now: Instant, interval: Duration) -> bool {
+        self.proven
+            .is_some_and(|t| now.saturating_duration_since(t) <= interval)
     }
 }
 

@@ -69,6 +69,8 @@ pub struct ServerConfig {
     pub default_template_kwargs: serde_json::Map<String, serde_json::Value>,
     /// Tensor-parallel ranks the model runs on (`/server_info`'s `tp_size`).
     pub tp_size: usize,
+    /// Data-parallel engine replicas (`--dp-size`; `/server_info`'s `dp_size`).
+    pub dp_size: usize,
 }
 
 /// Default request body limit: generous for long prompts, small enough to refuse abuse.
@@ -109,6 +111,7 @@ impl ServerConfig {
                 .clone()
                 .unwrap_or_default(),
             tp_size: args.tp_size.unwrap_or(1),
+            dp_size: args.dp_size.unwrap_or(1),
         }
     }
 
@@ -135,6 +138,7 @@ impl ServerConfig {
             random_seed: None,
             default_template_kwargs: serde_json::Map::new(),
             tp_size: 1,
+            dp_size: 1,
         }
     }
 }

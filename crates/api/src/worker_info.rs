@@ -3,12 +3,15 @@
 //! `/model_info` (and their older names `/get_server_info`, `/get_model_info`) when it registers a
 //! worker, `/get_load` for its load-based policies, `/flush_cache` when told to flush every worker.
 //! The gateway takes the worker's model id from `served_model_name` (else `model_path`), and reads
-//! `/get_load` as one object per data-parallel rank whose `num_tokens` it sums into the load.
+//! `/get_load` as one object per data-parallel rank whose `num_tokens` it sums into the load. With
+//! `--dp-size N` the capacity figures of /server_info are each replica's (every replica has the
+//! same plan), as SGLang reports them per rank.
 
 use std::sync::Arc;
 
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
+use deltaserve_engine::EngineStats;
 use serde_json::json;
 
 use crate::state::AppState;
@@ -65,7 +68,7 @@ pub async fn server_info(State(state): State<Arc<AppState>>) -> Response {
         "max_total_num_tokens": limit(EngineCapacity::max_total_tokens),
         "max_mamba_cache_size": limit(|c| c.state_slots),
         "chunked_prefill_size": limit(|c| c.chunked_prefill_size),
-        "dp_size": 1,
+        "dp_size": state.config.dp_size,
         "tp_size": state.config.tp_size,
         "enable_metrics": state.config.enable_metrics,
     }))
@@ -88,15 +91,32 @@ pub async fn model_info(State(state): State<Arc<AppState>>) -> Response {
     .into_response()
 }
 
-/// `GET /get_load`: one entry (deltaserve runs one data-parallel rank) with SGLang's fields —
+/// `GET /get_load`: one entry per data-parallel replica (`--dp-size`), with SGLang's fields —
 /// `num_reqs` running plus waiting, `num_waiting_reqs`, `num_tokens` held in the KV pool by requests
-/// (pages only the prefix cache holds are evictable and not counted) — and the pool usage besides. While loading, every figure is 0: nothing is running.
+/// (pages only the prefix cache holds are evictable and not counted) — and the pool usage besides.
+/// While loading, every figure is 0: nothing is running.
 pub async fn get_load(State(state): State<Arc<AppState>>) -> Response {
-    let stats = state
-        .engine()
-        .map(|engine| engine.stats())
-        .unwrap_or_default();
     let page_size = state.engine_capacity().map_or(0, |c| c.page_size);
+    let stats: Vec<EngineStats> = match state.engine() {
+        Ok(engine) => {
+            let replicas = engine.replicas();
+            if replicas.is_empty() {
+                vec![engine.stats()]
+            } else {
+                replicas.iter().map(|r| r.stats()).collect()
+            }
+        }
+        Err(_) => vec![EngineStats::default(); state.config.dp_size.max(1)],
+    };
+    let entries: Vec<serde_json::Value> = stats
+        .iter()
+        .enumerate()
+        .map(|(rank, stats)| load_entry(rank, stats, page_size))
+        .collect();
+    axum::Json(entries).into_response()
+}
+
+fn load_entry(dp_rank: usize, stats: &EngineStats, page_size: usize) -> serde_json::Value {
     let usage = |used: usize, total: usize| {
         if total == 0 {
             0.0
@@ -104,8 +124,8 @@ pub async fn get_load(State(state): State<Arc<AppState>>) -> Response {
             used as f64 / total as f64
         }
     };
-    axum::Json(json!([{
-        "dp_rank": 0,
+    json!({
+        "dp_rank": dp_rank,
         "num_reqs": stats.running + stats.queued,
         "num_running_reqs": stats.running,
         "num_waiting_reqs": stats.queued,
@@ -118,8 +138,7 @@ pub async fn get_load(State(state): State<Arc<AppState>>) -> Response {
         "state_slots_used": stats.state_slots_used,
         "state_slots_total": stats.state_slots_total,
         "state_slot_usage": usage(stats.state_slots_used, stats.state_slots_total),
-    }]))
-    .into_response()
+    })
 }
 
 /// `POST /flush_cache` (GET too, as SGLang): empties the prefix cache's radix tree before the

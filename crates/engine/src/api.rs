@@ -237,6 +237,16 @@ pub trait EngineHandle: Send + Sync {
     fn flush_cache(&self) -> bool {
         false
     }
+    /// The data-parallel replicas behind this handle (`--dp-size`), each a whole engine of its
+    /// own; empty when the handle is one engine. Health checks prove every replica separately.
+    fn replicas(&self) -> Vec<SharedEngine> {
+        Vec::new()
+    }
+    /// Tokens generated since start; while it grows the engine is making progress. Engines that
+    /// do not count report 0.
+    fn generated_tokens(&self) -> u64 {
+        0
+    }
 }
 
 pub type SharedEngine = Arc<dyn EngineHandle>;

@@ -132,6 +132,13 @@ impl LocalEngine {
         &self.config
     }
 
+    /// Requests running or waiting, counting a submission at once (the published statistics
+    /// follow only after the engine's next step).
+    pub fn load(&self) -> usize {
+        let running = self.stats.lock().map_or(0, |s| s.running);
+        running + self.queued.load(Ordering::Relaxed)
+    }
+
     fn send(&self, command: Command) -> bool {
         self.commands
             .lock()
@@ -223,6 +230,10 @@ impl EngineHandle for LocalEngine {
 
     fn flush_cache(&self) -> bool {
         self.prefix_cache && self.send(Command::FlushCache)
+    }
+
+    fn generated_tokens(&self) -> u64 {
+        self.metrics.generated_tokens.load(Ordering::Relaxed)
     }
 }
 

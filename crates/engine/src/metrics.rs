@@ -51,6 +51,57 @@ impl EngineMetrics {
         counter.fetch_add(n, Ordering::Relaxed);
     }
 
+    /// Every counter, in a fixed order (what `sum` adds up). The destructuring names every field,
+    /// so a new counter cannot be left out of the totals.
+    fn counters(&self) -> impl Iterator<Item = &AtomicU64> {
+        let EngineMetrics {
+            preemptions,
+            failed_steps,
+            forward_steps,
+            batch_tokens,
+            prompt_tokens_computed,
+            generated_tokens,
+            spec_verify_steps,
+            spec_draft_tokens,
+            spec_accepted_tokens,
+            spec_accepted_at,
+            prefix_cache_queried_tokens,
+            prefix_cache_hit_tokens,
+            prefix_cache_snapshots_taken,
+            prefix_cache_evicted_pages,
+            prefix_cache_evicted_snapshots,
+        } = self;
+        [
+            preemptions,
+            failed_steps,
+            forward_steps,
+            batch_tokens,
+            prompt_tokens_computed,
+            generated_tokens,
+            spec_verify_steps,
+            spec_draft_tokens,
+            spec_accepted_tokens,
+            prefix_cache_queried_tokens,
+            prefix_cache_hit_tokens,
+            prefix_cache_snapshots_taken,
+            prefix_cache_evicted_pages,
+            prefix_cache_evicted_snapshots,
+        ]
+        .into_iter()
+        .chain(spec_accepted_at)
+    }
+
+    /// The counters of several engines added up (data-parallel replicas' totals).
+    pub fn sum<'a>(parts: impl IntoIterator<Item = &'a EngineMetrics>) -> EngineMetrics {
+        let total = EngineMetrics::default();
+        for part in parts {
+            for (sum, counter) in total.counters().zip(part.counters()) {
+                Self::add(sum, counter.load(Ordering::Relaxed));
+            }
+        }
+        total
+    }
+
     /// Prometheus text exposition of the engine's metrics and the current pool occupancy.
     pub fn render(&self, stats: &EngineStats) -> String {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
