@@ -76,7 +76,8 @@ pub struct ServeArgs {
     pub disable_radix_cache: bool,
     /// With the prefix cache, also snapshot the GDN state every this many prompt tokens during
     /// prefill, so prompts sharing a long prefix hit even when they diverge later (SGLang's flag;
-    /// default 256; 0: only at the end of each prompt's last complete message).
+    /// default 256 on the host, the prefill chunk on a GPU; 0: only at the end of each prompt's last
+    /// complete message).
     #[arg(long, value_name = "TOKENS")]
     pub mamba_track_interval: Option<usize>,
     /// Data type of the recurrent GDN state.
@@ -133,7 +134,8 @@ pub struct ServeArgs {
     /// Serve Prometheus metrics at /metrics.
     #[arg(long)]
     pub enable_metrics: bool,
-    /// Maximum prompt tokens prefilled in one step; -1 turns chunking off.
+    /// Maximum prompt tokens prefilled in one step (default 256 on the host, 8192 on a GPU); -1 turns
+    /// chunking off.
     #[arg(long, allow_negative_numbers = true)]
     pub chunked_prefill_size: Option<i64>,
     /// Size of the KV pool in tokens (overrides the memory-fraction sizing).
