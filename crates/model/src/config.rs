@@ -3,6 +3,7 @@
 //! the rest of the crate can trust them. It reads JSON only; it never opens checkpoints.
 
 use crate::error::LoadError;
+use crate::quantization::{Fp8Quantization, FP8_BLOCK};
 use deltaserve_tensor::{AttnShape, DType, GdnShape};
 use serde_json::{Map, Value};
 use std::fmt;
@@ -82,6 +83,8 @@ pub struct ModelConfig {
     pub eos_token_ids: Vec<u32>,
     /// `dtype` / `torch_dtype`, when given.
     pub dtype: Option<DType>,
+    /// `quantization_config` of a block-FP8 checkpoint; `None` for an unquantized one.
+    pub quantization: Option<Fp8Quantization>,
 }
 
 /// HF defaults (transformers `Qwen3_5TextConfig`, `Qwen3_5MoeTextConfig`, `Qwen3NextConfig`).
@@ -449,13 +452,7 @@ fn parse(top: &Section, nested: Option<&Section>) -> Result<ModelConfig, LoadErr
     let (architecture, model_type) = detect_architecture(top, nested)?;
     let text = nested.unwrap_or(top);
 
-    if let Some(q) = top.object_opt("quantization_config")? {
-        let method = q.str_opt("quant_method")?.unwrap_or("unknown");
-        return Err(top.err(
-            "quantization_config",
-            format!("quantized checkpoints are not supported (quant_method `{method}`); use a bf16/f16/f32 checkpoint"),
-        ));
-    }
+    let quantization = parse_quantization(top)?;
 
     let vocab_size = text.positive_req("vocab_size")?;
     let hidden_size = text.positive_req("hidden_size")?;
@@ -593,6 +590,96 @@ fn parse(top: &Section, nested: Option<&Section>) -> Result<ModelConfig, LoadErr
         max_position_embeddings,
         eos_token_ids,
         dtype,
+        quantization,
+    })
+}
+
+/// `quantization_config`: absent for unquantized checkpoints; otherwise it must describe the block
+/// FP8 scheme deltaserve reads (e4m3 codes, dynamic activations, 128 x 128 weight blocks), and any
+/// other method or variant is refused naming the field.
+fn parse_quantization(top: &Section) -> Result<Option<Fp8Quantization>, LoadError> {
+    let Some(q) = top.object_opt("quantization_config")? else {
+        return Ok(None);
+    };
+    let method = q
+        .str_opt("quant_method")?
+        .ok_or_else(|| q.missing("quant_method"))?;
+    if method != "fp8" {
+        return Err(q.err(
+            "quant_method",
+            format!("`{method}` is not supported: deltaserve reads block-FP8 checkpoints (`fp8`) and unquantized bf16/f16/f32 ones"),
+        ));
+    }
+    // `fmt` is what Qwen's and DeepSeek's configs carry; the tensors' own dtype is checked again
+    // per tensor when they are read.
+    if let Some(fmt) = q.str_opt("fmt")? {
+        if fmt != "e4m3" {
+            return Err(q.err(
+                "fmt",
+                format!("`{fmt}` is not supported: FP8 weights must be e4m3 (float8_e4m3fn)"),
+            ));
+        }
+    }
+    match q.str_opt("activation_scheme")? {
+        None | Some("dynamic") => {}
+        Some(other) => {
+            return Err(q.err(
+                "activation_scheme",
+                format!("`{other}` is not supported: only `dynamic` (no stored activation scales)"),
+            ))
+        }
+    }
+    let block = q.usize_list_opt("weight_block_size")?.ok_or_else(|| {
+        q.err(
+            "weight_block_size",
+            "required field is missing (per-tensor FP8 without blocks is not supported)",
+        )
+    })?;
+    if block != FP8_BLOCK {
+        return Err(q.err(
+            "weight_block_size",
+            format!("{block:?} is not supported: FP8 weights must use {FP8_BLOCK:?} blocks"),
+        ));
+    }
+    let modules_to_not_convert = match q.array_opt("modules_to_not_convert")? {
+        None => Vec::new(),
+        Some(items) => items
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                v.as_str().map(str::to_string).ok_or_else(|| {
+                    q.wrong_type(&format!("modules_to_not_convert[{i}]"), "a string", v)
+                })
+            })
+            .collect::<Result<_, _>>()?,
+    };
+    Ok(Some(Fp8Quantization {
+        block: FP8_BLOCK,
+        modules_to_not_convert,
+    }))
+}
+
+/// Only the `quantization_config` of `dir/config.json` (what the checkpoint reader needs to decode
+/// FP8 tensors), validated as `ModelConfig::from_dir` validates it.
+pub fn quantization_from_dir(dir: &Path) -> Result<Option<Fp8Quantization>, LoadError> {
+    let path = dir.join("config.json");
+    let text = std::fs::read_to_string(&path).map_err(|e| LoadError::io(&path, e))?;
+    let root: Value = serde_json::from_str(&text).map_err(|e| LoadError::Config {
+        file: path.clone(),
+        field: "(document)".into(),
+        message: format!("not valid JSON: {e}"),
+    })?;
+    let Value::Object(map) = &root else {
+        return Err(LoadError::Config {
+            file: path.clone(),
+            field: "(document)".into(),
+            message: format!("expected a JSON object, found {}", json_kind(&root)),
+        });
+    };
+    parse_quantization(&Section {
+        obj: map,
+        prefix: String::new(),
+        file: &path,
     })
 }
 
@@ -1439,12 +1526,71 @@ mod tests {
             "{err}"
         );
         let mut v: Value = serde_json::from_str(qwen3_next_80b()).unwrap();
-        v["quantization_config"] = json!({"quant_method": "fp8"});
+        v["quantization_config"] = json!({"quant_method": "awq", "bits": 4});
         let err = parse_value(&v).unwrap_err().to_string();
         assert!(
-            err.contains("quantization_config") && err.contains("fp8"),
+            err.contains("quantization_config.quant_method") && err.contains("`awq`"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn block_fp8_quantization_config() {
+        let qwen = json!({
+            "quant_method": "fp8",
+            "fmt": "e4m3",
+            "activation_scheme": "dynamic",
+            "weight_block_size": [128, 128],
+            "modules_to_not_convert": ["lm_head", "model.language_model.layers.0.linear_attn.in_proj_a"],
+        });
+        let mut v: Value = serde_json::from_str(&qwen35_27b()).unwrap();
+        assert_eq!(parse_value(&v).unwrap().quantization, None);
+        v["quantization_config"] = qwen.clone();
+        let q = parse_value(&v).unwrap().quantization.unwrap();
+        assert_eq!(q.block, [128, 128]);
+        assert_eq!(q.modules_to_not_convert.len(), 2);
+
+        for (change, field, needle) in [
+            (json!({"fmt": "e5m2"}), "quantization_config.fmt", "`e5m2`"),
+            (
+                json!({"weight_block_size": [64, 64]}),
+                "quantization_config.weight_block_size",
+                "[64, 64]",
+            ),
+            (
+                json!({"weight_block_size": null}),
+                "quantization_config.weight_block_size",
+                "per-tensor",
+            ),
+            (
+                json!({"activation_scheme": "static"}),
+                "quantization_config.activation_scheme",
+                "`static`",
+            ),
+            (
+                json!({"modules_to_not_convert": ["lm_head", 3]}),
+                "quantization_config.modules_to_not_convert[1]",
+                "a string",
+            ),
+            (
+                json!({"quant_method": "gptq"}),
+                "quantization_config.quant_method",
+                "`gptq`",
+            ),
+        ] {
+            let mut q = qwen.clone();
+            for (k, value) in change.as_object().unwrap() {
+                q[k] = value.clone();
+            }
+            v["quantization_config"] = q;
+            let err = parse_value(&v).unwrap_err();
+            let text = err.to_string();
+            assert!(
+                matches!(&err, LoadError::Config { field: f, .. } if f == field)
+                    && text.contains(needle),
+                "{change}: {text}"
+            );
+        }
     }
 
     #[test]

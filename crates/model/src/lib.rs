@@ -2,6 +2,7 @@
 //! sharded, dummy weights) and the forward pass written once against `deltaserve_tensor::Backend`.
 //! Nothing here knows about requests, HTTP or tokenizers.
 
+pub mod block_fp8;
 pub mod cache;
 pub mod config;
 pub mod dummy;
@@ -10,6 +11,7 @@ pub mod forward;
 pub mod greedy;
 pub mod mtp;
 pub mod npy;
+pub mod quantization;
 pub mod safetensors;
 pub mod source;
 pub mod step_graphs;

@@ -1,8 +1,13 @@
 //! `SafetensorsSource`: a checkpoint directory of memory-mapped `.safetensors` files (single, sharded
 //! through `model.safetensors.index.json`, or several without an index). Headers are parsed and
 //! checked here, defensively; tensors are zero-copy views into the maps. No model knowledge here.
+//! Block-FP8 weights (a weight with a `<name>_scale_inv` companion, block size from config.json's
+//! `quantization_config`) are dequantized exactly to f32 as they are read; see block_fp8.rs.
 
+use crate::block_fp8;
+use crate::config::quantization_from_dir;
 use crate::error::LoadError;
+use crate::quantization::Fp8Quantization;
 use crate::source::{checkpoint_names, TensorSource};
 use deltaserve_tensor::{ByteOwner, DType, HostTensor};
 use memmap2::Mmap;
@@ -11,6 +16,12 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
+
+/// A block-FP8 weight `W` comes with its scales as `W_scale_inv` (`x.weight` -> `x.weight_scale_inv`,
+/// packed experts `x.experts.gate_up_proj` -> `x.experts.gate_up_proj_scale_inv`).
+const FP8_SCALE_SUFFIX: &str = "_scale_inv";
+/// The safetensors dtype of float8_e4m3fn.
+const FP8_E4M3: &str = "F8_E4M3";
 
 /// Same limit as the reference safetensors implementation: real headers are a few MB at most.
 const MAX_HEADER_BYTES: u64 = 100_000_000;
@@ -99,6 +110,12 @@ impl SafetensorsFile {
         };
         let dtype = match &entry.dtype {
             StoredDtype::Supported(d) => *d,
+            StoredDtype::Other(name) if name.starts_with("F8_") => {
+                return Err(LoadError::format(
+                    &self.path,
+                    format!("tensor `{key}` is stored as {name} without block scales (`{key}{FP8_SCALE_SUFFIX}`): only block-scaled {FP8_E4M3} weights are supported"),
+                ))
+            }
             StoredDtype::Other(name) => {
                 return Err(LoadError::UnsupportedDtype {
                     tensor: key.to_string(),
@@ -128,6 +145,54 @@ impl SafetensorsFile {
             file: self.path.clone(),
             message: e.to_string(),
         })
+    }
+}
+
+impl SafetensorsFile {
+    /// The FP8 weight stored as `key` (checked against `shape`, whose last two dims are the
+    /// `[out, in]` matrix and any leading ones stack matrices, e.g. packed experts), dequantized
+    /// to f32 with `scales` from `scale_file`.
+    fn fp8_tensor(
+        &self,
+        key: &str,
+        shape: &[usize],
+        scale_key: &str,
+        scale_file: &SafetensorsFile,
+        scheme: &Fp8Quantization,
+    ) -> Result<HostTensor, LoadError> {
+        let entry = &self.tensors[key];
+        let stored = match &entry.dtype {
+            StoredDtype::Supported(d) => d.to_string().to_uppercase(),
+            StoredDtype::Other(name) => name.clone(),
+        };
+        if stored != FP8_E4M3 {
+            return Err(LoadError::format(
+                &self.path,
+                format!("tensor `{key}` has block scales `{scale_key}` but is stored as {stored}; block-FP8 weights must be {FP8_E4M3} (float8_e4m3fn; e5m2 is not supported)"),
+            ));
+        }
+        if entry.shape != shape {
+            return Err(LoadError::ShapeMismatch {
+                tensor: key.to_string(),
+                file: self.path.clone(),
+                expected: shape.to_vec(),
+                found: entry.shape.clone(),
+            });
+        }
+        let [.., rows, cols] = *shape else {
+            return Err(LoadError::format(
+                &self.path,
+                format!("tensor `{key}` of shape {shape:?} has block scales, but only matrices (or stacks of them) are block-FP8"),
+            ));
+        };
+        let stacked = &shape[..shape.len() - 2];
+        let grid = block_fp8::scale_grid(rows, cols, scheme.block);
+        let scale_shape: Vec<usize> = stacked.iter().copied().chain(grid).collect();
+        let scales = scale_file.tensor(scale_key, &scale_shape)?.to_f32_vec();
+        let codes = &self.owner.bytes()[entry.start..entry.end];
+        let matrices = stacked.iter().product();
+        let values = block_fp8::dequantize(codes, &scales, matrices, [rows, cols], scheme.block);
+        Ok(HostTensor::from_f32(key, shape.to_vec(), &values))
     }
 }
 
@@ -306,12 +371,36 @@ pub struct SafetensorsSource {
     files: Vec<SafetensorsFile>,
     /// Stored tensor name -> index into `files`.
     location: HashMap<String, usize>,
+    /// The block-FP8 scheme of config.json, read when the checkpoint holds FP8 scales.
+    fp8: Option<Fp8Quantization>,
 }
 
 impl SafetensorsSource {
     /// Opens `dir/model.safetensors.index.json` (sharded), else `dir/model.safetensors`, else every
     /// `*.safetensors` file in `dir`. All headers are read and validated now; data stays mapped.
+    /// When any tensor is a block-FP8 scale (`*_scale_inv`), `dir/config.json` must describe the
+    /// scheme in `quantization_config`.
     pub fn open(dir: &Path) -> Result<Self, LoadError> {
+        let mut source = Self::open_files(dir)?;
+        let mut scales: Vec<&String> = source
+            .location
+            .keys()
+            .filter(|k| k.ends_with(FP8_SCALE_SUFFIX))
+            .collect();
+        scales.sort();
+        if let Some(first) = scales.first() {
+            let scheme = quantization_from_dir(dir)?.ok_or_else(|| {
+                LoadError::format(
+                    dir.join("config.json"),
+                    format!("the checkpoint holds block-FP8 scales (`{first}`, {} in all) but config.json has no `quantization_config`", scales.len()),
+                )
+            })?;
+            source.fp8 = Some(scheme);
+        }
+        Ok(source)
+    }
+
+    fn open_files(dir: &Path) -> Result<Self, LoadError> {
         let meta = std::fs::metadata(dir).map_err(|e| LoadError::io(dir, e))?;
         if !meta.is_dir() {
             return Err(LoadError::format(
@@ -373,6 +462,7 @@ impl SafetensorsSource {
             dir: dir.to_path_buf(),
             files,
             location,
+            fp8: None,
         })
     }
 
@@ -435,6 +525,7 @@ impl SafetensorsSource {
             dir: dir.to_path_buf(),
             files,
             location,
+            fp8: None,
         })
     }
 
@@ -457,9 +548,18 @@ impl SafetensorsSource {
 
 impl TensorSource for SafetensorsSource {
     /// The returned tensor is named as stored in the checkpoint (e.g. with `model.language_model.`).
+    /// A block-FP8 weight comes back dequantized, as an f32 tensor.
     fn get(&self, name: &str, shape: &[usize]) -> Result<HostTensor, LoadError> {
         match self.locate(name) {
-            Some((key, file)) => file.tensor(&key, shape),
+            Some((key, file)) => {
+                let scale_key = format!("{key}{FP8_SCALE_SUFFIX}");
+                match (self.location.get(&scale_key), &self.fp8) {
+                    (Some(&i), Some(scheme)) => {
+                        file.fp8_tensor(&key, shape, &scale_key, &self.files[i], scheme)
+                    }
+                    _ => file.tensor(&key, shape),
+                }
+            }
             None => Err(LoadError::MissingTensor {
                 name: name.to_string(),
                 looked_in: self.describe(),

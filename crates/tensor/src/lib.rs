@@ -10,6 +10,7 @@ pub mod cpu;
 pub mod device_sampling;
 pub mod diagnostic;
 pub mod dtype;
+pub mod e4m3;
 pub mod generated;
 pub mod host;
 pub mod moe;
