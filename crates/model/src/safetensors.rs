@@ -859,6 +859,195 @@ mod tests {
             .into_bytes()
     }
 
+    const FP8_CONFIG: &str = r#"{"quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}}"#;
+
+    /// A `[rows, cols]` FP8 weight whose code at (r, c) is `(r + 3c) % 126` (never NaN) and
+    /// whose tile (i, j) has scale `2^(i - j) * 1.5`.
+    fn fp8_weight(rows: usize, cols: usize) -> (Vec<u8>, Vec<f32>) {
+        let codes = (0..rows * cols)
+            .map(|i| ((i / cols + 3 * (i % cols)) % 126) as u8)
+            .collect();
+        let [gr, gc] = block_fp8::scale_grid(rows, cols, [128, 128]);
+        let scales = (0..gr * gc)
+            .map(|t| 1.5 * 2f32.powi((t / gc) as i32 - (t % gc) as i32))
+            .collect();
+        (codes, scales)
+    }
+
+    fn expected_dequantized(codes: &[u8], scales: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+        let gc = cols.div_ceil(128);
+        (0..rows * cols)
+            .map(|i| {
+                let (r, c) = (i / cols, i % cols);
+                deltaserve_tensor::e4m3::e4m3_to_f32(codes[i]) * scales[(r / 128) * gc + c / 128]
+            })
+            .collect()
+    }
+
+    #[test]
+    fn block_fp8_weights_are_dequantized_with_scales_in_every_float_dtype() {
+        // [300, 200]: a 3 x 2 grid of tiles, partial along both dimensions.
+        let (rows, cols) = (300, 200);
+        let (codes, scales) = fp8_weight(rows, cols);
+        let want = expected_dequantized(&codes, &scales, rows, cols);
+        for (dtype, scale_bytes) in [
+            ("F32", f32_bytes(&scales)),
+            ("BF16", bf16_bytes(&scales)),
+            ("F16", f16_bytes(&scales)),
+        ] {
+            let dir = dir_with(&[
+                ("config.json", FP8_CONFIG.as_bytes().to_vec()),
+                (
+                    "model.safetensors",
+                    st_bytes(&[
+                        (
+                            "model.layers.0.mlp.up_proj.weight",
+                            "F8_E4M3",
+                            &[rows, cols],
+                            codes.clone(),
+                        ),
+                        (
+                            "model.layers.0.mlp.up_proj.weight_scale_inv",
+                            dtype,
+                            &[3, 2],
+                            scale_bytes,
+                        ),
+                        ("model.norm.weight", "BF16", &[2], bf16_bytes(&[1.0, 2.0])),
+                    ]),
+                ),
+            ]);
+            let src = SafetensorsSource::open(dir.path()).unwrap();
+            let w = src
+                .get("layers.0.mlp.up_proj.weight", &[rows, cols])
+                .unwrap();
+            assert_eq!(w.dtype, DType::F32, "{dtype}");
+            assert_eq!(w.to_f32_vec(), want, "scales in {dtype}");
+            // Unquantized tensors of the same checkpoint are read as stored.
+            assert_eq!(src.get("norm.weight", &[2]).unwrap().dtype, DType::BF16);
+        }
+    }
+
+    #[test]
+    fn packed_fp8_experts_have_one_scale_grid_per_expert() {
+        let (e, rows, cols) = (3, 40, 136);
+        let mut codes = Vec::new();
+        let mut scales = Vec::new();
+        let mut want = Vec::new();
+        for i in 0..e {
+            let (mut c, s) = fp8_weight(rows, cols);
+            c.rotate_left(i * 7);
+            let s: Vec<f32> = s.iter().map(|x| x * (i + 1) as f32).collect();
+            want.extend(expected_dequantized(&c, &s, rows, cols));
+            codes.extend(c);
+            scales.extend(s);
+        }
+        let dir = dir_with(&[
+            ("config.json", FP8_CONFIG.as_bytes().to_vec()),
+            (
+                "model.safetensors",
+                st_bytes(&[
+                    (
+                        "model.layers.0.mlp.experts.down_proj",
+                        "F8_E4M3",
+                        &[e, rows, cols],
+                        codes,
+                    ),
+                    (
+                        "model.layers.0.mlp.experts.down_proj_scale_inv",
+                        "F32",
+                        &[e, 1, 2],
+                        f32_bytes(&scales),
+                    ),
+                ]),
+            ),
+        ]);
+        let src = SafetensorsSource::open(dir.path()).unwrap();
+        let w = src
+            .get("layers.0.mlp.experts.down_proj", &[e, rows, cols])
+            .unwrap();
+        assert_eq!(w.to_f32_vec(), want);
+    }
+
+    #[test]
+    fn block_fp8_errors_name_the_tensor_and_the_file() {
+        let (codes, scales) = fp8_weight(160, 64);
+        let weight = "model.layers.0.linear_attn.in_proj_qkv.weight";
+        let scale = "model.layers.0.linear_attn.in_proj_qkv.weight_scale_inv";
+        let checkpoint = |weight_dtype: &str, scale_shape: &[usize], scale_values: &[f32]| {
+            st_bytes(&[
+                (weight, weight_dtype, &[160, 64], codes.clone()),
+                (scale, "F32", scale_shape, f32_bytes(scale_values)),
+            ])
+        };
+        let get_err = |config: &str, file: Vec<u8>| -> String {
+            let dir = dir_with(&[
+                ("config.json", config.as_bytes().to_vec()),
+                ("model.safetensors", file),
+            ]);
+            let result = SafetensorsSource::open(dir.path())
+                .and_then(|src| src.get("layers.0.linear_attn.in_proj_qkv.weight", &[160, 64]));
+            match result {
+                Ok(_) => panic!("read a bad FP8 tensor"),
+                Err(e) => e.to_string(),
+            }
+        };
+
+        // The scale grid of [160, 64] is [2, 1]; [1, 1] (a 160-row "block") is refused.
+        let err = get_err(FP8_CONFIG, checkpoint("F8_E4M3", &[1, 1], &scales[..1]));
+        assert!(
+            err.contains(scale)
+                && err.contains("expected shape [2, 1], found [1, 1]")
+                && err.contains("model.safetensors"),
+            "{err}"
+        );
+        // e5m2 codes.
+        let err = get_err(FP8_CONFIG, checkpoint("F8_E5M2", &[2, 1], &scales));
+        assert!(
+            err.contains(weight) && err.contains("F8_E5M2") && err.contains("e5m2"),
+            "{err}"
+        );
+        // Scales without a quantization_config, or without config.json at all.
+        let err = get_err("{}", checkpoint("F8_E4M3", &[2, 1], &scales));
+        assert!(
+            err.contains("config.json")
+                && err.contains(scale)
+                && err.contains("quantization_config"),
+            "{err}"
+        );
+        let dir = dir_with(&[("model.safetensors", checkpoint("F8_E4M3", &[2, 1], &scales))]);
+        let err = SafetensorsSource::open(dir.path())
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("config.json"), "{err}");
+        // A config that asks for another block size.
+        let err = get_err(
+            &FP8_CONFIG.replace("[128, 128]", "[64, 64]"),
+            checkpoint("F8_E4M3", &[2, 1], &scales),
+        );
+        assert!(
+            err.contains("quantization_config.weight_block_size") && err.contains("[64, 64]"),
+            "{err}"
+        );
+        // FP8 bytes without scales.
+        let file = st_bytes(&[(weight, "F8_E4M3", &[160, 64], codes.clone())]);
+        let err = get_err(FP8_CONFIG, file);
+        assert!(
+            err.contains(weight) && err.contains("without block scales"),
+            "{err}"
+        );
+        // A scale next to a bf16 weight.
+        let file = st_bytes(&[
+            (weight, "BF16", &[160, 64], vec![0; 160 * 64 * 2]),
+            (scale, "F32", &[2, 1], f32_bytes(&scales)),
+        ]);
+        let err = get_err(FP8_CONFIG, file);
+        assert!(
+            err.contains(weight) && err.contains("stored as BF16"),
+            "{err}"
+        );
+    }
+
     #[test]
     fn sharded_index() {
         let mut files = two_shards();
