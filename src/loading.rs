@@ -4,10 +4,14 @@
 use anyhow::{bail, Context, Result};
 use clap::Args;
 /// The same backend and load-format choices as `serve` (one definition, in the api crate).
-pub use deltaserve_api::{BackendKind, CpuMatmulPrecision as CpuPrecision, LoadFormat};
+pub use deltaserve_api::{
+    BackendKind, CpuMatmulPrecision as CpuPrecision, LoadFormat, Quantization,
+};
 use deltaserve_cuda::{CudaBackend, CudaOptions, GemmPrecision, NcclCommunicator};
 use deltaserve_model::config::ModelConfig;
 use deltaserve_model::dummy::DummySource;
+use deltaserve_model::online_fp8::Fp8QuantizingSource;
+use deltaserve_model::quantization::Fp8Quantization;
 use deltaserve_model::safetensors::SafetensorsSource;
 use deltaserve_model::source::TensorSource;
 use deltaserve_model::weights::Weights;
@@ -29,6 +33,11 @@ pub struct ModelArgs {
     pub backend: BackendKind,
     #[arg(long = "load-format", value_enum, default_value_t = LoadFormat::Auto)]
     pub load_format: LoadFormat,
+    /// `fp8`: quantize an unquantized checkpoint's linear weights to block FP8 (128 x 128 tiles,
+    /// scale = amax / 448) at load, as SGLang's flag does; a block-FP8 checkpoint is read as stored
+    /// either way. The backends keep the dequantized values (docs/fp8.md).
+    #[arg(long, value_enum)]
+    pub quantization: Option<Quantization>,
     /// CPU threads for the cpu backend (0 = all cores).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
@@ -137,6 +146,14 @@ pub fn open_source(args: &ModelArgs) -> Result<(ModelConfig, Box<dyn TensorSourc
             DummySource::new(config.dtype.unwrap_or(DType::BF16), 0)
                 .with_tied_embeddings(config.tie_word_embeddings),
         ),
+    };
+    // A block-FP8 checkpoint is already what --quantization fp8 asks for: its weights are read
+    // as stored (quantizing its dequantized values again would change nothing but load time).
+    let source = match args.quantization {
+        Some(Quantization::Fp8) if config.quantization.is_none() => Box::new(
+            Fp8QuantizingSource::new(source, Fp8Quantization::qwen_default()),
+        ),
+        _ => source,
     };
     Ok((config, source))
 }

@@ -511,7 +511,7 @@ fn refused_flags_stop_start_up_naming_the_flag() {
             "config field `num_attention_heads`",
         ),
         (&["--kv-cache-dtype", "fp8_e4m3"], "--kv-cache-dtype"),
-        (&["--quantization", "fp8"], "--quantization fp8"),
+        (&["--quantization", "awq"], "--quantization"),
         (
             &["--context-length", "4096", "--max-model-len", "8192"],
             "--max-model-len 8192",

@@ -48,6 +48,7 @@ fn model_args(args: &ServeArgs) -> ModelArgs {
         model_path: args.model_path(),
         backend: args.backend,
         load_format: args.load_format,
+        quantization: args.quantization,
         threads: args.threads.unwrap_or(0),
         cpu_matmul_precision: args.cpu_matmul_precision,
         cuda_matmul_precision: args.cuda_matmul_precision,

@@ -131,6 +131,10 @@ pub struct ServeArgs {
     /// `auto` reads the safetensors weights; `dummy` makes random weights of the right shapes.
     #[arg(long, value_enum, default_value_t = LoadFormat::Auto)]
     pub load_format: LoadFormat,
+    /// `fp8`: quantize an unquantized checkpoint's linear weights to block FP8 (128 x 128 tiles) at
+    /// load (SGLang's flag); a block-FP8 checkpoint is read as stored either way. docs/fp8.md.
+    #[arg(long, value_enum)]
+    pub quantization: Option<Quantization>,
     /// Serve Prometheus metrics at /metrics.
     #[arg(long)]
     pub enable_metrics: bool,
@@ -277,6 +281,13 @@ pub enum LoadFormat {
     #[value(alias = "safetensors")]
     Auto,
     Dummy,
+}
+
+/// `--quantization`: weight quantization applied at load.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Quantization {
+    /// Block FP8 (e4m3fn codes, one scale per 128 x 128 tile), the format of Qwen's FP8 releases.
+    Fp8,
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]

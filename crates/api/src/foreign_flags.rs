@@ -425,18 +425,6 @@ pub static FOREIGN_FLAGS: &[ForeignFlag] = &[
         },
     },
     ForeignFlag {
-        long: "quantization",
-        origin: Origin::Both,
-        takes: Takes::One,
-        verdict: |flag, values| {
-            refuse(format!(
-                "{flag} {} is refused: deltaserve runs the weights as the checkpoint stores them and has no \
-                 quantized kernels proven against the reference; serve the BF16 checkpoint without {flag}",
-                values.join(" ")
-            ))
-        },
-    },
-    ForeignFlag {
         long: "json-model-override-args",
         origin: Origin::Sglang,
         takes: Takes::One,
@@ -615,7 +603,7 @@ mod tests {
 
     #[test]
     fn refusals_name_the_flag_and_the_way_out() {
-        let v = verdicts("--ep-size 8 --quantization fp8 --ssl-keyfile k.pem");
+        let v = verdicts("--ep-size 8 --skip-tokenizer-init --ssl-keyfile k.pem");
         let reasons: Vec<String> = v
             .into_iter()
             .map(|(_, verdict)| match verdict {
@@ -624,7 +612,7 @@ mod tests {
             })
             .collect();
         assert!(reasons[0].contains("--ep-size 8") && reasons[0].contains("one device"));
-        assert!(reasons[1].contains("--quantization fp8") && reasons[1].contains("BF16"));
+        assert!(reasons[1].contains("--skip-tokenizer-init") && reasons[1].contains("tokenizer"));
         assert!(reasons[2].contains("--ssl-keyfile") && reasons[2].contains("reverse proxy"));
         let v = verdicts("--nnodes two");
         assert!(matches!(&v[0].1, Verdict::Refuse(why) if why.contains("whole number")));

@@ -46,7 +46,7 @@ pub mod worker_info;
 
 pub use args::{
     ArgsError, BackendKind, CpuMatmulPrecision, DegenerationAction, LoadFormat, MambaSsmDtype,
-    ServeArgs, SpeculativeConfig,
+    Quantization, ServeArgs, SpeculativeConfig,
 };
 pub use auth::ApiKey;
 pub use bench_serve::{

@@ -5,7 +5,10 @@
 
 use deltaserve_engine::*;
 use deltaserve_model::config::ModelConfig;
+use deltaserve_model::online_fp8::Fp8QuantizingSource;
+use deltaserve_model::quantization::Fp8Quantization;
 use deltaserve_model::safetensors::SafetensorsSource;
+use deltaserve_model::source::TensorSource;
 use deltaserve_model::weights::Weights;
 use deltaserve_model::Model;
 use deltaserve_tensor::cpu::CpuBackend;
@@ -38,13 +41,30 @@ fn ids(v: &Value) -> Vec<u32> {
         .collect()
 }
 
-fn load() -> Model<CpuBackend> {
+/// Which weights of the demo model to run.
+#[derive(Clone, Copy, PartialEq)]
+enum Weighting {
+    /// The bf16 checkpoint as stored.
+    Bf16,
+    /// `--quantization fp8`: linear weights quantized to 128 x 128 block FP8 at load.
+    Fp8,
+}
+
+fn load(weighting: Weighting) -> Model<CpuBackend> {
     let dir = root().join("models/demo");
     let config = ModelConfig::from_dir(&dir).unwrap();
+    let stored = SafetensorsSource::open(&dir).unwrap();
+    let source: Box<dyn TensorSource> = match weighting {
+        Weighting::Bf16 => Box::new(stored),
+        Weighting::Fp8 => Box::new(Fp8QuantizingSource::new(
+            Box::new(stored),
+            Fp8Quantization::qwen_default(),
+        )),
+    };
     let weights = Weights::load(
         &CpuBackend::new(0),
         &config,
-        &SafetensorsSource::open(&dir).unwrap(),
+        source.as_ref(),
         true,
         &mut |_, _| {},
     )
@@ -147,7 +167,10 @@ fn tool_calls_well_formed(content: &str, tools: &Value) -> bool {
         })
 }
 
-fn run(speculative: Option<SpecConfig>) -> (Vec<Value>, Vec<Vec<u32>>, Usage) {
+fn run(
+    weighting: Weighting,
+    speculative: Option<SpecConfig>,
+) -> (Vec<Value>, Vec<Vec<u32>>, Usage) {
     let greedy = jsonl(&root().join("tests/data/demo/hf_greedy.jsonl"));
     let config = EngineConfig {
         max_running_requests: 48,
@@ -160,7 +183,7 @@ fn run(speculative: Option<SpecConfig>) -> (Vec<Value>, Vec<Vec<u32>>, Usage) {
         decode_log_interval: 0,
         speculative,
     };
-    let engine = LocalEngine::spawn(load(), config);
+    let engine = LocalEngine::spawn(load(weighting), config);
     let receivers: Vec<_> = greedy
         .iter()
         .map(|g| {
@@ -222,68 +245,53 @@ fn compare_with_transformers(greedy: &[Value], replies: &[Vec<u32>]) -> (usize, 
 fn plain_run() -> &'static (Vec<Value>, Vec<Vec<u32>>, Usage) {
     static PLAIN: std::sync::OnceLock<(Vec<Value>, Vec<Vec<u32>>, Usage)> =
         std::sync::OnceLock::new();
-    PLAIN.get_or_init(|| run(None))
+    PLAIN.get_or_init(|| run(Weighting::Bf16, None))
+}
+
+/// MTP k=3 over every prompt, shared by the tests that need it.
+fn speculative_run() -> &'static (Vec<Value>, Vec<Vec<u32>>, Usage) {
+    static SPEC: std::sync::OnceLock<(Vec<Value>, Vec<Vec<u32>>, Usage)> =
+        std::sync::OnceLock::new();
+    SPEC.get_or_init(|| run(Weighting::Bf16, Some(mtp_k3())))
+}
+
+fn mtp_k3() -> SpecConfig {
+    SpecConfig {
+        num_steps: 3,
+        disable_batch_size: None,
+        fault: DraftFault::None,
+    }
+}
+
+/// Held-out task scores of `replies`: group -> (correct, scored); also whether python3 was missing
+/// (then the generated is_prime functions were not run) and the reasoning-closed count.
+struct Scores {
+    groups: HashMap<&'static str, (usize, usize)>,
+    python_missing: bool,
+    thinking: usize,
+    closed: usize,
+}
+
+impl Scores {
+    fn total(&self) -> (usize, usize) {
+        self.groups
+            .values()
+            .fold((0, 0), |(ok, n), (a, b)| (ok + a, n + b))
+    }
 }
 
 #[test]
 fn demo_model_matches_transformers_and_meets_its_targets() {
-    let tokenizer = Tokenizer::from_dir(&root().join("models/demo")).unwrap();
     let (greedy, replies, _) = plain_run();
     let (greedy, replies) = (greedy.as_slice(), replies.as_slice());
     let (exact, near_ties) = compare_with_transformers(greedy, replies);
     println!("token-for-token vs transformers: {exact} identical, {near_ties} diverge at a near-tie (< {NEAR_TIE}), of {}", greedy.len());
-
-    let heldout: HashMap<String, Value> = jsonl(&root().join("tests/data/demo/heldout.jsonl"))
-        .into_iter()
-        .map(|r| (r["id"].as_str().unwrap().to_string(), r))
-        .collect();
-    let mut tally: HashMap<&str, (usize, usize)> = HashMap::new();
-    let (mut thinking, mut closed) = (0, 0);
-    let mut python_missing = false;
-    for (g, reply) in greedy.iter().zip(replies) {
-        let Some(record) = heldout.get(g["id"].as_str().unwrap()) else {
-            continue;
-        };
-        let think = record["thinking"].as_bool().unwrap();
-        let text = tokenizer.decode(reply, false).unwrap();
-        let (content, is_closed) = split_reply(&text, think);
-        if think {
-            thinking += 1;
-            closed += usize::from(is_closed);
-        }
-        let expected = &record["expected"];
-        let (group, ok) = match record["group"].as_str().unwrap() {
-            g @ ("add2" | "sub2") => (g, last_integer(&content) == expected["answer"].as_i64()),
-            "prime" => (
-                "prime",
-                expected["is_prime"].as_bool()
-                    == if content.starts_with("Yes") {
-                        Some(true)
-                    } else if content.starts_with("No") {
-                        Some(false)
-                    } else {
-                        None
-                    },
-            ),
-            "code_is_prime" => {
-                match is_prime_function_passes(&content, expected["function"].as_str().unwrap()) {
-                    Some(ok) => ("code_is_prime", ok),
-                    None => {
-                        python_missing = true;
-                        continue;
-                    }
-                }
-            }
-            "tool_call" => (
-                "tool_call_wellformed",
-                tool_calls_well_formed(&content, &record["tools"]),
-            ),
-            _ => continue,
-        };
-        let entry = tally.entry(group).or_default();
-        entry.0 += usize::from(ok);
-        entry.1 += 1;
-    }
+    let Scores {
+        groups: tally,
+        python_missing,
+        thinking,
+        closed,
+    } = score(greedy, replies);
     let closed_rate = closed as f64 / thinking as f64;
     println!("reasoning closed: {closed}/{thinking} = {:.3}", closed_rate);
     assert!(closed_rate >= 0.99);
@@ -315,21 +323,85 @@ fn demo_model_matches_transformers_and_meets_its_targets() {
     }
 }
 
+fn score(greedy: &[Value], replies: &[Vec<u32>]) -> Scores {
+    let tokenizer = Tokenizer::from_dir(&root().join("models/demo")).unwrap();
+    let heldout: HashMap<String, Value> = jsonl(&root().join("tests/data/demo/heldout.jsonl"))
+        .into_iter()
+        .map(|r| (r["id"].as_str().unwrap().to_string(), r))
+        .collect();
+    let mut tally: HashMap<&'static str, (usize, usize)> = HashMap::new();
+    let (mut thinking, mut closed) = (0, 0);
+    let mut python_missing = false;
+    for (g, reply) in greedy.iter().zip(replies) {
+        let Some(record) = heldout.get(g["id"].as_str().unwrap()) else {
+            continue;
+        };
+        let think = record["thinking"].as_bool().unwrap();
+        let text = tokenizer.decode(reply, false).unwrap();
+        let (content, is_closed) = split_reply(&text, think);
+        if think {
+            thinking += 1;
+            closed += usize::from(is_closed);
+        }
+        let expected = &record["expected"];
+        let (group, ok) = match record["group"].as_str().unwrap() {
+            "add2" => (
+                "add2",
+                last_integer(&content) == expected["answer"].as_i64(),
+            ),
+            "sub2" => (
+                "sub2",
+                last_integer(&content) == expected["answer"].as_i64(),
+            ),
+            "prime" => (
+                "prime",
+                expected["is_prime"].as_bool()
+                    == if content.starts_with("Yes") {
+                        Some(true)
+                    } else if content.starts_with("No") {
+                        Some(false)
+                    } else {
+                        None
+                    },
+            ),
+            "code_is_prime" => {
+                match is_prime_function_passes(&content, expected["function"].as_str().unwrap()) {
+                    Some(ok) => ("code_is_prime", ok),
+                    None => {
+                        python_missing = true;
+                        continue;
+                    }
+                }
+            }
+            "tool_call" => (
+                "tool_call_wellformed",
+                tool_calls_well_formed(&content, &record["tools"]),
+            ),
+            _ => continue,
+        };
+        let entry = tally.entry(group).or_default();
+        entry.0 += usize::from(ok);
+        entry.1 += 1;
+    }
+    Scores {
+        groups: tally,
+        python_missing,
+        thinking,
+        closed,
+    }
+}
+
 #[test]
 fn demo_model_speculative_greedy_equals_plain_greedy() {
     let (greedy, plain, _) = plain_run();
-    let (_, spec, usage) = run(Some(SpecConfig {
-        num_steps: 3,
-        disable_batch_size: None,
-        fault: DraftFault::None,
-    }));
+    let (_, spec, usage) = speculative_run();
     let differing: Vec<_> = greedy
         .iter()
-        .zip(plain.iter().zip(&spec))
+        .zip(plain.iter().zip(spec))
         .filter(|(_, (a, b))| a != b)
         .map(|(g, _)| g["id"].clone())
         .collect();
-    let accept_len = (usage.accepted_draft_tokens as f64 / usage.draft_tokens as f64) * 3.0 + 1.0;
+    let accept_len = accept_length(usage);
     println!(
         "MTP k=3: {} drafted, {} accepted, accept length {accept_len:.2}",
         usage.draft_tokens, usage.accepted_draft_tokens
@@ -341,5 +413,49 @@ fn demo_model_speculative_greedy_equals_plain_greedy() {
     assert!(
         usage.accepted_draft_tokens * 2 > usage.draft_tokens,
         "the trained MTP head should be accepted most of the time"
+    );
+}
+
+/// Accept length of MTP k=3: 1 + 3 x (accepted / drafted).
+fn accept_length(usage: &Usage) -> f64 {
+    usage.accepted_draft_tokens as f64 / usage.draft_tokens as f64 * 3.0 + 1.0
+}
+
+/// `--quantization fp8` on the demo model (every linear weight but the embedding, lm_head, router,
+/// GDN a/b projections and mtp.fc quantized to 128 x 128 block FP8): its held-out accuracy stays
+/// within 2 points of bf16 and its MTP k=3 accept length within 5 %. One speculative run gives
+/// both (speculative greedy equals plain greedy: the test above proves it for the same engine).
+#[test]
+#[ignore = "a third pass over the demo prompts (~100 s on 2 cores); run with --ignored, figures in docs/fp8.md"]
+fn demo_model_quantized_to_fp8_keeps_its_accuracy_and_mtp_acceptance() {
+    let (greedy, plain, _) = plain_run();
+    let (_, _, bf16_usage) = speculative_run();
+    let (_, fp8, fp8_usage) = run(Weighting::Fp8, Some(mtp_k3()));
+    let changed = plain.iter().zip(&fp8).filter(|(a, b)| a != b).count();
+    let bf16_scores = score(greedy, plain);
+    let fp8_scores = score(greedy, &fp8);
+    let mut groups: Vec<_> = bf16_scores.groups.keys().copied().collect();
+    groups.sort();
+    for group in groups {
+        let (a, n) = bf16_scores.groups[group];
+        let (b, m) = fp8_scores.groups.get(group).copied().unwrap_or_default();
+        println!("{group}: bf16 {a}/{n}, fp8 {b}/{m}");
+    }
+    let ((a, n), (b, m)) = (bf16_scores.total(), fp8_scores.total());
+    let (bf16_rate, fp8_rate) = (a as f64 / n as f64, b as f64 / m as f64);
+    let (bf16_accept, fp8_accept) = (accept_length(bf16_usage), accept_length(&fp8_usage));
+    println!(
+        "held-out accuracy: bf16 {a}/{n} = {bf16_rate:.4}, fp8 {b}/{m} = {fp8_rate:.4}; \
+         replies changed by fp8: {changed} of {}; MTP k=3 accept length: bf16 {bf16_accept:.3}, fp8 {fp8_accept:.3}",
+        plain.len()
+    );
+    assert_eq!(n, m, "both runs score the same prompts");
+    assert!(
+        fp8_rate >= bf16_rate - 0.02,
+        "fp8 held-out accuracy {fp8_rate:.4} is more than 2 points below bf16 {bf16_rate:.4}"
+    );
+    assert!(
+        (fp8_accept / bf16_accept - 1.0).abs() <= 0.05,
+        "fp8 accept length {fp8_accept:.3} is more than 5 % from bf16 {bf16_accept:.3}"
     );
 }

@@ -11,6 +11,7 @@ pub mod forward;
 pub mod greedy;
 pub mod mtp;
 pub mod npy;
+pub mod online_fp8;
 pub mod quantization;
 pub mod safetensors;
 pub mod source;
