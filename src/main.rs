@@ -43,7 +43,7 @@ docs/compatibility-flags.md lists them (`deltaserve serve MODEL ...` takes vLLM'
     LintOutput(commands::lint_output::LintOutputArgs),
     /// Check that any OpenAI-compatible server answers correctly: fixed prompts, reasoning split,
     /// usage, streaming = non-streaming, degeneration detector. Exits 1 when a check fails.
-    Smoke(deltaserve_api::SmokeArgs),
+    Smoke(deltaserve_client::SmokeArgs),
 }
 
 fn main() -> std::process::ExitCode {

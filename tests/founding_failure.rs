@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use deltaserve_api::http_client::{Connection, Target};
+use deltaserve_client::http_client::{Connection, Target};
 use deltaserve_api::spec_counters::parse_spec_counters;
 use serde_json::{json, Value};
 

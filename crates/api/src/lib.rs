@@ -1,12 +1,10 @@
-//! The OpenAI-compatible HTTP side of deltaserve: routes, request validation, SSE streaming, error
-//! objects, /health and /metrics, the degeneration watch on every output, the `bench serve` load
-//! generator and the `smoke` suite. It talks to the engine only through `EngineHandle` and to text
-//! only through deltaserve-text; it never touches tensors.
+//! The OpenAI-compatible HTTP server of deltaserve: routes, request validation, SSE streaming, error
+//! objects, /health and /metrics, the degeneration watch on every output. It talks to the engine only
+//! through `EngineHandle` and to text only through deltaserve-text; it never touches tensors. The
+//! clients that drive a server from outside (`smoke`, `bench serve`) live in deltaserve-client.
 
 pub mod args;
 pub mod auth;
-mod bench_report;
-pub mod bench_serve;
 mod chat;
 mod chat_output;
 pub mod chat_template_flag;
@@ -22,7 +20,6 @@ pub mod flag_values;
 pub mod foreign_flags;
 pub mod generation;
 pub mod health;
-pub mod http_client;
 pub mod limits;
 pub mod metrics;
 pub mod output_watch;
@@ -32,9 +29,6 @@ mod responses;
 mod routes;
 pub mod server;
 mod server_seed;
-pub mod smoke;
-mod smoke_checks;
-mod smoke_report;
 pub mod spec_counters;
 pub mod speculative_config;
 mod sse;
@@ -48,10 +42,6 @@ pub use args::{
     ServeArgs, SpeculativeConfig,
 };
 pub use auth::ApiKey;
-pub use bench_serve::{
-    run_bench_serve, run_bench_serve_blocking, BenchEndpoint, BenchServeArgs, BenchServeError,
-    BenchServeReport,
-};
 pub use compat::CompatNote;
 pub use error::ApiError;
 pub use flag_values::{KvCacheDtype, LogLevel, ModelDtype, SchedulePolicy};
@@ -60,6 +50,5 @@ pub use limits::RequestLimits;
 pub use output_watch::DegenerationReport;
 pub use routes::router;
 pub use server::{bind, serve, serve_until, termination_signal, ServeError, Shutdown};
-pub use smoke::{run_smoke, run_smoke_blocking, SmokeArgs, SmokeError, SmokeReport};
 pub use state::{AppState, MetricsSource, ServerConfig};
 pub use worker_info::{EngineCapacity, ModelIdentity};
