@@ -141,7 +141,7 @@ impl ModelArgs {
     /// Replaces `demo` by the bundled demo model's directory and `--backend auto` by the backend
     /// it picks.
     pub fn resolved(mut self) -> Result<Self> {
-        self.model_path = crate::demo_model::resolve_model_path(&self.model_path)?;
+        self.model_path = crate::demo_model::resolve_model_path("--model-path", &self.model_path)?;
         self.backend = resolve_backend(self.backend, &self.attention_backend);
         Ok(self)
     }

@@ -1,11 +1,13 @@
 //! `deltaserve`: the command-line entry point. Parses arguments and hands each subcommand to its
 //! module under `commands/`; no model math or serving logic lives here.
 
+mod check_outcome;
 mod commands;
 mod demo_model;
 mod loading;
 mod watchdog;
 
+use check_outcome::CheckOutcome;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -37,12 +39,15 @@ docs/compatibility-flags.md lists them (`deltaserve serve MODEL ...` takes vLLM'
     /// any OpenAI-compatible server.
     Bench(commands::bench::BenchCli),
     /// Check a backend against the reference on the model's weights (every op, every layer), then
-    /// run the canary through the degeneration detector.
+    /// run the canary through the degeneration detector. Exits 1 when a check fails, 2 when it cannot
+    /// run.
     Doctor(commands::doctor::DoctorArgs),
-    /// Run the degeneration detector on a text or a JSONL file of chat completion responses.
+    /// Run the degeneration detector on a text or a JSONL file of chat completion responses. Exits 1
+    /// when a text is degenerate, 2 when the input cannot be read.
     LintOutput(commands::lint_output::LintOutputArgs),
     /// Check that any OpenAI-compatible server answers correctly: fixed prompts, reasoning split,
-    /// usage, streaming = non-streaming, degeneration detector. Exits 1 when a check fails.
+    /// usage, streaming = non-streaming, degeneration detector. Exits 1 when a check fails, 2 when the
+    /// suite cannot run.
     Smoke(deltaserve_client::SmokeArgs),
 }
 
@@ -54,17 +59,11 @@ fn main() -> std::process::ExitCode {
         Command::Generate(args) => commands::generate::run(args),
         Command::Score(args) => commands::score::run(args),
         Command::Bench(cli) => commands::bench::dispatch(cli),
-        Command::Doctor(args) => commands::doctor::run(args),
-        Command::LintOutput(args) => match commands::lint_output::run(args) {
-            Ok(true) => return std::process::ExitCode::from(1),
-            Ok(false) => Ok(()),
-            Err(e) => Err(e),
-        },
-        Command::Smoke(args) => match commands::smoke::run(args) {
-            Ok(false) => return std::process::ExitCode::from(1),
-            Ok(true) => Ok(()),
-            Err(e) => Err(e),
-        },
+        Command::Doctor(args) => return CheckOutcome::exit_code(commands::doctor::run(args)),
+        Command::LintOutput(args) => {
+            return CheckOutcome::exit_code(commands::lint_output::run(args))
+        }
+        Command::Smoke(args) => return CheckOutcome::exit_code(commands::smoke::run(args)),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
