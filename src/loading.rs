@@ -1,10 +1,10 @@
 //! Turns the model flags shared by every subcommand (`--model-path`, `--load-format`, `--backend`,
 //! `--threads`) into a loaded `Model` on the chosen backend, with a progress bar while weights load.
 
+/// The same backend and load-format choices as `serve` (one definition, with serve's flags).
+pub use crate::serve_flags::{BackendKind, CpuMatmulPrecision as CpuPrecision, LoadFormat};
 use anyhow::{bail, Context, Result};
 use clap::Args;
-/// The same backend and load-format choices as `serve` (one definition, in the api crate).
-pub use deltaserve_api::{BackendKind, CpuMatmulPrecision as CpuPrecision, LoadFormat};
 use deltaserve_cuda::{CudaBackend, CudaOptions, GemmPrecision, NcclCommunicator};
 use deltaserve_model::config::ModelConfig;
 use deltaserve_model::dummy::DummySource;

@@ -5,6 +5,7 @@ mod check_outcome;
 mod commands;
 mod demo_model;
 mod loading;
+mod serve_flags;
 mod watchdog;
 
 use check_outcome::CheckOutcome;
@@ -28,7 +29,7 @@ enum Command {
         after_help = "SGLang's and vLLM's other serve flags are accepted, noted or refused as \
 docs/compatibility-flags.md lists them (`deltaserve serve MODEL ...` takes vLLM's form)."
     )]
-    Serve(Box<deltaserve_api::ServeArgs>),
+    Serve(Box<serve_flags::ServeArgs>),
     /// Chat with a model in the terminal (one-shot with MESSAGE, interactive without).
     Chat(commands::chat::ChatArgs),
     /// Greedy continuation of a prompt.
@@ -52,7 +53,7 @@ docs/compatibility-flags.md lists them (`deltaserve serve MODEL ...` takes vLLM'
 }
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse_from(deltaserve_api::compat_argv::normalize(std::env::args_os()));
+    let cli = Cli::parse_from(serve_flags::compat_argv::normalize(std::env::args_os()));
     let result = match cli.command {
         Command::Serve(args) => commands::serve::run(*args),
         Command::Chat(args) => commands::chat::run(args),

@@ -2,12 +2,10 @@
 //! prints a start-up summary, and proves generation with the canary before /health says ready.
 
 use crate::loading::{load_model, with_model, AnyModel, ModelArgs};
+use crate::serve_flags::chat_template_flag::load_chat_template;
+use crate::serve_flags::{ModelDtype, ServeArgs, SpeculativeConfig};
 use anyhow::{Context, Result};
-use deltaserve_api::chat_template_flag::load_chat_template;
-use deltaserve_api::{
-    AppState, EngineCapacity, HealthStatus, ModelDtype, ModelIdentity, ServeArgs, ServerConfig,
-    SpeculativeConfig,
-};
+use deltaserve_api::{AppState, EngineCapacity, HealthStatus, ModelIdentity};
 use deltaserve_doctor::canary::{judge, CanaryOutcome, CanarySpec};
 use deltaserve_engine::pool_plan::{plan_pools, Memory, PoolPlan, PoolRequest};
 use deltaserve_engine::prefix_cache::DEFAULT_TRACK_INTERVAL;
@@ -308,10 +306,7 @@ impl Startup {
     async fn serve(self) -> Result<()> {
         let args = &self.args;
         let log_level = args.log_level();
-        let state = Arc::new(AppState::new(
-            ServerConfig::from_args(args),
-            self.tokenizer.clone(),
-        ));
+        let state = Arc::new(AppState::new(args.server_config(), self.tokenizer.clone()));
         state.set_model_identity(self.identity.clone());
         state
             .health
