@@ -1,6 +1,7 @@
 //! The `deltaserve serve` flags (SGLang spellings where the meaning is the same) and their validation:
 //! contradictory or unsupported combinations are refused at start-up with a message naming the flags.
-//! Building the engine from these flags belongs to the binary, not here.
+//! The server's settings are built here (`server_config`); the engine's and the pools' in
+//! commands/serve.rs.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
