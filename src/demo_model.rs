@@ -91,10 +91,19 @@ pub fn demo_model_dir() -> Result<PathBuf> {
     Ok(dir)
 }
 
-/// Resolves a `--model-path` value: `demo` (when no such directory exists here) is the bundled model.
-pub fn resolve_model_path(path: &Path) -> Result<PathBuf> {
+/// Resolves a `--model-path` (or `--tokenizer-path`, named by `flag`) value: `demo` (when no such
+/// directory exists here) is the bundled model; anything else must be a directory, said before any
+/// file in it is looked for (so `/nope` is "no such directory", not "no config.json in /nope").
+pub fn resolve_model_path(flag: &str, path: &Path) -> Result<PathBuf> {
     if path == Path::new(DEMO_MODEL_NAME) && !path.exists() {
         return demo_model_dir();
     }
-    Ok(path.to_path_buf())
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.is_dir() => Ok(path.to_path_buf()),
+        Ok(_) => anyhow::bail!("{flag} {}: not a directory", path.display()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            anyhow::bail!("{flag} {}: no such directory", path.display())
+        }
+        Err(e) => anyhow::bail!("{flag} {}: {e}", path.display()),
+    }
 }

@@ -1,12 +1,12 @@
 //! Turns the model flags shared by every subcommand (`--model-path`, `--load-format`, `--backend`,
 //! `--threads`) into a loaded `Model` on the chosen backend, with a progress bar while weights load.
 
-use anyhow::{bail, Context, Result};
-use clap::Args;
-/// The same backend and load-format choices as `serve` (one definition, in the api crate).
-pub use deltaserve_api::{
+/// The same backend and load-format choices as `serve` (one definition, with serve's flags).
+pub use crate::serve_flags::{
     BackendKind, CpuMatmulPrecision as CpuPrecision, LoadFormat, Quantization,
 };
+use anyhow::{bail, Context, Result};
+use clap::Args;
 use deltaserve_cuda::{CudaBackend, CudaOptions, GemmPrecision, NcclCommunicator};
 use deltaserve_model::config::ModelConfig;
 use deltaserve_model::dummy::DummySource;
@@ -162,7 +162,7 @@ impl ModelArgs {
     /// Replaces `demo` by the bundled demo model's directory and `--backend auto` by the backend
     /// it picks.
     pub fn resolved(mut self) -> Result<Self> {
-        self.model_path = crate::demo_model::resolve_model_path(&self.model_path)?;
+        self.model_path = crate::demo_model::resolve_model_path("--model-path", &self.model_path)?;
         self.backend = resolve_backend(self.backend, &self.attention_backend);
         Ok(self)
     }

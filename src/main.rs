@@ -1,11 +1,14 @@
 //! `deltaserve`: the command-line entry point. Parses arguments and hands each subcommand to its
 //! module under `commands/`; no model math or serving logic lives here.
 
+mod check_outcome;
 mod commands;
 mod demo_model;
 mod loading;
+mod serve_flags;
 mod watchdog;
 
+use check_outcome::CheckOutcome;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -26,7 +29,7 @@ enum Command {
         after_help = "SGLang's and vLLM's other serve flags are accepted, noted or refused as \
 docs/compatibility-flags.md lists them (`deltaserve serve MODEL ...` takes vLLM's form)."
     )]
-    Serve(Box<deltaserve_api::ServeArgs>),
+    Serve(Box<serve_flags::ServeArgs>),
     /// Chat with a model in the terminal (one-shot with MESSAGE, interactive without).
     Chat(commands::chat::ChatArgs),
     /// Greedy continuation of a prompt.
@@ -37,34 +40,31 @@ docs/compatibility-flags.md lists them (`deltaserve serve MODEL ...` takes vLLM'
     /// any OpenAI-compatible server.
     Bench(commands::bench::BenchCli),
     /// Check a backend against the reference on the model's weights (every op, every layer), then
-    /// run the canary through the degeneration detector.
+    /// run the canary through the degeneration detector. Exits 1 when a check fails, 2 when it cannot
+    /// run.
     Doctor(commands::doctor::DoctorArgs),
-    /// Run the degeneration detector on a text or a JSONL file of chat completion responses.
+    /// Run the degeneration detector on a text or a JSONL file of chat completion responses. Exits 1
+    /// when a text is degenerate, 2 when the input cannot be read.
     LintOutput(commands::lint_output::LintOutputArgs),
     /// Check that any OpenAI-compatible server answers correctly: fixed prompts, reasoning split,
-    /// usage, streaming = non-streaming, degeneration detector. Exits 1 when a check fails.
-    Smoke(deltaserve_api::SmokeArgs),
+    /// usage, streaming = non-streaming, degeneration detector. Exits 1 when a check fails, 2 when the
+    /// suite cannot run.
+    Smoke(deltaserve_client::SmokeArgs),
 }
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse_from(deltaserve_api::compat_argv::normalize(std::env::args_os()));
+    let cli = Cli::parse_from(serve_flags::compat_argv::normalize(std::env::args_os()));
     let result = match cli.command {
         Command::Serve(args) => commands::serve::run(*args),
         Command::Chat(args) => commands::chat::run(args),
         Command::Generate(args) => commands::generate::run(args),
         Command::Score(args) => commands::score::run(args),
         Command::Bench(cli) => commands::bench::dispatch(cli),
-        Command::Doctor(args) => commands::doctor::run(args),
-        Command::LintOutput(args) => match commands::lint_output::run(args) {
-            Ok(true) => return std::process::ExitCode::from(1),
-            Ok(false) => Ok(()),
-            Err(e) => Err(e),
-        },
-        Command::Smoke(args) => match commands::smoke::run(args) {
-            Ok(false) => return std::process::ExitCode::from(1),
-            Ok(true) => Ok(()),
-            Err(e) => Err(e),
-        },
+        Command::Doctor(args) => return CheckOutcome::exit_code(commands::doctor::run(args)),
+        Command::LintOutput(args) => {
+            return CheckOutcome::exit_code(commands::lint_output::run(args))
+        }
+        Command::Smoke(args) => return CheckOutcome::exit_code(commands::smoke::run(args)),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -5,7 +5,7 @@
 //! /server_info report both replicas, SIGTERM with streams on both replicas lets them finish and
 //! exits 0; and bad `--dp-size` values stop the command with an error naming the flag.
 
-use deltaserve_api::http_client::{drain_sse_payloads, Connection, Target};
+use deltaserve_client::http_client::{drain_sse_payloads, Connection, Target};
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use std::net::TcpListener;

@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use deltaserve_api::http_client::{Connection, Target};
 use deltaserve_api::spec_counters::parse_spec_counters;
+use deltaserve_client::http_client::{Connection, Target};
 use serde_json::{json, Value};
 
 const BINARY: &str = env!("CARGO_BIN_EXE_deltaserve");
@@ -355,7 +355,7 @@ fn broken_attention_with_mtp_loops_at_high_acceptance_and_every_guard_catches_it
 
     // (5) smoke fails against it, on the answers and on the detector, not only on /health.
     let (finished, smoke_report) = smoke(&server, &dir);
-    assert!(!finished.status.success(), "{}", finished.stdout);
+    assert_eq!(finished.status.code(), Some(1), "{}", finished.stdout);
     assert_eq!(smoke_report["passed"], false);
     for check in ["health", "2+2 answer", "prime function", "degeneration"] {
         assert_eq!(smoke_result(&smoke_report, check), "fail", "{smoke_report}");
@@ -379,7 +379,7 @@ fn broken_attention_with_mtp_loops_at_high_acceptance_and_every_guard_catches_it
         &dir,
         "doctor",
     );
-    assert!(!doctor.status.success(), "{}", doctor.stdout);
+    assert_eq!(doctor.status.code(), Some(1), "{}", doctor.stdout);
     let verdict = doctor
         .stderr
         .lines()

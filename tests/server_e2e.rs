@@ -4,7 +4,7 @@
 //! slot (visible in /metrics), SIGTERM with streams in flight ends every stream and exits 0, and the
 //! prefix cache reports cached tokens without changing a reply and empties on /flush_cache.
 
-use deltaserve_api::http_client::{drain_sse_payloads, Connection, Target};
+use deltaserve_client::http_client::{drain_sse_payloads, Connection, Target};
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use std::net::TcpListener;

@@ -25,13 +25,13 @@ pub struct BenchCli {
 pub enum BenchSubcommand {
     /// Load-test any OpenAI-compatible server (deltaserve, SGLang, vLLM, llama.cpp): request and token
     /// throughput, TTFT / TPOT / end-to-end latency percentiles.
-    Serve(deltaserve_api::BenchServeArgs),
+    Serve(deltaserve_client::BenchServeArgs),
 }
 
 pub fn dispatch(cli: BenchCli) -> Result<()> {
     match cli.serve {
         Some(BenchSubcommand::Serve(args)) => {
-            let report = deltaserve_api::run_bench_serve_blocking(&args)?;
+            let report = deltaserve_client::run_bench_serve_blocking(&args)?;
             println!("{}", report.render());
             if let Some(path) = &args.output_file {
                 let text = serde_json::to_string_pretty(&report.to_json())?;

@@ -1,11 +1,13 @@
 //! `deltaserve doctor`: checks the chosen backend against `reference` on the model's real weights
 //! (every op, then every layer of one prompt), then runs the canary through the degeneration
-//! detector. Prints a table and exits non-zero naming the first op and layer that diverge.
+//! detector. Prints a table; exits 1 naming the first op and layer that diverge, 2 when it cannot run
+//! (check_outcome.rs).
 
+use crate::check_outcome::CheckOutcome;
 use crate::loading::{
     load_model, load_reference, load_reference_rank0, with_model, BackendKind, ModelArgs,
 };
-use anyhow::{bail, Result};
+use anyhow::Result;
 use clap::Args;
 use deltaserve_doctor::canary::{judge, CanarySpec};
 use deltaserve_doctor::layers::check_layers;
@@ -68,7 +70,7 @@ fn examine<B: Backend>(
     reference: &Model<ReferenceBackend>,
     ops_reference: &Model<ReferenceBackend>,
     target: &Model<B>,
-) -> Result<()> {
+) -> Result<CheckOutcome> {
     let dir = &args.model.model_path;
     let tokenizer = if dir.join("tokenizer.json").is_file() {
         Some(deltaserve_text::Tokenizer::from_dir(dir)?)
@@ -144,7 +146,7 @@ fn examine<B: Backend>(
                     ops.len() + layers.len() + 1
                 );
             }
-            Ok(())
+            Ok(CheckOutcome::Clean)
         }
         (op, layer, canary_failure) => {
             let mut parts = Vec::new();
@@ -161,16 +163,17 @@ fn examine<B: Backend>(
             if let Some(why) = canary_failure {
                 parts.push(format!("canary: {why}"));
             }
-            bail!(
+            eprintln!(
                 "doctor found problems with backend `{}`: {}",
                 target.backend.name(),
                 parts.join("; ")
-            )
+            );
+            Ok(CheckOutcome::Problems)
         }
     }
 }
 
-pub fn run(mut args: DoctorArgs) -> Result<()> {
+pub fn run(mut args: DoctorArgs) -> Result<CheckOutcome> {
     args.model = args.model.resolved()?;
     if args.model.backend == BackendKind::Reference && args.model.attention_backend == "native" {
         eprintln!("doctor: --backend reference checks the reference against itself; use --backend cpu to check the fast backend");

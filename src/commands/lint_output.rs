@@ -1,8 +1,9 @@
 //! `deltaserve lint-output [FILE|-]`: runs the degeneration detector over a text, or over a JSONL
 //! file of chat completion responses (one per line), and prints one JSON verdict per item. Exits 1
-//! when any item is degenerate. A plain text is read as a reply whose end is not known (so a loop
+//! when any item is degenerate, 2 when the input cannot be read (check_outcome.rs). A plain text is read as a reply whose end is not known (so a loop
 //! that runs to its end counts, see `deltaserve_health::Config`), without the file's final line break.
 
+use crate::check_outcome::CheckOutcome;
 use anyhow::{Context, Result};
 use clap::Args;
 use deltaserve_health::{analyze_chat_completion, analyze_text, Config};
@@ -32,8 +33,8 @@ fn reply_text(file: &str) -> &str {
         .map_or(file, |t| t.strip_suffix('\r').unwrap_or(t))
 }
 
-/// Lints and prints; returns whether anything was degenerate.
-pub fn run(args: LintOutputArgs) -> Result<bool> {
+/// Lints and prints; `Problems` when anything was degenerate.
+pub fn run(args: LintOutputArgs) -> Result<CheckOutcome> {
     let text = if args.input.as_os_str() == "-" {
         let mut s = String::new();
         std::io::stdin()
@@ -72,7 +73,7 @@ pub fn run(args: LintOutputArgs) -> Result<bool> {
             serde_json::json!({"degenerate": degenerate, "verdict": verdict})
         );
     }
-    Ok(degenerate)
+    Ok(CheckOutcome::from_problems(degenerate))
 }
 
 #[cfg(test)]

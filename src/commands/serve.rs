@@ -2,12 +2,10 @@
 //! prints a start-up summary, and proves generation with the canary before /health says ready.
 
 use crate::loading::{load_model, resolve_backend, with_model, AnyModel, ModelArgs};
+use crate::serve_flags::chat_template_flag::load_chat_template;
+use crate::serve_flags::{BackendKind, ModelDtype, ServeArgs, SpeculativeConfig};
 use anyhow::{Context, Result};
-use deltaserve_api::chat_template_flag::load_chat_template;
-use deltaserve_api::{
-    AppState, BackendKind, EngineCapacity, HealthStatus, ModelDtype, ModelIdentity, ServeArgs,
-    ServerConfig,
-};
+use deltaserve_api::{AppState, EngineCapacity, HealthStatus, ModelIdentity};
 use deltaserve_doctor::canary::{judge, CanaryOutcome, CanarySpec};
 use deltaserve_engine::pool_plan::{plan_pools, Memory, PoolPlan, PoolRequest};
 use deltaserve_engine::prefix_cache::DEFAULT_TRACK_INTERVAL;
@@ -18,6 +16,7 @@ use deltaserve_engine::{
 use deltaserve_model::config::ModelConfig;
 use deltaserve_tensor::{Backend, DType};
 use deltaserve_text::Tokenizer;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 /// Prefill chunk when `--chunked-prefill-size` is not given, a multiple of the GDN chunk (64). On a
@@ -26,6 +25,7 @@ use std::sync::Arc;
 /// prefill step is compute-bound and short chunks keep decode steps flowing beside it.
 const DEFAULT_CHUNKED_PREFILL_DEVICE: usize = 8192;
 const DEFAULT_CHUNKED_PREFILL_HOST: usize = 256;
+
 const DEFAULT_PAGE_SIZE: usize = 16;
 const DEFAULT_MAX_QUEUED: usize = 1024;
 /// Decode statistics line every this many steps when `--decode-log-interval` is not given (SGLang's).
@@ -294,7 +294,7 @@ fn model_identity(
     config: &ModelConfig,
 ) -> Result<ModelIdentity> {
     let tokenizer_path = match &args.tokenizer_path {
-        Some(dir) => crate::demo_model::resolve_model_path(dir)?,
+        Some(dir) => crate::demo_model::resolve_model_path("--tokenizer-path", dir)?,
         None => model_path.to_path_buf(),
     };
     let config_path = model_path.join("config.json");
@@ -339,7 +339,7 @@ fn load_tokenizer(args: &ServeArgs) -> Result<Tokenizer> {
     let (flag, dir) = match &args.tokenizer_path {
         Some(dir) => (
             "--tokenizer-path",
-            crate::demo_model::resolve_model_path(dir)?,
+            crate::demo_model::resolve_model_path("--tokenizer-path", dir)?,
         ),
         None => ("--model-path", args.model_path()),
     };
@@ -370,7 +370,7 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
     {
         args.served_model_name = vec![crate::demo_model::DEMO_MODEL_NAME.to_string()];
     }
-    let model_path = crate::demo_model::resolve_model_path(&args.model_path())?;
+    let model_path = crate::demo_model::resolve_model_path("--model-path", &args.model_path())?;
     args.model_path = Some(model_path.clone());
     let model_config = ModelConfig::from_dir(&model_path)
         .with_context(|| format!("--model-path {}", model_path.display()))?;
@@ -381,95 +381,132 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    runtime.block_on(async move {
-        let state = Arc::new(AppState::new(ServerConfig::from_args(&args), tokenizer.clone()));
-        state.set_model_identity(identity);
-        state.health.set(HealthStatus::Loading("loading weights".into()));
-        let addr = args.listen_addr()?;
-        let server = tokio::spawn(deltaserve_api::serve(addr, state.clone()));
+    let startup = Startup {
+        args,
+        speculative,
+        model_path,
+        tokenizer,
+        identity,
+    };
+    runtime.block_on(startup.serve())
+}
 
-        let mut margs = model_args(&args);
-        margs.backend = resolve_backend(margs.backend, &margs.attention_backend);
-        let dp = DataParallel::plan(&margs, args.dp_size.unwrap_or(1))?;
-        let replica_args: Vec<ModelArgs> = (0..dp.replicas).map(|i| dp.replica_args(&margs, i)).collect();
+/// What `run` settled before the async part: the flags resolved, the tokenizer loaded.
+struct Startup {
+    args: ServeArgs,
+    speculative: Option<SpeculativeConfig>,
+    /// `--model-path` resolved (the bundled demo model unpacked).
+    model_path: PathBuf,
+    tokenizer: Arc<Tokenizer>,
+    identity: ModelIdentity,
+}
+
+impl Startup {
+    /// Listens at once (/health answers 503 while loading), loads the model, starts the engine, runs
+    /// the canary, then says where it listens and serves until SIGTERM/SIGINT.
+    async fn serve(self) -> Result<()> {
+        let args = &self.args;
+        let log_level = args.log_level();
+        let state = Arc::new(AppState::new(args.server_config(), self.tokenizer.clone()));
+        state.set_model_identity(self.identity.clone());
+        state
+            .health
+            .set(HealthStatus::Loading("loading weights".into()));
+        let listener = deltaserve_api::bind(args.listen_addr()?).await?;
+        let local_addr = listener.local_addr().context("the listening socket")?;
+        let server = tokio::spawn(deltaserve_api::serve(listener, state.clone()));
+
+        let mut model_args = model_args(args);
+        model_args.backend = resolve_backend(model_args.backend, &model_args.attention_backend);
+        let dp = DataParallel::plan(&model_args, args.dp_size.unwrap_or(1))?;
+        let replica_args: Vec<ModelArgs> = (0..dp.replicas)
+            .map(|i| dp.replica_args(&model_args, i))
+            .collect();
         let models: Vec<AnyModel> = tokio::task::spawn_blocking(move || {
-            replica_args.iter().map(load_model).collect::<Result<Vec<_>>>()
+            replica_args
+                .iter()
+                .map(load_model)
+                .collect::<Result<Vec<_>>>()
         })
         .await
         .context("the loading thread failed")??;
+        let engine = self.start_engine(models, &dp, &state).await?;
+        let health = if args.skip_canary {
+            let flag = if args.compat.skip_server_warmup {
+                "--skip-server-warmup"
+            } else {
+                "--skip-canary"
+            };
+            eprintln!("canary skipped ({flag}): /health proves generation, not correctness");
+            HealthStatus::Ready
+        } else {
+            state
+                .health
+                .set(HealthStatus::Loading("running the start-up canary".into()));
+            self.canary_health(&engine.replicas, engine.vocab_size)
+                .await?
+        };
+        let ready = matches!(health, HealthStatus::Ready);
+        state.health.set(health);
+        if log_level.shows_info() {
+            let status = if ready { "" } else { " (/health: 503)" };
+            eprintln!("listening on http://{local_addr}{status}");
+        }
+        server.await.context("the server task failed")??;
+        Ok(())
+    }
+
+    /// Plans both cache pools for the loaded model (every replica the same), prints the start-up
+    /// summary and starts the engines behind `state`.
+    async fn start_engine(
+        &self,
+        models: Vec<AnyModel>,
+        dp: &DataParallel,
+        state: &Arc<AppState>,
+    ) -> Result<StartedEngine> {
+        let args = &self.args;
+        let log_level = args.log_level();
         let model = &models[0];
         let (config, backend_name) = with_model!(model, m => (m.config.clone(), m.backend.name()));
         let backend_name = match model.cpu_kernels() {
             Some(kernels) => format!("{backend_name} ({kernels} kernels)"),
             None => backend_name.to_string(),
         };
-        let spec = match speculative {
-            Some(_) if config.mtp_num_hidden_layers == 0 => anyhow::bail!(
-                "--speculative-algorithm {}: {} has no MTP head (mtp_num_hidden_layers is 0)",
-                args.speculative_algorithm.as_deref().unwrap_or("NEXTN"),
-                model_path.display()
-            ),
-            Some(s) => Some(SpecConfig { num_steps: s.num_steps, disable_batch_size: s.disable_batch_size, fault: Default::default() }),
-            None => None,
-        };
-        let request = PoolRequest {
-            context_length: args.context_length,
-            max_running_requests: args.max_running_requests,
-            max_total_tokens: args.max_total_tokens,
-            max_mamba_cache_size: args.max_mamba_cache_size,
-            mamba_full_memory_ratio: args.mamba_full_memory_ratio.map(f64::from),
-            mem_fraction_static: args.mem_fraction_static.map(f64::from),
-            page_size: args.page_size.unwrap_or(DEFAULT_PAGE_SIZE),
-            speculative_steps: spec.as_ref().map_or(0, |s| s.num_steps),
-            kv_element_bytes: std::mem::size_of::<f32>(),
-            prefix_cache: !args.disable_radix_cache,
-        };
-        // GPU backends plan from the device's memory (SGLang's rules), CPU ones from the host's.
-        // Split over GPUs: every rank holds pools of the same size, planned on the tightest GPU.
+        let spec = self.spec_config(&config)?;
+        let request = pool_request(args, spec.as_ref());
         // Replicas get pools of the same size: planned on the tightest GPU, or on an equal share of
         // the host's memory (every replica's weights already loaded).
         let device = models
             .iter()
             .filter_map(|model| with_model!(model, m => m.device_memory()))
             .min_by_key(|&(free, _)| free);
-        let device = match (device, args.device_memory_cap_gb) {
-            (Some((free, total)), Some(gb)) => Some(capped_device_memory(free, total, (gb * 1e9) as usize)),
-            (device, _) => device,
-        };
-        let memory = match device {
-            Some((free, total)) => Memory::Device { free, total },
-            None => Memory::Host { available: available_memory_bytes() / dp.replicas },
-        };
-        let plan = plan_pools(&config, &request, memory)?;
+        let plan = plan_pools(&config, &request, pool_memory(device, args, dp.replicas))?;
         let on_device = device.is_some();
+        let default_chunk = if on_device {
+            DEFAULT_CHUNKED_PREFILL_DEVICE
+        } else {
+            DEFAULT_CHUNKED_PREFILL_HOST
+        };
         let chunk = args
             .chunked_prefill_tokens()
-            .unwrap_or(if on_device { DEFAULT_CHUNKED_PREFILL_DEVICE } else { DEFAULT_CHUNKED_PREFILL_HOST })
+            .unwrap_or(default_chunk)
             .max(1);
         // Prefill is cut at every snapshot point, so on a GPU the interval defaults to the chunk:
         // 256-token steps would stream all weights once per 256 prompt tokens.
         let prefix = PrefixCacheConfig {
             enabled: !args.disable_radix_cache,
-            track_interval: args
-                .mamba_track_interval
-                .unwrap_or(if on_device { chunk } else { DEFAULT_TRACK_INTERVAL }),
-            boundary_tokens: tokenizer.token_to_id("<|im_start|>").into_iter().collect(),
-        };
-        let engine_config = EngineConfig {
-            max_running_requests: plan.max_running_requests,
-            num_kv_blocks: plan.num_kv_blocks,
-            block_size: plan.block_size,
-            state_slots: plan.state_slots,
-            chunked_prefill_size: chunk,
-            context_length: plan.context_length,
-            max_queued_requests: args.max_queued_requests.unwrap_or(DEFAULT_MAX_QUEUED),
-            decode_log_interval: if log_level.shows_info() {
-                args.decode_log_interval.unwrap_or(DEFAULT_DECODE_LOG_INTERVAL)
+            track_interval: args.mamba_track_interval.unwrap_or(if on_device {
+                chunk
             } else {
-                0
-            },
-            speculative: spec.clone(),
+                DEFAULT_TRACK_INTERVAL
+            }),
+            boundary_tokens: self
+                .tokenizer
+                .token_to_id("<|im_start|>")
+                .into_iter()
+                .collect(),
         };
+        let engine_config = engine_config(args, &plan, spec.clone(), chunk);
         state.set_engine_capacity(EngineCapacity {
             context_length: engine_config.context_length,
             max_running_requests: engine_config.max_running_requests,
@@ -482,18 +519,20 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
         if log_level.shows_info() {
             let tp = with_model!(model, m => m.communicator_kind().map(|kind| (m.tp_size(), kind)));
             print_summary(
-                &args,
+                args,
                 &config,
                 &backend_name,
                 &plan,
                 spec.as_ref(),
-                Parallelism { tp, dp: &dp },
+                Parallelism { tp, dp },
                 &prefix,
             );
         }
         let locals: Vec<Arc<LocalEngine>> = models
             .into_iter()
-            .map(|model| with_model!(model, m => LocalEngine::spawn_with_cache(m, engine_config.clone(), prefix.clone())))
+            .map(|model| {
+                with_model!(model, m => LocalEngine::spawn_with_cache(m, engine_config.clone(), prefix.clone()))
+            })
             .collect();
         if let Some(timeout) = args.watchdog_timeout() {
             for local in &locals {
@@ -507,47 +546,135 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
         state.attach_engine(engine.clone());
         let metrics_engine = engine.clone();
         state.set_engine_metrics(Arc::new(move || metrics_engine.prometheus_metrics()));
+        Ok(StartedEngine {
+            replicas: locals,
+            vocab_size: config.vocab_size,
+        })
+    }
 
-        if args.skip_canary {
-            let flag = if args.compat.skip_server_warmup { "--skip-server-warmup" } else { "--skip-canary" };
-            eprintln!("canary skipped ({flag}): /health proves generation, not correctness");
-            state.health.set(HealthStatus::Ready);
-        } else {
-            state.health.set(HealthStatus::Loading("running the start-up canary".into()));
-            let spec = CanarySpec::for_model(&model_path, Some(&tokenizer), config.vocab_size).map_err(anyhow::Error::msg)?;
-            // Every replica proves itself: one bad GPU (or a bad load) must not hide behind the others.
-            let mut failed = None;
-            for (i, local) in locals.iter().enumerate() {
-                let replica: SharedEngine = local.clone();
-                let which = if locals.len() > 1 { format!(" on replica {i}") } else { String::new() };
-                match run_canary(&replica, &spec, &tokenizer).await {
-                    Ok(outcome) => match outcome.failure() {
-                        None => {
-                            if log_level.shows_info() {
-                                eprintln!("canary ok{which}: {:?}", outcome.text);
-                            }
-                        }
-                        Some(why) => {
-                            eprintln!("CANARY FAILED{which}: {why}\n  the model does not generate correct text on this backend; /health stays 503. Run `deltaserve doctor --model-path {}` to locate the fault.", model_path.display());
-                            failed = Some(format!("start-up canary failed{which}: {why}"));
-                            break;
-                        }
-                    },
-                    Err(why) => {
-                        failed = Some(format!("{why}{which}"));
-                        break;
+    /// The validated speculative settings, refused when the model has no MTP head.
+    fn spec_config(&self, config: &ModelConfig) -> Result<Option<SpecConfig>> {
+        match self.speculative {
+            Some(_) if config.mtp_num_hidden_layers == 0 => anyhow::bail!(
+                "--speculative-algorithm {}: {} has no MTP head (mtp_num_hidden_layers is 0)",
+                self.args
+                    .speculative_algorithm
+                    .as_deref()
+                    .unwrap_or("NEXTN"),
+                self.model_path.display()
+            ),
+            Some(s) => Ok(Some(SpecConfig {
+                num_steps: s.num_steps,
+                disable_batch_size: s.disable_batch_size,
+                fault: Default::default(),
+            })),
+            None => Ok(None),
+        }
+    }
+
+    /// Runs the canary through every replica's engine (one bad GPU or a bad load must not hide
+    /// behind the others): `Ready` when each generated correct text, `Failed` (and why, on stderr)
+    /// at the first that did not.
+    async fn canary_health(
+        &self,
+        replicas: &[Arc<LocalEngine>],
+        vocab_size: usize,
+    ) -> Result<HealthStatus> {
+        let spec = CanarySpec::for_model(&self.model_path, Some(&self.tokenizer), vocab_size)
+            .map_err(anyhow::Error::msg)?;
+        for (i, local) in replicas.iter().enumerate() {
+            let replica: SharedEngine = local.clone();
+            let which = if replicas.len() > 1 {
+                format!(" on replica {i}")
+            } else {
+                String::new()
+            };
+            let outcome = match run_canary(&replica, &spec, &self.tokenizer).await {
+                Ok(outcome) => outcome,
+                Err(why) => return Ok(HealthStatus::Failed(format!("{why}{which}"))),
+            };
+            match outcome.failure() {
+                None => {
+                    if self.args.log_level().shows_info() {
+                        eprintln!("canary ok{which}: {:?}", outcome.text);
                     }
                 }
+                Some(why) => {
+                    eprintln!(
+                        "CANARY FAILED{which}: {why}\n  the model does not generate correct text on this backend; \
+                         /health stays 503. Run `deltaserve doctor --model-path {}` to locate the fault.",
+                        self.model_path.display()
+                    );
+                    return Ok(HealthStatus::Failed(format!(
+                        "start-up canary failed{which}: {why}"
+                    )));
+                }
             }
-            state.health.set(match failed {
-                None => HealthStatus::Ready,
-                Some(why) => HealthStatus::Failed(why),
-            });
         }
-        if log_level.shows_info() {
-            eprintln!("listening on http://{addr}");
+        Ok(HealthStatus::Ready)
+    }
+}
+
+/// The engines as started (one per data-parallel replica), and what the canary needs of the model.
+struct StartedEngine {
+    replicas: Vec<Arc<LocalEngine>>,
+    vocab_size: usize,
+}
+
+/// The pool sizes the flags ask for; what they leave open is planned from memory.
+fn pool_request(args: &ServeArgs, spec: Option<&SpecConfig>) -> PoolRequest {
+    PoolRequest {
+        context_length: args.context_length,
+        max_running_requests: args.max_running_requests,
+        max_total_tokens: args.max_total_tokens,
+        max_mamba_cache_size: args.max_mamba_cache_size,
+        mamba_full_memory_ratio: args.mamba_full_memory_ratio.map(f64::from),
+        mem_fraction_static: args.mem_fraction_static.map(f64::from),
+        page_size: args.page_size.unwrap_or(DEFAULT_PAGE_SIZE),
+        speculative_steps: spec.map_or(0, |s| s.num_steps),
+        kv_element_bytes: std::mem::size_of::<f32>(),
+        prefix_cache: !args.disable_radix_cache,
+    }
+}
+
+/// GPU backends plan from the device's memory (SGLang's rules), capped by
+/// `--device-memory-cap-gb`; CPU ones from the host's, an equal share per replica. Split over GPUs,
+/// `device` is the tightest rank's, and every rank holds pools of the same size.
+fn pool_memory(device: Option<(usize, usize)>, args: &ServeArgs, replicas: usize) -> Memory {
+    let device = match (device, args.device_memory_cap_gb) {
+        (Some((free, total)), Some(gb)) => {
+            Some(capped_device_memory(free, total, (gb * 1e9) as usize))
         }
-        server.await.context("the server task failed")??;
-        Ok(())
-    })
+        (device, _) => device,
+    };
+    match device {
+        Some((free, total)) => Memory::Device { free, total },
+        None => Memory::Host {
+            available: available_memory_bytes() / replicas.max(1),
+        },
+    }
+}
+
+fn engine_config(
+    args: &ServeArgs,
+    plan: &PoolPlan,
+    speculative: Option<SpecConfig>,
+    chunk: usize,
+) -> EngineConfig {
+    EngineConfig {
+        max_running_requests: plan.max_running_requests,
+        num_kv_blocks: plan.num_kv_blocks,
+        block_size: plan.block_size,
+        state_slots: plan.state_slots,
+        chunked_prefill_size: chunk,
+        context_length: plan.context_length,
+        max_queued_requests: args.max_queued_requests.unwrap_or(DEFAULT_MAX_QUEUED),
+        decode_log_interval: if args.log_level().shows_info() {
+            args.decode_log_interval
+                .unwrap_or(DEFAULT_DECODE_LOG_INTERVAL)
+        } else {
+            0
+        },
+        speculative,
+    }
 }

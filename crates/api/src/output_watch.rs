@@ -8,9 +8,27 @@ use deltaserve_engine::{EngineHandle, RequestId};
 use deltaserve_health::{DegenerationDetector, StreamEnd, Verdict};
 use serde_json::{json, Value};
 
-use crate::args::DegenerationAction;
 use crate::diagnosis::{diagnose, Acceptance, Diagnosis, SpecObservation};
 use crate::spec_counters::SpecTimeline;
+
+/// What the server does when a choice's output degenerates (`--degeneration-action`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DegenerationAction {
+    /// Count, log and report the degeneration; let the request run on.
+    #[default]
+    Log,
+    /// Count, log and report it, and end the request at once.
+    Stop,
+}
+
+impl DegenerationAction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Log => "log",
+            Self::Stop => "stop",
+        }
+    }
+}
 
 /// How one choice is watched.
 #[derive(Debug, Clone)]

@@ -157,12 +157,10 @@ pub async fn termination_signal() {
     }
 }
 
-/// The `deltaserve serve` entry point: listens on `addr` until SIGTERM/SIGINT. The caller may load the
-/// model meanwhile (spawn this first; /health answers 503 until the engine is attached and ready).
-pub async fn serve(addr: SocketAddr, state: Arc<AppState>) -> Result<Shutdown, ServeError> {
-    let listener = bind(addr).await?;
-    let local = listener.local_addr().map_err(ServeError::Serve)?;
-    eprintln!("deltaserve: listening on http://{local}");
+/// The `deltaserve serve` entry point: serves on `listener` (from `bind`) until SIGTERM/SIGINT. The
+/// caller may load the model meanwhile (spawn this first; /health answers 503 until the engine is
+/// attached and ready), and says where it listens once it is ready.
+pub async fn serve(listener: TcpListener, state: Arc<AppState>) -> Result<Shutdown, ServeError> {
     let grace = state.config.grace_period;
     let outcome = serve_until(listener, state, termination_signal()).await?;
     match outcome {

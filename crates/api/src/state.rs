@@ -11,12 +11,12 @@ use deltaserve_health::DegenerationDetector;
 use deltaserve_text::ToolCallFormat;
 use deltaserve_text::{ChatTemplate, TemplateError, Tokenizer};
 
-use crate::args::{DegenerationAction, ServeArgs};
 use crate::auth::ApiKey;
 use crate::error::ApiError;
 use crate::health::HealthMonitor;
 use crate::limits::RequestLimits;
 use crate::metrics::HttpMetrics;
+use crate::output_watch::DegenerationAction;
 use crate::output_watch::WatchSpec;
 use crate::server_seed::SeedSequence;
 use crate::worker_info::{EngineCapacity, ModelIdentity};
@@ -82,39 +82,6 @@ pub const DEFAULT_REQUEST_TIMEOUT_SECS: u64 = 600;
 pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
 
 impl ServerConfig {
-    /// Settings from validated flags.
-    pub fn from_args(args: &ServeArgs) -> Self {
-        Self {
-            model_name: args.model_name(),
-            model_aliases: args.model_aliases(),
-            reasoning_parser: args.reasoning_parser.is_some(),
-            tool_call_parser: true,
-            tool_call_format: args
-                .tool_call_parser
-                .as_deref()
-                .and_then(ToolCallFormat::from_parser_name),
-            enable_metrics: args.enable_metrics,
-            health_interval: args.health_interval(),
-            health_probe_timeout: Duration::from_secs(60),
-            max_body_bytes: args.max_body_bytes,
-            grace_period: args.grace_period(),
-            degeneration_action: args.degeneration_action,
-            degeneration: deltaserve_health::Config::default(),
-            api_key: args.api_key.clone(),
-            metrics_no_auth: args.metrics_no_auth,
-            limits: args.request_limits(),
-            request_timeout: args.request_timeout(),
-            max_connections: args.max_concurrent_connections,
-            random_seed: args.random_seed,
-            default_template_kwargs: args
-                .default_chat_template_kwargs
-                .clone()
-                .unwrap_or_default(),
-            tp_size: args.tp_size.unwrap_or(1),
-            dp_size: args.dp_size.unwrap_or(1),
-        }
-    }
-
     /// Defaults for a model name, everything optional switched on (tests and embedding).
     pub fn new(model_name: impl Into<String>) -> Self {
         Self {

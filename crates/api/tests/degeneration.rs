@@ -8,7 +8,8 @@ mod common;
 use std::time::Duration;
 
 use common::{ids, tokenizer, FakeEngine, Script, TestServer};
-use deltaserve_api::{run_smoke, DegenerationAction, SmokeArgs};
+use deltaserve_api::DegenerationAction;
+use deltaserve_client::{run_smoke, SmokeArgs};
 use deltaserve_engine::GenerationRequest;
 use deltaserve_health::DegenerationKind;
 use serde_json::{json, Value};

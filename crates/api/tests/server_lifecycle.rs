@@ -347,7 +347,7 @@ async fn official_openai_client_against_fake_engine() {
 
 #[tokio::test]
 async fn bench_serve_drives_the_server() {
-    use deltaserve_api::{run_bench_serve, BenchEndpoint, BenchServeArgs};
+    use deltaserve_client::{run_bench_serve, BenchEndpoint, BenchServeArgs};
     let engine = FakeEngine::new(|_: &GenerationRequest| Script {
         delay: Duration::from_millis(2),
         repeat: true,
@@ -414,7 +414,7 @@ async fn bench_serve_drives_the_server() {
 
 #[tokio::test]
 async fn bench_serve_multi_turn_resends_the_history() {
-    use deltaserve_api::{run_bench_serve, BenchEndpoint, BenchServeArgs};
+    use deltaserve_client::{run_bench_serve, BenchEndpoint, BenchServeArgs};
     let engine = FakeEngine::new(|_: &GenerationRequest| Script {
         delay: Duration::from_millis(1),
         repeat: true,

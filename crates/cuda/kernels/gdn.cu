@@ -5,6 +5,7 @@
 // token: S <- e^g S; S += k (beta (v - S^T k))^T; o = S^T q. Every thread touches only its own
 // column, so no synchronisation is needed on S; q and k (l2-normed, q scaled by key_dim^-0.5) are
 // staged in shared memory per token. Prefill uses the same loop (mathematically the chunked form).
+// This plain kernel takes the dims the row-coalesced one below is not compiled for.
 //
 // seqs [n_seqs, 4] = (start row, new tokens, state slot, first snapshot index or -1);
 // snaps = the snapshot slots of all sequences back to back.
@@ -84,142 +85,10 @@ extern "C" __global__ void gated_delta_rule(const float* mixed, const float* g, 
     }
 }
 
-// The same recurrence with the state held in registers for the whole sequence (read once, written
-// once, instead of twice per token). A warp covers 8 value columns; the 4 lanes of a column each hold a
-// quarter of its key rows and combine their partial dot products with shuffles. Grid: (value head,
-// sequence, slice of 8 columns), so a single sequence still spreads over hundreds of warps. The next
-// token's inputs are loaded while the current one is computed. Launched with exactly 32 threads;
-// KD = key_dim (a multiple of 4), a compile-time constant so the rows stay in registers. Sums run in
-// a different order than the loop above, so results differ from it by rounding only.
-// Dynamic shared memory: 2 * KD floats.
-#define LANES_PER_COLUMN 4
-#define COLUMNS_PER_WARP (32 / LANES_PER_COLUMN)
-
-template <int KD>
-struct TokenInputs {
-    float q[(KD + 31) / 32], k[(KD + 31) / 32];
-    float v, g, beta;
-};
-
-template <int KD>
-__device__ __forceinline__ void fetch_token(TokenInputs<KD>& in, const float* mixed, const float* g, const float* beta,
-                                            i64 row, int conv_dim, int key_heads, int kh, int h, int value_heads,
-                                            int value_dim, int j, bool owns_column) {
-    const float* qkv = mixed + row * conv_dim;
-    const int lane = threadIdx.x;
-#pragma unroll
-    for (int e = 0; e < (KD + 31) / 32; ++e) {
-        const int x = lane + 32 * e;
-        in.q[e] = x < KD ? qkv[kh * KD + x] : 0.0f;
-        in.k[e] = x < KD ? qkv[key_heads * KD + kh * KD + x] : 0.0f;
-    }
-    in.v = owns_column ? qkv[2 * key_heads * KD + h * value_dim + j] : 0.0f;
-    in.g = g[row * value_heads + h];
-    in.beta = beta[row * value_heads + h];
-}
-
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
-
-// Sum over the LANES_PER_COLUMN lanes of one column (adjacent lanes).
-__device__ __forceinline__ float column_sum(float v) {
-    for (int o = LANES_PER_COLUMN / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-template <int KD>
-__device__ void delta_rule_in_registers(const float* mixed, const float* g, const float* beta, float* ssm,
-                                        float* out, const int* seqs, const int* snaps, int key_heads,
-                                        int value_heads, int value_dim) {
-    constexpr int ROWS = KD / LANES_PER_COLUMN;  // key rows per lane
-    extern __shared__ float smem[];
-    float* q = smem;
-    float* k = smem + KD;
-    const int h = blockIdx.x;
-    const int* seq = seqs + 4 * blockIdx.y;
-    const int start = seq[0], len = seq[1], slot = seq[2], snap = seq[3];
-    const int kh = h / (value_heads / key_heads);
-    const int conv_dim = 2 * key_heads * KD + value_heads * value_dim;
-    const i64 head_state = (i64)KD * value_dim;
-    float* S = ssm + ((i64)slot * value_heads + h) * head_state;
-    const int lane = threadIdx.x;
-    const int part = lane % LANES_PER_COLUMN;
-    const int j = blockIdx.z * COLUMNS_PER_WARP + lane / LANES_PER_COLUMN;
-    const int first_row = part * ROWS;
-    const bool owns_column = j < value_dim;
-    const bool writes = owns_column && part == 0;
-    const float q_scale = 1.0f / sqrtf((float)KD);
-    float s[ROWS];
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) s[r] = owns_column ? S[(i64)(first_row + r) * value_dim + j] : 0.0f;
-    TokenInputs<KD> next;
-    if (len > 0) fetch_token<KD>(next, mixed, g, beta, start, conv_dim, key_heads, kh, h, value_heads, value_dim, j, owns_column);
-    for (int i = 0; i < len; ++i) {
-        const i64 row = start + i;
-        const TokenInputs<KD> cur = next;
-        if (i + 1 < len) fetch_token<KD>(next, mixed, g, beta, row + 1, conv_dim, key_heads, kh, h, value_heads, value_dim, j, owns_column);
-        float qss = 0.0f, kss = 0.0f;
-#pragma unroll
-        for (int e = 0; e < (KD + 31) / 32; ++e) {
-            qss += cur.q[e] * cur.q[e];
-            kss += cur.k[e] * cur.k[e];
-        }
-        const float q_inv = 1.0f / sqrtf(warp_sum(qss) + 1e-6f);
-        const float k_inv = 1.0f / sqrtf(warp_sum(kss) + 1e-6f);
-        __syncwarp();  // the previous token is done reading q and k
-#pragma unroll
-        for (int e = 0; e < (KD + 31) / 32; ++e) {
-            const int x = lane + 32 * e;
-            if (x < KD) {
-                q[x] = cur.q[e] * q_inv * q_scale;
-                k[x] = cur.k[e] * k_inv;
-            }
-        }
-        __syncwarp();
-        // Every lane computes (columns past value_dim on zeros) so the shuffles see full warps.
-        const float decay = expf(cur.g);
-        float m[2] = {0.0f, 0.0f};
-#pragma unroll
-        for (int r = 0; r < ROWS; ++r) {
-            s[r] = s[r] * decay;
-            m[r & 1] = fmaf(s[r], k[first_row + r], m[r & 1]);
-        }
-        const float delta = cur.beta * (cur.v - column_sum(m[0] + m[1]));
-        float o[2] = {0.0f, 0.0f};
-#pragma unroll
-        for (int r = 0; r < ROWS; ++r) {
-            s[r] = fmaf(k[first_row + r], delta, s[r]);
-            o[r & 1] = fmaf(s[r], q[first_row + r], o[r & 1]);
-        }
-        const float o_total = column_sum(o[0] + o[1]);
-        if (writes) out[(row * value_heads + h) * value_dim + j] = o_total;
-        if (snap >= 0 && owns_column) {
-            float* D = ssm + ((i64)snaps[snap + i] * value_heads + h) * head_state;
-#pragma unroll
-            for (int r = 0; r < ROWS; ++r) D[(i64)(first_row + r) * value_dim + j] = s[r];
-        }
-    }
-    if (owns_column) {
-#pragma unroll
-        for (int r = 0; r < ROWS; ++r) S[(i64)(first_row + r) * value_dim + j] = s[r];
-    }
-}
-
-#define DELTA_RULE_IN_REGISTERS(KD)                                                                          \
-    extern "C" __global__ void gated_delta_rule_k##KD(const float* mixed, const float* g, const float* beta,  \
-                                                      float* ssm, float* out, const int* seqs,              \
-                                                      const int* snaps, int key_heads, int value_heads,     \
-                                                      int value_dim) {                                      \
-        delta_rule_in_registers<KD>(mixed, g, beta, ssm, out, seqs, snaps, key_heads, value_heads,           \
-                                    value_dim);                                                             \
-    }
-DELTA_RULE_IN_REGISTERS(16)
-DELTA_RULE_IN_REGISTERS(32)
-DELTA_RULE_IN_REGISTERS(64)
-DELTA_RULE_IN_REGISTERS(128)
-DELTA_RULE_IN_REGISTERS(256)
 
 // The recurrence for whole rows of the state: lane l of a warp owns C consecutive value columns
 // (C = 4: a warp reads or writes a 128-column state row in one 512-byte sweep; C = 1: 32 columns in

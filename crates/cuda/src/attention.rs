@@ -1,7 +1,8 @@
 //! Launcher of paged attention: writes the new K/V rows into the pool (`kv_write`), then attends over
 //! each row's positions (attention.cu): warp-per-position blocks split over the context for head dims
 //! of 32, 64, 128 and 256 (`paged_attention_d*`, then `attention_combine`), one block per (token,
-//! q head) otherwise (`paged_attention`).
+//! q head) otherwise (`paged_attention`). Prefill chunks of bf16 backends go to the tensor-core
+//! flash kernel instead (flash.rs); the paged kernels keep the other rows of the batch.
 
 use crate::backend::{launch, CudaBackend};
 use crate::buffer::CudaBuf;

@@ -1,7 +1,7 @@
 //! Launchers of the Gated DeltaNet ops: causal conv1d with its window (conv.cu), the gates and the
-//! delta rule (recurrent in gdn.cu, chunked for prefill in gdn_chunked.cu), and resetting / copying
-//! a state slot. The state pools stay on the
-//! device; the batch's sequence table is uploaded per call.
+//! delta rule (recurrent in gdn.cu: the row-coalesced kernel where the dims allow, the column kernel
+//! otherwise; chunked for prefill in gdn_chunked.cu when asked), and resetting / copying a state
+//! slot. The state pools stay on the device; the batch's sequence table is uploaded per call.
 
 use crate::backend::{device_failure, launch, CudaBackend};
 use crate::buffer::CudaBuf;
@@ -18,10 +18,6 @@ const CONV_THREADS: u32 = 128;
 /// From this many new tokens in one sequence (prefill), the conv runs parallel over tokens
 /// (`causal_conv1d_tokens` + `conv_window_update`) instead of walking them per channel.
 const PARALLEL_CONV_MIN_TOKENS: usize = 16;
-
-/// Value columns per block of the register-resident delta rule (one warp, 4 lanes per column:
-/// `COLUMNS_PER_WARP` in gdn.cu).
-const COLUMNS_PER_BLOCK: usize = 8;
 
 /// With `GdnPrefill::Chunked`, from this many new tokens in one sequence (and no snapshots in the
 /// batch), the delta rule runs in chunked form (gdn_chunked.cu). `SLICE` and `CHUNK_THREADS` there: value columns and threads per block.
@@ -64,18 +60,6 @@ fn row_kernel(key_dim: usize, value_dim: usize, columns: usize) -> Option<&'stat
         (64, 4) => "gated_delta_rule_rows_k64_c4",
         (128, 4) => "gated_delta_rule_rows_k128_c4",
         (256, 4) => "gated_delta_rule_rows_k256_c4",
-        _ => return None,
-    })
-}
-
-/// The delta-rule kernel that keeps a state column in registers, compiled for these key dims.
-fn register_kernel(key_dim: usize) -> Option<&'static str> {
-    Some(match key_dim {
-        16 => "gated_delta_rule_k16",
-        32 => "gated_delta_rule_k32",
-        64 => "gated_delta_rule_k64",
-        128 => "gated_delta_rule_k128",
-        256 => "gated_delta_rule_k256",
         _ => return None,
     })
 }
@@ -313,26 +297,16 @@ impl CudaBackend {
             prefill,
             chunked_kernel(key_dim),
             row_kernel(key_dim, value_dim, columns),
-            register_kernel(key_dim),
         ) {
-            (true, Some(kernel), _, _) => {
-                Some((kernel, grid(CHUNK_SLICE), CHUNK_THREADS, 0, false))
-            }
-            (_, _, Some(kernel), _) => Some((kernel, grid(32 * columns), ROW_THREADS, 0, true)),
-            (_, _, _, Some(kernel)) => Some((
-                kernel,
-                grid(COLUMNS_PER_BLOCK),
-                32,
-                2 * key_dim * std::mem::size_of::<f32>(),
-                true,
-            )),
+            (true, Some(kernel), _) => Some((kernel, grid(CHUNK_SLICE), CHUNK_THREADS, false)),
+            (_, _, Some(kernel)) => Some((kernel, grid(32 * columns), ROW_THREADS, true)),
             _ => None,
         };
-        if let Some((kernel, grid_dim, threads, shared, with_snapshots)) = fast {
+        if let Some((kernel, grid_dim, threads, with_snapshots)) = fast {
             let cfg = LaunchConfig {
                 grid_dim,
                 block_dim: (threads, 1, 1),
-                shared_mem_bytes: shared as u32,
+                shared_mem_bytes: 0,
             };
             use cudarc::driver::PushKernelArg;
             let mut builder = self.stream.launch_builder(self.function(kernel));

@@ -80,11 +80,6 @@ pub const FILES: [KernelFile; 13] = [
         functions: &[
             "gdn_gates",
             "gated_delta_rule",
-            "gated_delta_rule_k16",
-            "gated_delta_rule_k32",
-            "gated_delta_rule_k64",
-            "gated_delta_rule_k128",
-            "gated_delta_rule_k256",
             "gated_delta_rule_rows_k16_c1",
             "gated_delta_rule_rows_k32_c1",
             "gated_delta_rule_rows_k64_c1",

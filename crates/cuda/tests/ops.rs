@@ -492,13 +492,84 @@ fn blocks_of(s: usize, per_seq: usize, seqs: usize) -> Vec<u32> {
 /// (q heads, kv heads, head_dim, per sequence (new tokens, cached tokens)).
 type AttentionCase = (usize, usize, usize, &'static [(usize, usize)]);
 
+/// Inputs of one attention case on both backends: the shape, pools whose blocks hold random cached
+/// K/V (the reference's rounded to bf16 when `round_cached`), a packed batch whose block tables are
+/// interleaved, and the new rows' q, k, v.
+struct AttentionInputs {
+    shape: AttnShape,
+    ref_pool: KvLayerPool<ReferenceBackend>,
+    pool: KvLayerPool<CudaBackend>,
+    batch: BatchLayout,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+}
+
+fn attention_inputs(
+    be: &CudaBackend,
+    rng: &mut Rng,
+    (q_heads, kv_heads, head_dim, seqs): AttentionCase,
+    round_cached: bool,
+) -> AttentionInputs {
+    let block_size = 16;
+    let per_seq = seqs
+        .iter()
+        .map(|&(n, p)| (n + p).div_ceil(block_size))
+        .max()
+        .unwrap();
+    let num_blocks = per_seq * seqs.len() + 3;
+    let mut ref_pool = KvLayerPool::new(
+        &ReferenceBackend,
+        num_blocks,
+        block_size,
+        kv_heads,
+        head_dim,
+    );
+    // Cached context: random K/V already in the pool at the first `pos` positions.
+    let kv_len = ref_pool.k.len();
+    let cached_k = rng.vec(kv_len, 1.0);
+    let cached_v = rng.vec(kv_len, 1.0);
+    let pool = KvLayerPool::<CudaBackend> {
+        k: be.upload(&cached_k),
+        v: be.upload(&cached_v),
+        num_blocks,
+        block_size,
+        kv_heads,
+        head_dim,
+    };
+    (ref_pool.k, ref_pool.v) = if round_cached {
+        (round_bf16(&cached_k), round_bf16(&cached_v))
+    } else {
+        (cached_k, cached_v)
+    };
+    let batch = BatchLayout::packed(
+        block_size,
+        seqs.iter()
+            .enumerate()
+            .map(|(s, &(n, p))| (n, p, blocks_of(s, per_seq, seqs.len()), s)),
+    );
+    let t = batch.total_tokens();
+    AttentionInputs {
+        shape: AttnShape {
+            q_heads,
+            kv_heads,
+            head_dim,
+        },
+        ref_pool,
+        pool,
+        batch,
+        q: rng.vec(t * q_heads * head_dim, 1.5),
+        k: rng.vec(t * kv_heads * head_dim, 1.5),
+        v: rng.vec(t * kv_heads * head_dim, 1.0),
+    }
+}
+
 #[test]
 fn paged_attention_matches_reference() {
     let Some(be) = cuda(GemmPrecision::F32, "paged_attention_matches_reference") else {
         return;
     };
     let mut rng = Rng(6);
-    let block_size = 16;
     // Head dims 32, 64, 128 and 256 run the warp-per-position kernels (contexts over 64 positions
     // are split and combined); 16 the general one. The last case is a long prefill chunk whose
     // split partials would exceed the workspace cap: its blocks take several chunks each.
@@ -512,46 +583,16 @@ fn paged_attention_matches_reference() {
         (16, 2, 64, &[(1024, 7700)]),
     ];
     for (q_heads, kv_heads, head_dim, seqs) in cases {
-        let shape = AttnShape {
-            q_heads,
-            kv_heads,
-            head_dim,
-        };
-        let per_seq = seqs
-            .iter()
-            .map(|&(n, p)| (n + p).div_ceil(block_size))
-            .max()
-            .unwrap();
-        let num_blocks = per_seq * seqs.len() + 3;
-        let mut ref_pool = KvLayerPool::new(
-            &ReferenceBackend,
-            num_blocks,
-            block_size,
-            kv_heads,
-            head_dim,
-        );
-        // Cached context: random K/V already in the pool at the first `pos` positions.
-        let kv_len = ref_pool.k.len();
-        ref_pool.k = rng.vec(kv_len, 1.0);
-        ref_pool.v = rng.vec(kv_len, 1.0);
-        let mut pool = KvLayerPool::<CudaBackend> {
-            k: be.upload(&ref_pool.k),
-            v: be.upload(&ref_pool.v),
-            num_blocks,
-            block_size,
-            kv_heads,
-            head_dim,
-        };
-        let batch = BatchLayout::packed(
-            block_size,
-            seqs.iter()
-                .enumerate()
-                .map(|(s, &(n, p))| (n, p, blocks_of(s, per_seq, seqs.len()), s)),
-        );
+        let AttentionInputs {
+            shape,
+            mut ref_pool,
+            mut pool,
+            batch,
+            q,
+            k,
+            v,
+        } = attention_inputs(be, &mut rng, (q_heads, kv_heads, head_dim, seqs), false);
         let t = batch.total_tokens();
-        let q = rng.vec(t * q_heads * head_dim, 1.5);
-        let k = rng.vec(t * kv_heads * head_dim, 1.5);
-        let v = rng.vec(t * kv_heads * head_dim, 1.0);
         let mut want = vec![0.0; t * q_heads * head_dim];
         ReferenceBackend.attention(&q, &k, &v, &mut ref_pool, &batch, shape, &mut want);
         let mut out = be.zeros(t * q_heads * head_dim);
@@ -595,7 +636,6 @@ fn flash_prefill_attention_matches_reference() {
         return;
     };
     let mut rng = Rng(16);
-    let block_size = 16;
     let cases: [AttentionCase; 5] = [
         (24, 4, 256, &[(200, 0), (1, 300), (100, 37)]),
         (16, 2, 128, &[(64, 0), (129, 500), (2, 9)]),
@@ -604,47 +644,16 @@ fn flash_prefill_attention_matches_reference() {
         (6, 1, 256, &[(1000, 1100)]),
     ];
     for (q_heads, kv_heads, head_dim, seqs) in cases {
-        let shape = AttnShape {
-            q_heads,
-            kv_heads,
-            head_dim,
-        };
-        let per_seq = seqs
-            .iter()
-            .map(|&(n, p)| (n + p).div_ceil(block_size))
-            .max()
-            .unwrap();
-        let num_blocks = per_seq * seqs.len() + 3;
-        let mut ref_pool = KvLayerPool::new(
-            &ReferenceBackend,
-            num_blocks,
-            block_size,
-            kv_heads,
-            head_dim,
-        );
-        let kv_len = ref_pool.k.len();
-        let cached_k = rng.vec(kv_len, 1.0);
-        let cached_v = rng.vec(kv_len, 1.0);
-        ref_pool.k = round_bf16(&cached_k);
-        ref_pool.v = round_bf16(&cached_v);
-        let mut pool = KvLayerPool::<CudaBackend> {
-            k: be.upload(&cached_k),
-            v: be.upload(&cached_v),
-            num_blocks,
-            block_size,
-            kv_heads,
-            head_dim,
-        };
-        let batch = BatchLayout::packed(
-            block_size,
-            seqs.iter()
-                .enumerate()
-                .map(|(s, &(n, p))| (n, p, blocks_of(s, per_seq, seqs.len()), s)),
-        );
+        let AttentionInputs {
+            shape,
+            mut ref_pool,
+            mut pool,
+            batch,
+            q,
+            k,
+            v,
+        } = attention_inputs(be, &mut rng, (q_heads, kv_heads, head_dim, seqs), true);
         let t = batch.total_tokens();
-        let q = rng.vec(t * q_heads * head_dim, 1.5);
-        let k = rng.vec(t * kv_heads * head_dim, 1.5);
-        let v = rng.vec(t * kv_heads * head_dim, 1.0);
         let mut want = vec![0.0; t * q_heads * head_dim];
         ReferenceBackend.attention(
             &round_bf16(&q),

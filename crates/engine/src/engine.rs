@@ -371,10 +371,13 @@ impl<B: Backend> Worker<B> {
         }
     }
 
-    /// Ends a request wherever it is (queued or running) and frees what it holds.
+    /// Ends a request wherever it is (queued or running) and frees what it holds. The statistics
+    /// are published before the client hears of the end, so whatever it asks next (/metrics, the
+    /// pool gauges) already counts the request as gone.
     fn finish_by_id(&mut self, id: RequestId, reason: FinishReason) {
         if let Some(i) = self.scheduler.waiting.iter().position(|s| s.id == id) {
             if let Some(seq) = self.scheduler.waiting.remove(i) {
+                self.publish_stats();
                 seq.send(EngineEvent::Finished {
                     reason,
                     usage: seq.usage.clone(),
@@ -383,6 +386,7 @@ impl<B: Backend> Worker<B> {
         } else if let Some(i) = self.scheduler.running.iter().position(|s| s.id == id) {
             let mut seq = self.scheduler.running.remove(i);
             self.scheduler.release(&mut seq);
+            self.publish_stats();
             seq.send(EngineEvent::Finished {
                 reason,
                 usage: seq.usage.clone(),

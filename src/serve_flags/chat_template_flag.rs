@@ -6,7 +6,7 @@ use std::path::Path;
 
 use deltaserve_text::ChatTemplate;
 
-use crate::args::ArgsError;
+use crate::serve_flags::args::ArgsError;
 
 /// The template source `value` stands for, compiled once to prove it parses.
 pub fn load_chat_template(value: &str) -> Result<String, ArgsError> {

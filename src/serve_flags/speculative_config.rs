@@ -3,7 +3,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::args::ArgsError;
+use crate::serve_flags::args::ArgsError;
 
 /// The settings a vLLM speculative config asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

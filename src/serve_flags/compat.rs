@@ -9,10 +9,10 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use crate::args::{ArgsError, BackendKind, ServeArgs};
-use crate::auth::ApiKey;
-use crate::flag_values::{KvCacheDtype, LogLevel, SchedulePolicy};
-use crate::foreign_flags::{ForeignFlags, Verdict};
+use crate::serve_flags::args::{ArgsError, BackendKind, ServeArgs};
+use crate::serve_flags::flag_values::{KvCacheDtype, LogLevel, SchedulePolicy};
+use crate::serve_flags::foreign_flags::{ForeignFlags, Verdict};
+use deltaserve_api::ApiKey;
 
 /// Environment variable vLLM reads the API key from.
 pub const VLLM_API_KEY: &str = "VLLM_API_KEY";
@@ -329,7 +329,7 @@ impl ServeArgs {
         let Some(json) = &compat.speculative_config else {
             return Ok(());
         };
-        let vllm = crate::speculative_config::parse(json)?;
+        let vllm = crate::serve_flags::speculative_config::parse(json)?;
         if let Some(algorithm) = &self.speculative_algorithm {
             if !matches!(algorithm.to_ascii_uppercase().as_str(), "NEXTN" | "MTP") {
                 return Err(ArgsError(format!(

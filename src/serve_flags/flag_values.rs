@@ -5,7 +5,7 @@
 use clap::ValueEnum;
 use serde_json::{Map, Value};
 
-use crate::args::ArgsError;
+use crate::serve_flags::args::ArgsError;
 
 /// `--dtype`: the data type the weights run in. deltaserve runs them as the checkpoint stores them,
 /// so a value is a check against the checkpoint, never a conversion.

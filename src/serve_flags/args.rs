@@ -1,23 +1,29 @@
 //! The `deltaserve serve` flags (SGLang spellings where the meaning is the same) and their validation:
 //! contradictory or unsupported combinations are refused at start-up with a message naming the flags.
-//! Building the engine from these flags belongs to the binary, not here.
+//! The server's settings are built here (`server_config`); the engine's and the pools' in
+//! commands/serve.rs.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use clap::builder::TypedValueParser;
 use clap::{Args, ValueEnum};
 
-use crate::auth::ApiKey;
-use crate::compat::CompatArgs;
-use crate::flag_values::{
+use crate::serve_flags::compat::CompatArgs;
+use crate::serve_flags::flag_values::{
     parse_template_kwargs, KvCacheDtype, LogLevel, ModelDtype, SchedulePolicy,
 };
-use crate::limits::{
+use deltaserve_api::limits::{
     RequestLimits, DEFAULT_MAX_MESSAGES, DEFAULT_MAX_N, DEFAULT_MAX_STOP_STRINGS,
     DEFAULT_MAX_TOKENS_CAP, DEFAULT_MAX_TOP_LOGPROBS,
 };
-use crate::state::{DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CONNECTIONS, DEFAULT_REQUEST_TIMEOUT_SECS};
+use deltaserve_api::state::{
+    DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CONNECTIONS, DEFAULT_REQUEST_TIMEOUT_SECS,
+};
+use deltaserve_api::ApiKey;
+use deltaserve_api::{DegenerationAction, ServerConfig};
+use deltaserve_text::ToolCallFormat;
 use serde_json::{Map, Value};
 
 /// Flags of `deltaserve serve`.
@@ -166,7 +172,7 @@ pub struct ServeArgs {
     #[arg(long = "cuda-matmul-precision", value_enum, default_value_t = CpuMatmulPrecision::Bf16)]
     pub cuda_matmul_precision: CpuMatmulPrecision,
     /// Largest decode batch recorded as a CUDA graph and replayed.
-    #[arg(long = "cuda-graph-max-bs", default_value_t = 64)]
+    #[arg(long = "cuda-graph-max-bs", default_value_t = crate::loading::DEFAULT_CUDA_GRAPH_MAX_BS)]
     pub cuda_graph_max_bs: usize,
     /// Launch every op one by one (no CUDA graphs).
     #[arg(long = "disable-cuda-graph")]
@@ -184,7 +190,7 @@ pub struct ServeArgs {
     /// What to do when a request's output degenerates (loops, collapses, reasoning that never
     /// closes): `log` counts it, logs a diagnosis and adds a `degeneration` field to the choice;
     /// `stop` also ends the request there (`finish_reason: "stop"`).
-    #[arg(long, value_enum, default_value_t = DegenerationAction::Log)]
+    #[arg(long, value_parser = degeneration_action_parser(), default_value = "log")]
     pub degeneration_action: DegenerationAction,
     /// Clients must send `Authorization: Bearer KEY` on every route but /health (401 otherwise).
     /// Also read from DELTASERVE_API_KEY, which keeps the key out of the process list.
@@ -244,23 +250,19 @@ pub struct ServeArgs {
     pub compat: CompatArgs,
 }
 
-/// `--degeneration-action`.
-#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum DegenerationAction {
-    /// Count, log and report the degeneration; let the request run on.
-    #[default]
-    Log,
-    /// Count, log and report it, and end the request at once.
-    Stop,
-}
-
-impl DegenerationAction {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Log => "log",
-            Self::Stop => "stop",
-        }
-    }
+/// `--degeneration-action` values (the server's `DegenerationAction`).
+fn degeneration_action_parser() -> impl clap::builder::TypedValueParser<Value = DegenerationAction>
+{
+    clap::builder::PossibleValuesParser::new([
+        clap::builder::PossibleValue::new("log")
+            .help("Count, log and report the degeneration; let the request run on"),
+        clap::builder::PossibleValue::new("stop")
+            .help("Count, log and report it, and end the request at once"),
+    ])
+    .map(|value| match value.as_str() {
+        "stop" => DegenerationAction::Stop,
+        _ => DegenerationAction::Log,
+    })
 }
 
 /// `--cpu-matmul-precision` values.
@@ -397,6 +399,39 @@ impl ServeArgs {
     /// `--request-timeout`; `None` for 0 (no limit).
     pub fn request_timeout(&self) -> Option<Duration> {
         (self.request_timeout > 0).then(|| Duration::from_secs(self.request_timeout))
+    }
+
+    /// The server's settings from validated flags.
+    pub fn server_config(&self) -> ServerConfig {
+        ServerConfig {
+            model_name: self.model_name(),
+            model_aliases: self.model_aliases(),
+            reasoning_parser: self.reasoning_parser.is_some(),
+            tool_call_parser: true,
+            tool_call_format: self
+                .tool_call_parser
+                .as_deref()
+                .and_then(ToolCallFormat::from_parser_name),
+            enable_metrics: self.enable_metrics,
+            health_interval: self.health_interval(),
+            health_probe_timeout: Duration::from_secs(60),
+            max_body_bytes: self.max_body_bytes,
+            grace_period: self.grace_period(),
+            degeneration_action: self.degeneration_action,
+            degeneration: deltaserve_health::Config::default(),
+            api_key: self.api_key.clone(),
+            metrics_no_auth: self.metrics_no_auth,
+            limits: self.request_limits(),
+            request_timeout: self.request_timeout(),
+            max_connections: self.max_concurrent_connections,
+            random_seed: self.random_seed,
+            default_template_kwargs: self
+                .default_chat_template_kwargs
+                .clone()
+                .unwrap_or_default(),
+            tp_size: self.tp_size.unwrap_or(1),
+            dp_size: self.dp_size.unwrap_or(1),
+        }
     }
 
     /// `--host` and `--port` as a socket address.
@@ -544,7 +579,7 @@ impl ServeArgs {
             }
         }
         if let Some(parser) = &self.tool_call_parser {
-            if deltaserve_text::ToolCallFormat::from_parser_name(parser).is_none() {
+            if ToolCallFormat::from_parser_name(parser).is_none() {
                 return refuse(format!(
                     "--tool-call-parser {parser:?} is not supported; the tool-call parsers are \
                      \"qwen3_coder\" (the XML <tool_call><function=...> format of Qwen3.5 / Qwen3.6) and \
@@ -773,7 +808,7 @@ mod tests {
         let args = parse("--model-path m");
         assert_eq!(args.request_timeout(), Some(Duration::from_secs(600)));
         assert_eq!(args.max_concurrent_connections, 1024);
-        let config = crate::state::ServerConfig::from_args(&args);
+        let config = args.server_config();
         assert_eq!(
             (config.request_timeout, config.max_connections),
             (Some(Duration::from_secs(600)), 1024)
@@ -781,7 +816,7 @@ mod tests {
         let args = parse("--model-path m --request-timeout 0 --max-concurrent-connections 8");
         assert!(args.validate().is_ok());
         assert_eq!(args.request_timeout(), None);
-        let config = crate::state::ServerConfig::from_args(&args);
+        let config = args.server_config();
         assert_eq!((config.request_timeout, config.max_connections), (None, 8));
         let e = refused("--model-path m --max-concurrent-connections 0");
         assert!(e.contains("--max-concurrent-connections"), "{e}");
@@ -814,7 +849,7 @@ mod tests {
             !format!("{args:?}").contains("sk-123"),
             "Debug must redact the key"
         );
-        let config = crate::state::ServerConfig::from_args(&args);
+        let config = args.server_config();
         assert!(
             !format!("{config:?}").contains("sk-123"),
             "Debug must redact the key"
