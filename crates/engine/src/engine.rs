@@ -371,27 +371,40 @@ impl<B: Backend> Worker<B> {
         }
     }
 
-    /// Ends a request wherever it is (queued or running) and frees what it holds. The statistics
-    /// are published before the client hears of the end, so whatever it asks next (/metrics, the
-    /// pool gauges) already counts the request as gone.
+    /// Ends a request wherever it is (queued or running) and frees what it holds.
     fn finish_by_id(&mut self, id: RequestId, reason: FinishReason) {
-        if let Some(i) = self.scheduler.waiting.iter().position(|s| s.id == id) {
-            if let Some(seq) = self.scheduler.waiting.remove(i) {
-                self.publish_stats();
-                seq.send(EngineEvent::Finished {
-                    reason,
-                    usage: seq.usage.clone(),
-                });
-            }
-        } else if let Some(i) = self.scheduler.running.iter().position(|s| s.id == id) {
-            let mut seq = self.scheduler.running.remove(i);
-            self.scheduler.release(&mut seq);
-            self.publish_stats();
+        self.finish_all([(id, reason)]);
+    }
+
+    /// Ends these requests and frees what they hold. The statistics are published once, after
+    /// every release and before any client hears of its end, so whatever a client asks next
+    /// (/metrics, the pool gauges) already counts its request as gone.
+    fn finish_all(&mut self, ended: impl IntoIterator<Item = (RequestId, FinishReason)>) {
+        let ended: Vec<(Sequence, FinishReason)> = ended
+            .into_iter()
+            .filter_map(|(id, reason)| self.take_and_release(id).map(|seq| (seq, reason)))
+            .collect();
+        if ended.is_empty() {
+            return;
+        }
+        self.publish_stats();
+        for (seq, reason) in ended {
             seq.send(EngineEvent::Finished {
                 reason,
                 usage: seq.usage.clone(),
             });
         }
+    }
+
+    /// Takes a request out of the queue or the running set, its blocks and slots freed.
+    fn take_and_release(&mut self, id: RequestId) -> Option<Sequence> {
+        if let Some(i) = self.scheduler.waiting.iter().position(|s| s.id == id) {
+            return self.scheduler.waiting.remove(i);
+        }
+        let i = self.scheduler.running.iter().position(|s| s.id == id)?;
+        let mut seq = self.scheduler.running.remove(i);
+        self.scheduler.release(&mut seq);
+        Some(seq)
     }
 
     fn step(&mut self) {
@@ -703,9 +716,7 @@ impl<B: Backend> Worker<B> {
                     .copy_slot(&self.model.backend, own as usize, snapshot as usize);
             }
         }
-        for (id, reason) in finished {
-            self.finish_by_id(id, reason);
-        }
+        self.finish_all(finished);
         for (id, message) in failed {
             self.fail_by_id(id, &message);
         }
