@@ -493,9 +493,10 @@ fn blocks_of(s: usize, per_seq: usize, seqs: usize) -> Vec<u32> {
 type AttentionCase = (usize, usize, usize, &'static [(usize, usize)]);
 
 /// Inputs of one attention case on both backends: the shape, pools whose blocks hold random cached
-/// K/V (the reference's rounded to bf16 when `round_cached`), a packed batch whose block tables are
-/// interleaved, and the new rows' q, k, v.
+/// K/V, a packed batch whose block tables are interleaved, and the new rows' q, k, v. With
+/// `bf16_reference` the reference sees every input rounded to bf16 (the flash kernel's view).
 struct AttentionInputs {
+    bf16_reference: bool,
     shape: AttnShape,
     ref_pool: KvLayerPool<ReferenceBackend>,
     pool: KvLayerPool<CudaBackend>,
@@ -509,7 +510,7 @@ fn attention_inputs(
     be: &CudaBackend,
     rng: &mut Rng,
     (q_heads, kv_heads, head_dim, seqs): AttentionCase,
-    round_cached: bool,
+    bf16_reference: bool,
 ) -> AttentionInputs {
     let block_size = 16;
     let per_seq = seqs
@@ -537,7 +538,7 @@ fn attention_inputs(
         kv_heads,
         head_dim,
     };
-    (ref_pool.k, ref_pool.v) = if round_cached {
+    (ref_pool.k, ref_pool.v) = if bf16_reference {
         (round_bf16(&cached_k), round_bf16(&cached_v))
     } else {
         (cached_k, cached_v)
@@ -550,6 +551,7 @@ fn attention_inputs(
     );
     let t = batch.total_tokens();
     AttentionInputs {
+        bf16_reference,
         shape: AttnShape {
             q_heads,
             kv_heads,
@@ -561,6 +563,45 @@ fn attention_inputs(
         q: rng.vec(t * q_heads * head_dim, 1.5),
         k: rng.vec(t * kv_heads * head_dim, 1.5),
         v: rng.vec(t * kv_heads * head_dim, 1.0),
+    }
+}
+
+impl AttentionInputs {
+    /// Attention of the new rows on the cuda backend and on the reference: `(got, want)`.
+    fn attend(&mut self, be: &CudaBackend) -> (Vec<f32>, Vec<f32>) {
+        let AttnShape {
+            q_heads, head_dim, ..
+        } = self.shape;
+        let rows = self.batch.total_tokens() * q_heads * head_dim;
+        let seen = |x: &[f32]| {
+            if self.bf16_reference {
+                round_bf16(x)
+            } else {
+                x.to_vec()
+            }
+        };
+        let (q, k, v) = (seen(&self.q), seen(&self.k), seen(&self.v));
+        let mut want = vec![0.0; rows];
+        ReferenceBackend.attention(
+            &q,
+            &k,
+            &v,
+            &mut self.ref_pool,
+            &self.batch,
+            self.shape,
+            &mut want,
+        );
+        let mut out = be.zeros(rows);
+        be.attention(
+            &be.upload(&self.q),
+            &be.upload(&self.k),
+            &be.upload(&self.v),
+            &mut self.pool,
+            &self.batch,
+            self.shape,
+            &mut out,
+        );
+        (be.to_host(&out), want)
     }
 }
 
@@ -583,40 +624,20 @@ fn paged_attention_matches_reference() {
         (16, 2, 64, &[(1024, 7700)]),
     ];
     for (q_heads, kv_heads, head_dim, seqs) in cases {
-        let AttentionInputs {
-            shape,
-            mut ref_pool,
-            mut pool,
-            batch,
-            q,
-            k,
-            v,
-        } = attention_inputs(be, &mut rng, (q_heads, kv_heads, head_dim, seqs), false);
-        let t = batch.total_tokens();
-        let mut want = vec![0.0; t * q_heads * head_dim];
-        ReferenceBackend.attention(&q, &k, &v, &mut ref_pool, &batch, shape, &mut want);
-        let mut out = be.zeros(t * q_heads * head_dim);
-        be.attention(
-            &be.upload(&q),
-            &be.upload(&k),
-            &be.upload(&v),
-            &mut pool,
-            &batch,
-            shape,
-            &mut out,
-        );
+        let mut case = attention_inputs(be, &mut rng, (q_heads, kv_heads, head_dim, seqs), false);
+        let (got, want) = case.attend(be);
         let label = format!("attention q{q_heads}/kv{kv_heads} d{head_dim} seqs {seqs:?}");
-        check(&label, &be.to_host(&out), &want, TOL_ATTENTION);
+        check(&label, &got, &want, TOL_ATTENTION);
         check(
             &format!("{label} k pool"),
-            &be.to_host(&pool.k),
-            &ref_pool.k,
+            &be.to_host(&case.pool.k),
+            &case.ref_pool.k,
             0.0,
         );
         check(
             &format!("{label} v pool"),
-            &be.to_host(&pool.v),
-            &ref_pool.v,
+            &be.to_host(&case.pool.v),
+            &case.ref_pool.v,
             0.0,
         );
     }
@@ -644,38 +665,10 @@ fn flash_prefill_attention_matches_reference() {
         (6, 1, 256, &[(1000, 1100)]),
     ];
     for (q_heads, kv_heads, head_dim, seqs) in cases {
-        let AttentionInputs {
-            shape,
-            mut ref_pool,
-            mut pool,
-            batch,
-            q,
-            k,
-            v,
-        } = attention_inputs(be, &mut rng, (q_heads, kv_heads, head_dim, seqs), true);
-        let t = batch.total_tokens();
-        let mut want = vec![0.0; t * q_heads * head_dim];
-        ReferenceBackend.attention(
-            &round_bf16(&q),
-            &round_bf16(&k),
-            &round_bf16(&v),
-            &mut ref_pool,
-            &batch,
-            shape,
-            &mut want,
-        );
-        let mut out = be.zeros(t * q_heads * head_dim);
-        be.attention(
-            &be.upload(&q),
-            &be.upload(&k),
-            &be.upload(&v),
-            &mut pool,
-            &batch,
-            shape,
-            &mut out,
-        );
+        let (got, want) =
+            attention_inputs(be, &mut rng, (q_heads, kv_heads, head_dim, seqs), true).attend(be);
         let label = format!("flash attention q{q_heads}/kv{kv_heads} d{head_dim} seqs {seqs:?}");
-        check(&label, &be.to_host(&out), &want, TOL_FLASH);
+        check(&label, &got, &want, TOL_FLASH);
     }
 }
 
