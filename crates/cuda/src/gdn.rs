@@ -42,6 +42,8 @@ const ROW_THREADS: u32 = 256;
 /// row kernel takes 1 column a lane instead: four times the blocks, a quarter of the work each, for
 /// a GPU the batch alone would not fill. Both widths give bitwise the same results.
 const ROW_WIDE_MIN_BLOCKS: usize = 512;
+/// Value columns a lane owns in the row kernel's wide form (the narrow form owns 1).
+const ROW_WIDE_COLUMNS: usize = 4;
 
 /// The delta-rule kernel that keeps whole state rows in registers and reads them in coalesced
 /// sweeps, `columns` value columns a lane, compiled for these key dims (a multiple of its 8 warps).
@@ -285,14 +287,16 @@ impl CudaBackend {
                 value_dim.div_ceil(columns_per_block) as u32,
             )
         };
+        let wide_blocks =
+            value_heads * batch.seqs.len() * value_dim.div_ceil(32 * ROW_WIDE_COLUMNS);
+        let columns =
+            if wide_blocks >= ROW_WIDE_MIN_BLOCKS && value_dim.is_multiple_of(ROW_WIDE_COLUMNS) {
+                ROW_WIDE_COLUMNS
+            } else {
+                1
+            };
         // Both kernels take (mixed, g, beta, ssm, out, seqs, [snaps,] key_heads, value_heads,
         // value_dim); the chunked one has no snapshots (it only runs without them).
-        let wide_blocks = value_heads * batch.seqs.len() * value_dim.div_ceil(128);
-        let columns = if wide_blocks >= ROW_WIDE_MIN_BLOCKS && value_dim.is_multiple_of(4) {
-            4
-        } else {
-            1
-        };
         let fast = match (
             prefill,
             chunked_kernel(key_dim),
