@@ -8,6 +8,7 @@
 
 extern "C" __global__ void kv_write(const float* k, const float* v, float* k_pool, float* v_pool,
                                     const i64* offsets, i64 tokens, int kv_row) {
+    AFTER_PREVIOUS_KERNEL();
     FOR_EACH(i, tokens * kv_row) {
         const i64 t = i / kv_row;
         const i64 at = offsets[t] + i % kv_row;
@@ -20,6 +21,7 @@ extern "C" __global__ void kv_write(const float* k, const float* v, float* k_poo
 extern "C" __global__ void paged_attention(const float* q, const float* k_pool, const float* v_pool, float* out,
                                            const int* rows, const unsigned int* blocks, int q_heads, int kv_heads,
                                            int head_dim, int block_size, float scale) {
+    AFTER_PREVIOUS_KERNEL();
     extern __shared__ float smem[];
     float* qs = smem;
     float* acc = smem + head_dim;
@@ -175,7 +177,7 @@ __device__ void attention_by_warps(const float* q, const float* k_pool, const fl
     extern "C" __global__ void paged_attention_d##DPL(const float* q, const float* k_pool, const float* v_pool, \
                                                        float* out, float* part_stats, float* part_acc,         \
                                                        const int* rows, const unsigned int* blocks, int q_heads, \
-                                                       int kv_heads, int block_size, float scale) {           \
+                                                       int kv_heads, int block_size, float scale) { AFTER_PREVIOUS_KERNEL();           \
         attention_by_warps<DPL>(q, k_pool, v_pool, out, part_stats, part_acc, rows, blocks, q_heads, kv_heads, \
                                 block_size, scale);                                                          \
     }
@@ -188,6 +190,7 @@ ATTENTION_BY_WARPS(8)
 // position is another kernel's (flash_attention.cu) and is left alone.
 extern "C" __global__ void attention_combine(const float* part_stats, const float* part_acc, float* out, const int* rows,
                                              int q_heads, int head_dim, int splits) {
+    AFTER_PREVIOUS_KERNEL();
     const i64 t = blockIdx.x / q_heads;
     const int used = min((rows[2 * t] + ATTENTION_SPLIT - 1) / ATTENTION_SPLIT, splits);
     if (used == 0) return;

@@ -89,5 +89,34 @@ __device__ __forceinline__ void load_rounded8(const float* p, float* f) {
     for (int i = 0; i < 8; ++i) f[i] = bf16_to_f32(f32_to_bf16(in[i]));
 }
 
+// ---- programmatic dependent launch (launcher.rs) ----
+// A kernel whose PTX executes `griddepcontrol.wait` is launched so that it may start while the
+// previous kernel on the stream still runs; the wait returns once that kernel has completed and its
+// writes are visible. So a kernel calls `wait_for_previous_kernel` before it reads anything an
+// earlier kernel wrote and before its first global write (the previous kernel may still be reading
+// what this one overwrites), and every thread calls it, early exits included, so that this grid
+// cannot complete before its predecessor. Without the launch attribute (GPUs before Hopper,
+// DELTASERVE_CUDA_PDL=0) it returns at once.
+__device__ __forceinline__ void wait_for_previous_kernel() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Lets the next kernel's blocks start on free SMs once every block of this grid has started; they
+// do their independent part (a GEMV's first weight loads) and wait for this grid to complete.
+__device__ __forceinline__ void let_next_kernel_start() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// The first statement of a kernel that reads its inputs right away.
+#define AFTER_PREVIOUS_KERNEL() \
+    do {                        \
+        wait_for_previous_kernel(); \
+        let_next_kernel_start();    \
+    } while (0)
+
 // Grid-stride loop over `n` elements.
 #define FOR_EACH(i, n) for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (i64)(n); i += (i64)gridDim.x * blockDim.x)

@@ -13,6 +13,7 @@
 // is then a compile-time constant (a run-time index would move the arrays to local memory).
 extern "C" __global__ void causal_conv1d(const float* x, const float* w, float* conv_state, float* out,
                                          const int* seqs, const int* snaps, int conv_dim, int history) {
+    AFTER_PREVIOUS_KERNEL();
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= conv_dim) return;
     const int* seq = seqs + 4 * blockIdx.y;
@@ -69,6 +70,7 @@ __device__ __forceinline__ float conv_input(const float* x, const float* conv_st
 // own slot) and written (its snapshot slots).
 extern "C" __global__ void causal_conv1d_tokens(const float* x, const float* w, float* conv_state, float* out, const int* seqs, const int* snaps, const int* row_seqs,
                                                 i64 tokens, int conv_dim, int history) {
+    AFTER_PREVIOUS_KERNEL();
     const i64 slot_len = (i64)history * conv_dim;
     FOR_EACH(idx, tokens * conv_dim) {
         const i64 t = idx / conv_dim;
@@ -97,6 +99,7 @@ extern "C" __global__ void causal_conv1d_tokens(const float* x, const float* w, 
 // sequence), reading the old window before overwriting it.
 extern "C" __global__ void conv_window_update(const float* x, float* conv_state, const int* seqs, int conv_dim,
                                               int history) {
+    AFTER_PREVIOUS_KERNEL();
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= conv_dim) return;
     const int* seq = seqs + 4 * blockIdx.y;

@@ -219,7 +219,7 @@ __device__ void flash_prefill(const float* q, const float* k_pool, const float* 
     extern "C" __global__ void __launch_bounds__(FLASH_WARPS * 32)                                             \
         flash_prefill_d##D(const float* q, const float* k_pool, const float* v_pool, float* out, const int* tiles, \
                            const int* rows, const unsigned int* blocks, int q_heads, int kv_heads, int block_size, \
-                           float scale_log2) {                                                                 \
+                           float scale_log2) { AFTER_PREVIOUS_KERNEL();                                                                 \
         flash_prefill<D>(q, k_pool, v_pool, out, tiles, rows, blocks, q_heads, kv_heads, block_size, scale_log2); \
     }
 FLASH_PREFILL(32)

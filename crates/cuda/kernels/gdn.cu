@@ -13,6 +13,7 @@
 // g = -exp(a_log) * softplus(a + dt_bias) (torch softplus: threshold 20), beta = sigmoid(b).
 extern "C" __global__ void gdn_gates(const float* a, const float* b, const float* a_log, const float* dt_bias,
                                      float* g, float* beta, i64 n, int heads) {
+    AFTER_PREVIOUS_KERNEL();
     FOR_EACH(i, n) {
         const int h = (int)(i % heads);
         const double x = (double)a[i] + (double)dt_bias[h];
@@ -26,6 +27,7 @@ extern "C" __global__ void gdn_gates(const float* a, const float* b, const float
 extern "C" __global__ void gated_delta_rule(const float* mixed, const float* g, const float* beta, float* ssm,
                                             float* out, const int* seqs, const int* snaps, int key_heads,
                                             int value_heads, int key_dim, int value_dim) {
+    AFTER_PREVIOUS_KERNEL();
     extern __shared__ float smem[];
     float* q = smem;
     float* k = smem + key_dim;
@@ -281,7 +283,7 @@ __device__ void delta_rule_rows(const float* mixed, const float* g, const float*
 #define DELTA_RULE_ROWS(KD, C)                                                                               \
     extern "C" __global__ void __launch_bounds__(ROW_WARPS * 32, 2) gated_delta_rule_rows_k##KD##_c##C(      \
         const float* mixed, const float* g, const float* beta, float* ssm, float* out, const int* seqs,      \
-        const int* snaps, int key_heads, int value_heads, int value_dim) {                                   \
+        const int* snaps, int key_heads, int value_heads, int value_dim) { AFTER_PREVIOUS_KERNEL();                                   \
         delta_rule_rows<KD, C>(mixed, g, beta, ssm, out, seqs, snaps, key_heads, value_heads, value_dim);    \
     }
 DELTA_RULE_ROWS(16, 1)

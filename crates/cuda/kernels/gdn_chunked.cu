@@ -1,167 +1,500 @@
-// Gated DeltaNet prefill in chunked form (docs/model.md, "Gated DeltaNet", chunked form; the WY
-// representation of the Gated DeltaNet paper): the same map as the recurrence in gdn.cu, computed
-// CHUNK tokens at a time. With the state S0 [KD, VD] at a chunk's start, G the cumulative log-decay
-// inside the chunk, q and k l2-normed (q scaled by KD^-0.5):
-//   A[t][j] = beta_t e^(G_t - G_j) (k_t . k_j) for j < t          (strictly lower)
-//   (I + A) X = [diag(beta) V | diag(beta e^G) K]                  (forward substitution)
-//   U = X_V - X_K S0                                               (the deltas of the chunk)
-//   O[t] = e^(G_t) q_t S0 + sum_{j<=t} e^(G_t - G_j) (q_t . k_j) U[j]
-//   S = e^(G_last) S0 + sum_t e^(G_last - G_t) k_t U[t]^T
-// Value columns are independent, so a block owns SLICE of them: grid (value head, sequence, column
-// slice), 128 threads, S's slice in shared memory for the whole sequence. Every decay factor is
-// e^(non-positive), so nothing overflows. Results equal the recurrence up to rounding. Sequences with
-// snapshot slots use the recurrent kernels (verify steps are short and need every token's state).
-// Static shared memory: (KD * SLICE + 2 * CHUNK * (KD + 1) + CHUNK * (SLICE + KD) + 2 * CHUNK * CHUNK) floats;
-// q and k rows are padded by one float so that threads reading different rows hit different banks.
-#define CHUNK 16
-#define SLICE 32
-#define CHUNK_THREADS 128
+// Gated DeltaNet prefill in chunked form on the tensor cores (docs/model.md, "Gated DeltaNet",
+// chunked form; the WY representation of the Gated DeltaNet paper): the map of the recurrence in
+// gdn.cu, computed GDN_CHUNK tokens at a time. Per value head, with S0 [KD, VD] the state at a
+// chunk's start, G the cumulative log-decay inside the chunk (G_t <= 0), q and k l2-normed (q also
+// scaled by KD^-1/2):
+//   A[t][j] = beta_t e^(G_t - G_j) (k_t . k_j) for j < t      T = (I + A)^-1 (unit lower triangular)
+//   W  = T diag(beta e^G) K   [C, KD]       U0 = T diag(beta) V   [C, VD]
+//   P[t][j] = e^(G_t - G_j) (q_t . k_j) for j <= t
+//   Q' = diag(e^G) Q - P W    [C, KD]       O0 = P U0             [C, VD]
+//   Kd = diag(e^(G_last - G)) K [C, KD]
+// and then, chunk after chunk,
+//   U = U0 - W S0 (the chunk's deltas)   O = Q' S0 + O0   S = e^(G_last) S0 + Kd^T U.
+// Everything above the line is independent of the state, so `gdn_chunk_prepare` computes it for all
+// chunks and heads at once into a workspace; `gdn_chunk_scan` then walks each sequence's chunks in
+// order with its slice of S in shared memory: three small matrix products a chunk instead of a
+// token-by-token recurrence.
+//
+// Products run on the tensor cores in TF32 (`mma.m16n8k8`, operands rounded to nearest, f32
+// accumulation): a relative rounding of 2^-11 per operand, below the bf16 rounding of the
+// activations around this op on the bf16 backend (the only one that takes this path; the f32 backend
+// keeps the exact recurrence). T is inverted by blocks: the four 16 x 16 diagonal blocks by forward
+// substitution on the CUDA cores (f32), the blocks below them from T_ij = -T_ii sum_k A_ik T_kj.
+//
+// Shared-memory rows are padded so that the eight row groups of an mma fragment fall in different
+// banks: a row stride of 4 (mod 32) floats for row-major operand reads, 8 (mod 32) for reads across
+// rows (transposed A, B operands).
+#define GDN_CHUNK 64
+#define GDN_SLICE 64
+#define GDN_MAX_VALUE_DIM 128
+#define PREP_WARPS 4
+#define SCAN_WARPS 8
 
+__device__ __forceinline__ unsigned int to_tf32(float x) {
+    unsigned int r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+}
+
+// d (16 x 8) += a (16 x 8) * b (8 x 8), TF32 in, f32 accumulate. Fragments: thread (g = lane / 4,
+// c = lane % 4) holds a = {A[g][c], A[g+8][c], A[g][c+4], A[g+8][c+4]}, b = {B[c][g], B[c+4][g]}
+// and d = {D[g][2c], D[g][2c+1], D[g+8][2c], D[g+8][2c+1]}.
+__device__ __forceinline__ void mma_tf32(float* d, const unsigned int* a, unsigned int b0, unsigned int b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// A fragment of rows r0.., columns k0.. of row-major M (row stride ld), times `sign`.
+__device__ __forceinline__ void frag_a(unsigned int* a, const float* m, int ld, int r0, int k0, int g, int c,
+                                       float sign = 1.0f) {
+    a[0] = to_tf32(sign * m[(r0 + g) * ld + k0 + c]);
+    a[1] = to_tf32(sign * m[(r0 + g + 8) * ld + k0 + c]);
+    a[2] = to_tf32(sign * m[(r0 + g) * ld + k0 + c + 4]);
+    a[3] = to_tf32(sign * m[(r0 + g + 8) * ld + k0 + c + 4]);
+}
+
+// A fragment of the transpose of M: A[r][k] = M[k][r].
+__device__ __forceinline__ void frag_a_t(unsigned int* a, const float* m, int ld, int r0, int k0, int g, int c) {
+    a[0] = to_tf32(m[(k0 + c) * ld + r0 + g]);
+    a[1] = to_tf32(m[(k0 + c) * ld + r0 + g + 8]);
+    a[2] = to_tf32(m[(k0 + c + 4) * ld + r0 + g]);
+    a[3] = to_tf32(m[(k0 + c + 4) * ld + r0 + g + 8]);
+}
+
+// Shared-memory address for cp.async.
+__device__ __forceinline__ unsigned int shared_address(const void* p) {
+    unsigned int a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+// 16 bytes from global to shared memory without passing through registers; zeros when !valid.
+__device__ __forceinline__ void copy16_async(float* dst, const float* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(shared_address(dst)), "l"(src),
+                 "r"(valid ? 16 : 0)
+                 : "memory");
+}
+
+__device__ __forceinline__ void wait_async_copies() {
+    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
+}
+
+// Floats of dynamic shared memory `gdn_chunk_prepare` needs for key dim KD (gdn.rs mirrors this).
+#define PREP_SMEM_FLOATS(KD) \
+    (2 * GDN_CHUNK * ((KD) + 4) + GDN_CHUNK * (GDN_MAX_VALUE_DIM + 4) + 3 * GDN_CHUNK * (GDN_CHUNK + 4) + 3 * GDN_CHUNK + PREP_WARPS * 16 * 24)
+
+// One block per (chunk_base + blockIdx.x, value head): the state-independent part of a chunk (see the
+// top). chunks [n_chunks, 2] = (first row, tokens in 1..GDN_CHUNK); outputs are indexed by
+// (row - row0, value head), `last_decay` by (chunk, value head).
 template <int KD>
-__device__ void delta_rule_chunked(const float* mixed, const float* g, const float* beta, float* ssm, float* out,
-                                   const int* seqs, int key_heads, int value_heads, int value_dim) {
-    __shared__ float S[KD * SLICE];
-    constexpr int RS = KD + 1;  // padded row stride of Kc and Qc
-    __shared__ float Kc[CHUNK * RS], Qc[CHUNK * RS];
-    __shared__ float X[CHUNK * (SLICE + KD)];  // [t][SLICE value columns | KD key columns]
-    __shared__ float A[CHUNK * CHUNK], QK[CHUNK * CHUNK];
-    __shared__ float G[CHUNK], B[CHUNK], decay_in[CHUNK], decay_out[CHUNK];
-    const int h = blockIdx.x;
-    const int* seq = seqs + 4 * blockIdx.y;
-    const int start = seq[0], len = seq[1], slot = seq[2];
+__device__ void chunk_prepare(const float* __restrict__ mixed, const float* __restrict__ g_in,
+                              const float* __restrict__ beta_in, const int* __restrict__ chunks, float* w_out,
+                              float* q_out, float* k_out, float* u_out, float* o_out, float* last_decay,
+                              int chunk_base, int row0, int key_heads, int value_heads, int value_dim) {
+    constexpr int C = GDN_CHUNK, KS = KD + 4, VS = GDN_MAX_VALUE_DIM + 4, CS = C + 4, MS = 24;
+    constexpr int KT = KD / 8;                    // n-tiles over the key dim
+    constexpr int VT_MAX = GDN_MAX_VALUE_DIM / 8;  // n-tiles over the value dim, at most
+    extern __shared__ __align__(16) float prep_smem[];
+    float* Qn = prep_smem;    // [C][KS]
+    float* Kn = Qn + C * KS;  // [C][KS]; W once Kd has been written
+    float* V = Kn + C * KS;   // [C][VS]; U0 once W is done
+    float* A = V + C * VS;    // [C][CS]
+    float* T = A + C * CS;    // [C][CS]
+    float* P = T + C * CS;    // [C][CS]
+    float* G = P + C * CS;    // [C] cumulative log-decay
+    float* Bt = G + C;        // [C] beta
+    float* BG = Bt + C;       // [C] beta e^G
+    float* scratch = BG + C;  // [PREP_WARPS][16][MS]
+
+    const int chunk = chunk_base + blockIdx.x, h = blockIdx.y;
+    const int first = chunks[2 * chunk], n = chunks[2 * chunk + 1];
     const int kh = h / (value_heads / key_heads);
-    const int conv_dim = 2 * key_heads * KD + value_heads * value_dim;
-    const i64 head_state = (i64)KD * value_dim;
-    float* state = ssm + ((i64)slot * value_heads + h) * head_state;
-    const int col0 = blockIdx.z * SLICE;
-    const int cols = min(SLICE, value_dim - col0);
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
+    const i64 conv_dim = 2 * key_heads * KD + value_heads * value_dim;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, c = lane & 3;
+    const int vtiles = (value_dim + 7) / 8;
     const float q_scale = 1.0f / sqrtf((float)KD);
 
-    for (int i = tid; i < KD * SLICE; i += blockDim.x) {
-        const int x = i / SLICE, c = i % SLICE;
-        S[i] = c < cols ? state[(i64)x * value_dim + col0 + c] : 0.0f;
+    // 1. q, k and v rows of the chunk, all copies in flight at once (rows past its end are zero),
+    // the gates beside them; then q and k l2-normed in place and the cumulative log-decay.
+    for (int i = tid; i < C * (2 * KD + GDN_MAX_VALUE_DIM) / 4; i += PREP_WARPS * 32) {
+        const int t = i / ((2 * KD + GDN_MAX_VALUE_DIM) / 4), x = 4 * (i % ((2 * KD + GDN_MAX_VALUE_DIM) / 4));
+        const float* qkv = mixed + (i64)(first + t) * conv_dim;
+        if (x < KD) {
+            copy16_async(Qn + t * KS + x, t < n ? qkv + kh * KD + x : mixed, t < n);
+        } else if (x < 2 * KD) {
+            copy16_async(Kn + t * KS + x - KD, t < n ? qkv + key_heads * KD + kh * KD + x - KD : mixed, t < n);
+        } else {
+            const int j = x - 2 * KD;
+            const bool valid = t < n && j < value_dim;
+            copy16_async(V + t * VS + j, valid ? qkv + 2 * key_heads * KD + h * value_dim + j : mixed, valid);
+        }
     }
-    for (int c0 = 0; c0 < len; c0 += CHUNK) {
-        const int n = min(CHUNK, len - c0);
-        __syncthreads();  // the previous chunk is done with every shared array
-        // q, k rows of the chunk, l2-normed: one warp per row.
-        for (int t = warp; t < CHUNK; t += warps) {
-            const float* qkv = mixed + (i64)(start + c0 + t) * conv_dim;
-            float qss = 0.0f, kss = 0.0f;
-            for (int x = lane; x < KD; x += 32) {
-                const float qv = t < n ? qkv[kh * KD + x] : 0.0f;
-                const float kv = t < n ? qkv[key_heads * KD + kh * KD + x] : 0.0f;
-                Qc[t * RS + x] = qv;
-                Kc[t * RS + x] = kv;
-                qss += qv * qv;
-                kss += kv * kv;
-            }
-            for (int o = 16; o > 0; o >>= 1) {
-                qss += __shfl_xor_sync(0xffffffffu, qss, o);
-                kss += __shfl_xor_sync(0xffffffffu, kss, o);
-            }
-            const float q_inv = 1.0f / sqrtf(qss + 1e-6f), k_inv = 1.0f / sqrtf(kss + 1e-6f);
-            for (int x = lane; x < KD; x += 32) {
-                Qc[t * RS + x] *= q_inv * q_scale;
-                Kc[t * RS + x] *= k_inv;
-            }
+    if (tid < C) {
+        const i64 row = first + tid;
+        G[tid] = tid < n ? g_in[row * value_heads + h] : 0.0f;
+        Bt[tid] = tid < n ? beta_in[row * value_heads + h] : 0.0f;
+    }
+    wait_async_copies();
+    __syncthreads();
+    if (warp == 0) {
+        // Inclusive prefix sum of the 64 log-decays: two per lane, then across the lanes.
+        const float a = G[2 * lane], b = G[2 * lane + 1];
+        float s = a + b;
+        for (int o = 1; o < 32; o <<= 1) {
+            const float y = __shfl_up_sync(0xffffffffu, s, o);
+            if (lane >= o) s += y;
         }
-        if (tid == 0) {
-            float cumulative = 0.0f;
-            for (int t = 0; t < CHUNK; ++t) {
-                const i64 row = start + c0 + t;
-                cumulative += t < n ? g[row * value_heads + h] : 0.0f;
-                G[t] = cumulative;
-                B[t] = t < n ? beta[row * value_heads + h] : 0.0f;
-            }
-            for (int t = 0; t < CHUNK; ++t) {
-                decay_in[t] = expf(G[t]);             // from the chunk's start to token t
-                decay_out[t] = expf(G[n - 1] - G[t]);  // from token t to the chunk's end
-            }
+        const float before = s - (a + b);
+        G[2 * lane] = before + a;
+        G[2 * lane + 1] = before + a + b;
+    }
+    for (int t = warp; t < C; t += PREP_WARPS) {
+        float qss = 0.0f, kss = 0.0f;
+        for (int x = lane; x < KD; x += 32) {
+            qss += Qn[t * KS + x] * Qn[t * KS + x];
+            kss += Kn[t * KS + x] * Kn[t * KS + x];
         }
-        __syncthreads();
-        // A (strictly lower) and the causal, decayed q.k scores.
-        for (int i = tid; i < CHUNK * CHUNK; i += blockDim.x) {
-            const int t = i / CHUNK, j = i % CHUNK;
-            float kk = 0.0f, qk = 0.0f;
-            if (j <= t) {
-                for (int x = 0; x < KD; ++x) {
-                    kk = fmaf(Kc[t * RS + x], Kc[j * RS + x], kk);
-                    qk = fmaf(Qc[t * RS + x], Kc[j * RS + x], qk);
-                }
-            }
-            const float decay = j <= t ? expf(G[t] - G[j]) : 0.0f;
-            A[i] = j < t ? B[t] * decay * kk : 0.0f;
-            QK[i] = qk * decay;
+        for (int o = 16; o > 0; o >>= 1) {
+            qss += __shfl_xor_sync(0xffffffffu, qss, o);
+            kss += __shfl_xor_sync(0xffffffffu, kss, o);
         }
-        // Right-hand sides: beta V (this block's columns) and beta e^G K.
-        for (int i = tid; i < CHUNK * (SLICE + KD); i += blockDim.x) {
-            const int t = i / (SLICE + KD), c = i % (SLICE + KD);
-            float rhs;
-            if (c < SLICE) {
-                rhs = (t < n && c < cols)
-                          ? B[t] * mixed[(i64)(start + c0 + t) * conv_dim + 2 * key_heads * KD + h * value_dim + col0 + c]
-                          : 0.0f;
-            } else {
-                rhs = B[t] * decay_in[t] * Kc[t * RS + (c - SLICE)];
-            }
-            X[i] = rhs;
-        }
-        __syncthreads();
-        // (I + A) X = rhs by forward substitution; every column is independent.
-        for (int c = tid; c < SLICE + KD; c += blockDim.x) {
-            for (int t = 1; t < CHUNK; ++t) {
-                float v = X[t * (SLICE + KD) + c];
-                for (int j = 0; j < t; ++j) v = fmaf(-A[t * CHUNK + j], X[j * (SLICE + KD) + c], v);
-                X[t * (SLICE + KD) + c] = v;
-            }
-        }
-        __syncthreads();
-        // U = X_V - X_K S0, kept in X's value columns (each thread owns whole (t, c) entries and
-        // reads only the key columns and S).
-        for (int i = tid; i < CHUNK * SLICE; i += blockDim.x) {
-            const int t = i / SLICE, c = i % SLICE;
-            float u = X[t * (SLICE + KD) + c];
-            for (int x = 0; x < KD; ++x) u = fmaf(-X[t * (SLICE + KD) + SLICE + x], S[x * SLICE + c], u);
-            X[t * (SLICE + KD) + c] = u;
-        }
-        __syncthreads();
-        // Outputs of the chunk's tokens.
-        for (int i = tid; i < CHUNK * SLICE; i += blockDim.x) {
-            const int t = i / SLICE, c = i % SLICE;
-            if (t >= n || c >= cols) continue;
-            float from_state = 0.0f;
-            for (int x = 0; x < KD; ++x) from_state = fmaf(Qc[t * RS + x], S[x * SLICE + c], from_state);
-            float o = decay_in[t] * from_state;
-            for (int j = 0; j <= t; ++j) o = fmaf(QK[t * CHUNK + j], X[j * (SLICE + KD) + c], o);
-            out[((i64)(start + c0 + t) * value_heads + h) * value_dim + col0 + c] = o;
-        }
-        __syncthreads();
-        // The state after the chunk.
-        const float chunk_decay = decay_in[n - 1];
-        for (int i = tid; i < KD * SLICE; i += blockDim.x) {
-            const int x = i / SLICE, c = i % SLICE;
-            float s = chunk_decay * S[i];
-            for (int t = 0; t < n; ++t) s = fmaf(Kc[t * RS + x] * decay_out[t], X[t * (SLICE + KD) + c], s);
-            S[i] = s;
+        const float q_mul = q_scale / sqrtf(qss + 1e-6f), k_mul = 1.0f / sqrtf(kss + 1e-6f);
+        for (int x = lane; x < KD; x += 32) {
+            Qn[t * KS + x] *= q_mul;
+            Kn[t * KS + x] *= k_mul;
         }
     }
     __syncthreads();
-    for (int i = tid; i < KD * SLICE; i += blockDim.x) {
-        const int x = i / SLICE, c = i % SLICE;
-        if (c < cols) state[(i64)x * value_dim + col0 + c] = S[i];
+    if (tid < C) BG[tid] = Bt[tid] * expf(G[tid]);
+
+    // 2. k.k and q.k products of the chunk -> A and P; warp w owns rows 16w .. 16w+15.
+    const int r0 = 16 * warp;
+    {
+        float kk[8][4], qk[8][4];
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) kk[nt][i] = qk[nt][i] = 0.0f;
+#pragma unroll
+        for (int k0 = 0; k0 < KD; k0 += 8) {
+            unsigned int ak[4], aq[4];
+            frag_a(ak, Kn, KS, r0, k0, g, c);
+            frag_a(aq, Qn, KS, r0, k0, g, c);
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt) {
+                const unsigned int b0 = to_tf32(Kn[(8 * nt + g) * KS + k0 + c]);
+                const unsigned int b1 = to_tf32(Kn[(8 * nt + g) * KS + k0 + c + 4]);
+                mma_tf32(kk[nt], ak, b0, b1);
+                mma_tf32(qk[nt], aq, b0, b1);
+            }
+        }
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int t = r0 + g + (i >= 2 ? 8 : 0), j = 8 * nt + 2 * c + (i & 1);
+                const float decay = j <= t ? expf(G[t] - G[j]) : 0.0f;
+                A[t * CS + j] = j < t ? Bt[t] * decay * kk[nt][i] : 0.0f;
+                P[t * CS + j] = decay * qk[nt][i];
+            }
+    }
+    __syncthreads();
+
+    // 3. T = (I + A)^-1. Diagonal 16 x 16 blocks by forward substitution, one thread a column.
+    if (tid < C) {
+        const int j = tid, b0 = j & ~15;
+        for (int t = 0; t < b0; ++t) T[t * CS + j] = 0.0f;
+        for (int t = b0; t < b0 + 16; ++t) {
+            float v = t == j ? 1.0f : 0.0f;
+            if (t > j)
+                for (int i = j; i < t; ++i) v = fmaf(-A[t * CS + i], T[i * CS + j], v);
+            T[t * CS + j] = v;
+        }
+    }
+    __syncthreads();
+    // Blocks below the diagonal, block row by block row: T_ij = -T_ii sum_{k=j}^{i-1} A_ik T_kj.
+    for (int bi = 1; bi < C / 16; ++bi) {
+        if (warp < bi) {
+            const int bj = warp;
+            float m[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+            for (int k0 = 16 * bj; k0 < 16 * bi; k0 += 8) {
+                unsigned int a[4];
+                frag_a(a, A, CS, 16 * bi, k0, g, c);
+#pragma unroll
+                for (int nt = 0; nt < 2; ++nt)
+                    mma_tf32(m[nt], a, to_tf32(T[(k0 + c) * CS + 16 * bj + 8 * nt + g]),
+                             to_tf32(T[(k0 + c + 4) * CS + 16 * bj + 8 * nt + g]));
+            }
+            float* M = scratch + warp * 16 * MS;
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) M[(g + (i >= 2 ? 8 : 0)) * MS + 8 * nt + 2 * c + (i & 1)] = m[nt][i];
+            __syncwarp();
+            float r[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+            for (int k0 = 0; k0 < 16; k0 += 8) {
+                unsigned int a[4];
+                frag_a(a, T, CS, 16 * bi, 16 * bi + k0, g, c, -1.0f);
+#pragma unroll
+                for (int nt = 0; nt < 2; ++nt)
+                    mma_tf32(r[nt], a, to_tf32(M[(k0 + c) * MS + 8 * nt + g]), to_tf32(M[(k0 + c + 4) * MS + 8 * nt + g]));
+            }
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+                    T[(16 * bi + g + (i >= 2 ? 8 : 0)) * CS + 16 * bj + 8 * nt + 2 * c + (i & 1)] = r[nt][i];
+        }
+        __syncthreads();
+    }
+
+    // 4. W = T diag(beta e^G) K and U0 = T diag(beta) V (row block w of T is zero past column 16w+15).
+    const i64 out_row = (i64)(first - row0) * value_heads + h;  // record of the chunk's first token
+    {
+        float acc[KT][4];
+#pragma unroll
+        for (int nt = 0; nt < KT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+        for (int k0 = 0; k0 < r0 + 16; k0 += 8) {
+            unsigned int a[4];
+            frag_a(a, T, CS, r0, k0, g, c);
+            const float s0 = BG[k0 + c], s1 = BG[k0 + c + 4];
+#pragma unroll
+            for (int nt = 0; nt < KT; ++nt)
+                mma_tf32(acc[nt], a, to_tf32(s0 * Kn[(k0 + c) * KS + 8 * nt + g]),
+                         to_tf32(s1 * Kn[(k0 + c + 4) * KS + 8 * nt + g]));
+        }
+        // Kd, before Kn's rows become W's.
+        const float g_last = G[n - 1];
+        for (int i = tid; i < n * KD; i += PREP_WARPS * 32) {
+            const int t = i / KD, x = i % KD;
+            k_out[(out_row + (i64)t * value_heads) * KD + x] = expf(g_last - G[t]) * Kn[t * KS + x];
+        }
+        __syncthreads();
+#pragma unroll
+        for (int nt = 0; nt < KT; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int t = r0 + g + (i >= 2 ? 8 : 0), x = 8 * nt + 2 * c + (i & 1);
+                Kn[t * KS + x] = acc[nt][i];
+                if (t < n) w_out[(out_row + (i64)t * value_heads) * KD + x] = acc[nt][i];
+            }
+    }
+    {
+        float acc[VT_MAX][4];
+#pragma unroll
+        for (int nt = 0; nt < VT_MAX; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+        for (int k0 = 0; k0 < r0 + 16; k0 += 8) {
+            unsigned int a[4];
+            frag_a(a, T, CS, r0, k0, g, c);
+            const float s0 = Bt[k0 + c], s1 = Bt[k0 + c + 4];
+#pragma unroll
+            for (int nt = 0; nt < VT_MAX; ++nt)
+                if (nt < vtiles)
+                    mma_tf32(acc[nt], a, to_tf32(s0 * V[(k0 + c) * VS + 8 * nt + g]),
+                             to_tf32(s1 * V[(k0 + c + 4) * VS + 8 * nt + g]));
+        }
+        __syncthreads();  // every warp has read V
+#pragma unroll
+        for (int nt = 0; nt < VT_MAX; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int t = r0 + g + (i >= 2 ? 8 : 0), j = 8 * nt + 2 * c + (i & 1);
+                if (nt >= vtiles) continue;
+                V[t * VS + j] = acc[nt][i];
+                if (t < n && j < value_dim) u_out[(out_row + (i64)t * value_heads) * value_dim + j] = acc[nt][i];
+            }
+    }
+    __syncthreads();
+
+    // 5. Q' = diag(e^G) Q - P W and O0 = P U0 (P is zero right of its diagonal).
+    {
+        float acc[KT][4];
+#pragma unroll
+        for (int nt = 0; nt < KT; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int t = r0 + g + (i >= 2 ? 8 : 0), x = 8 * nt + 2 * c + (i & 1);
+                acc[nt][i] = expf(G[t]) * Qn[t * KS + x];
+            }
+        for (int k0 = 0; k0 < r0 + 16; k0 += 8) {
+            unsigned int a[4];
+            frag_a(a, P, CS, r0, k0, g, c, -1.0f);
+#pragma unroll
+            for (int nt = 0; nt < KT; ++nt)
+                mma_tf32(acc[nt], a, to_tf32(Kn[(k0 + c) * KS + 8 * nt + g]), to_tf32(Kn[(k0 + c + 4) * KS + 8 * nt + g]));
+        }
+#pragma unroll
+        for (int nt = 0; nt < KT; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int t = r0 + g + (i >= 2 ? 8 : 0), x = 8 * nt + 2 * c + (i & 1);
+                if (t < n) q_out[(out_row + (i64)t * value_heads) * KD + x] = acc[nt][i];
+            }
+    }
+    {
+        float acc[VT_MAX][4];
+#pragma unroll
+        for (int nt = 0; nt < VT_MAX; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+        for (int k0 = 0; k0 < r0 + 16; k0 += 8) {
+            unsigned int a[4];
+            frag_a(a, P, CS, r0, k0, g, c);
+#pragma unroll
+            for (int nt = 0; nt < VT_MAX; ++nt)
+                if (nt < vtiles)
+                    mma_tf32(acc[nt], a, to_tf32(V[(k0 + c) * VS + 8 * nt + g]), to_tf32(V[(k0 + c + 4) * VS + 8 * nt + g]));
+        }
+#pragma unroll
+        for (int nt = 0; nt < VT_MAX; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int t = r0 + g + (i >= 2 ? 8 : 0), j = 8 * nt + 2 * c + (i & 1);
+                if (nt < vtiles && t < n && j < value_dim)
+                    o_out[(out_row + (i64)t * value_heads) * value_dim + j] = acc[nt][i];
+            }
+    }
+    if (tid == 0) last_decay[chunk * value_heads + h] = expf(G[n - 1]);
+}
+
+// Floats of dynamic shared memory `gdn_chunk_scan` needs for key dim KD (gdn.rs mirrors this).
+#define SCAN_SMEM_FLOATS(KD) \
+    ((KD) * (GDN_SLICE + 8) + 2 * GDN_CHUNK * ((KD) + 4) + GDN_CHUNK * ((KD) + 8) + 2 * GDN_CHUNK * (GDN_SLICE + 8))
+
+// One block per (value head, piece piece_base + blockIdx.y, GDN_SLICE-column slice of the state):
+// the piece's chunks in order. pieces [n_pieces, 4] = (first chunk, chunk count, state slot, unused);
+// a piece is a run of one sequence's new tokens, its chunks consecutive in `chunks`.
+template <int KD>
+__device__ void chunk_scan(const float* __restrict__ w_in, const float* __restrict__ q_in,
+                           const float* __restrict__ k_in, const float* __restrict__ u_in,
+                           const float* __restrict__ o_in, const float* __restrict__ last_decay,
+                           const int* __restrict__ chunks, const int* __restrict__ pieces, float* ssm, float* out,
+                           int piece_base, int row0, int value_heads, int value_dim) {
+    constexpr int C = GDN_CHUNK, SV = GDN_SLICE, KS = KD + 4, KTS = KD + 8, SS = SV + 8;
+    extern __shared__ __align__(16) float scan_smem[];
+    float* S = scan_smem;     // [KD][SS]: this block's columns of the state
+    float* Ws = S + KD * SS;  // [C][KS]
+    float* Qs = Ws + C * KS;  // [C][KS]
+    float* Ks = Qs + C * KS;  // [C][KTS]
+    float* U = Ks + C * KTS;  // [C][SS]: U0, then U
+    float* Os = U + C * SS;   // [C][SS]: O0
+
+    const int h = blockIdx.x;
+    const int* piece = pieces + 4 * (piece_base + blockIdx.y);
+    const int first_chunk = piece[0], count = piece[1], slot = piece[2];
+    const int col0 = blockIdx.z * SV, cols = min(SV, value_dim - col0);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, c = lane & 3;
+    constexpr int THREADS = SCAN_WARPS * 32;
+    float* state = ssm + ((i64)slot * value_heads + h) * KD * value_dim;
+
+    for (int i = tid; i < KD * SV; i += THREADS) {
+        const int x = i / SV, j = i % SV;
+        S[x * SS + j] = j < cols ? state[(i64)x * value_dim + col0 + j] : 0.0f;
+    }
+    // Warp w computes U and O for row block w % 4 and column tiles 4 (w / 4) .. 4 (w / 4) + 3.
+    const int r0 = 16 * (warp & 3), nb = 4 * (warp >> 2);
+    for (int ci = 0; ci < count; ++ci) {
+        const int chunk = first_chunk + ci;
+        const int first = chunks[2 * chunk], n = chunks[2 * chunk + 1];
+        const i64 rec = (i64)(first - row0) * value_heads + h;
+        for (int i = tid; i < C * KD / 4; i += THREADS) {
+            const int t = i / (KD / 4), x = 4 * (i % (KD / 4));
+            const bool valid = t < n;
+            const i64 at = valid ? (rec + (i64)t * value_heads) * KD + x : 0;
+            copy16_async(Ws + t * KS + x, w_in + at, valid);
+            copy16_async(Qs + t * KS + x, q_in + at, valid);
+            copy16_async(Ks + t * KTS + x, k_in + at, valid);
+        }
+        for (int i = tid; i < C * SV / 4; i += THREADS) {
+            const int t = i / (SV / 4), j = 4 * (i % (SV / 4));
+            const bool valid = t < n && j < cols;
+            const i64 at = valid ? (rec + (i64)t * value_heads) * value_dim + col0 + j : 0;
+            copy16_async(U + t * SS + j, u_in + at, valid);
+            copy16_async(Os + t * SS + j, o_in + at, valid);
+        }
+        wait_async_copies();
+        __syncthreads();
+
+        // U = U0 - W S0 and O = O0 + Q' S0.
+        {
+            float u[4][4], o[4][4];
+#pragma unroll
+            for (int q = 0; q < 4; ++q)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const int t = r0 + g + (i >= 2 ? 8 : 0), j = 8 * (nb + q) + 2 * c + (i & 1);
+                    u[q][i] = U[t * SS + j];
+                    o[q][i] = Os[t * SS + j];
+                }
+#pragma unroll 4
+            for (int k0 = 0; k0 < KD; k0 += 8) {
+                unsigned int aw[4], aq[4];
+                frag_a(aw, Ws, KS, r0, k0, g, c, -1.0f);
+                frag_a(aq, Qs, KS, r0, k0, g, c);
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    const unsigned int b0 = to_tf32(S[(k0 + c) * SS + 8 * (nb + q) + g]);
+                    const unsigned int b1 = to_tf32(S[(k0 + c + 4) * SS + 8 * (nb + q) + g]);
+                    mma_tf32(u[q], aw, b0, b1);
+                    mma_tf32(o[q], aq, b0, b1);
+                }
+            }
+#pragma unroll
+            for (int q = 0; q < 4; ++q)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const int t = r0 + g + (i >= 2 ? 8 : 0), j = 8 * (nb + q) + 2 * c + (i & 1);
+                    U[t * SS + j] = u[q][i];
+                    if (t < n && j < cols) out[((i64)(first + t) * value_heads + h) * value_dim + col0 + j] = o[q][i];
+                }
+        }
+        __syncthreads();
+
+        // S = e^(G_last) S0 + Kd^T U.
+        const float decay = last_decay[chunk * value_heads + h];
+        constexpr int MT = KD / 16, NT = SV / 8;
+        for (int tile = warp; tile < MT * NT; tile += SCAN_WARPS) {
+            const int m0 = 16 * (tile / NT), n0 = 8 * (tile % NT);
+            float s[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) s[i] = decay * S[(m0 + g + (i >= 2 ? 8 : 0)) * SS + n0 + 2 * c + (i & 1)];
+#pragma unroll
+            for (int k0 = 0; k0 < C; k0 += 8) {
+                unsigned int a[4];
+                frag_a_t(a, Ks, KTS, m0, k0, g, c);
+                mma_tf32(s, a, to_tf32(U[(k0 + c) * SS + n0 + g]), to_tf32(U[(k0 + c + 4) * SS + n0 + g]));
+            }
+#pragma unroll
+            for (int i = 0; i < 4; ++i) S[(m0 + g + (i >= 2 ? 8 : 0)) * SS + n0 + 2 * c + (i & 1)] = s[i];
+        }
+        __syncthreads();
+    }
+    for (int i = tid; i < KD * SV; i += THREADS) {
+        const int x = i / SV, j = i % SV;
+        if (j < cols) state[(i64)x * value_dim + col0 + j] = S[x * SS + j];
     }
 }
 
-#define DELTA_RULE_CHUNKED(KD)                                                                               \
-    extern "C" __global__ void gated_delta_rule_chunked_k##KD(const float* mixed, const float* g,            \
-                                                              const float* beta, float* ssm, float* out,     \
-                                                              const int* seqs, int key_heads,                \
-                                                              int value_heads, int value_dim) {              \
-        delta_rule_chunked<KD>(mixed, g, beta, ssm, out, seqs, key_heads, value_heads, value_dim);            \
+#define GDN_CHUNK_KERNELS(KD)                                                                                    \
+    extern "C" __global__ void __launch_bounds__(PREP_WARPS * 32) gdn_chunk_prepare_k##KD(                      \
+        const float* mixed, const float* g, const float* beta, const int* chunks, float* w_out, float* q_out,   \
+        float* k_out, float* u_out, float* o_out, float* last_decay, int chunk_base, int row0, int key_heads,   \
+        int value_heads, int value_dim) {                                                                        \
+        AFTER_PREVIOUS_KERNEL();                                                                                 \
+        chunk_prepare<KD>(mixed, g, beta, chunks, w_out, q_out, k_out, u_out, o_out, last_decay, chunk_base,    \
+                          row0, key_heads, value_heads, value_dim);                                              \
+    }                                                                                                            \
+    extern "C" __global__ void __launch_bounds__(SCAN_WARPS * 32) gdn_chunk_scan_k##KD(                         \
+        const float* w_in, const float* q_in, const float* k_in, const float* u_in, const float* o_in,          \
+        const float* last_decay, const int* chunks, const int* pieces, float* ssm, float* out, int piece_base,  \
+        int row0, int value_heads, int value_dim) {                                                              \
+        AFTER_PREVIOUS_KERNEL();                                                                                 \
+        chunk_scan<KD>(w_in, q_in, k_in, u_in, o_in, last_decay, chunks, pieces, ssm, out, piece_base, row0,    \
+                       value_heads, value_dim);                                                                  \
     }
-DELTA_RULE_CHUNKED(16)
-DELTA_RULE_CHUNKED(32)
-DELTA_RULE_CHUNKED(64)
-DELTA_RULE_CHUNKED(128)
+GDN_CHUNK_KERNELS(16)
+GDN_CHUNK_KERNELS(32)
+GDN_CHUNK_KERNELS(64)
+GDN_CHUNK_KERNELS(128)

@@ -122,7 +122,9 @@ __device__ __forceinline__ void gemv_block(const GemvGroup& group, const bf16_bi
 // the warp reduces by butterfly: the same order for every token count up to GEMV_LANE_TOKENS, so a
 // one-token decode and a four-token verify compute a row bit for bit alike.
 #define GEMV_LANE_TOKENS 4
+#ifndef GEMV_LANE_ROWS
 #define GEMV_LANE_ROWS 2
+#endif
 // Warps per block here. Measured on the H200 (gate/up, down; one token / four tokens): 4 warps with 4
 // sweeps in flight 3.67 / 3.56 and 3.47 / 3.21 TB/s; 8 warps with 8 sweeps 3.64 / 3.56 and 3.06 / 2.96.
 #ifndef GEMV_LANE_WARPS
@@ -143,7 +145,14 @@ __device__ __forceinline__ void gemv_lanes(const GemvGroup& group, const void* _
         mat[r] = group_row(group, first + r, &local[r]);
         w[r] = mat[r] >= 0 ? group.w[mat[r]] + (i64)local[r] * k : nullptr;
     }
-    if (mat[0] < 0) return;  // every row of this warp is past the end (rows are in order)
+    let_next_kernel_start();
+    if (mat[0] < 0) {  // every row of this warp is past the end (rows are in order)
+        wait_for_previous_kernel();
+        return;
+    }
+    // The weights do not depend on earlier kernels: the first sweep's loads are issued before the
+    // wait, so they overlap the previous kernel's tail.
+    bool waited = false;
     float acc[GEMV_LANE_ROWS][T];
 #pragma unroll
     for (int r = 0; r < GEMV_LANE_ROWS; ++r)
@@ -158,6 +167,10 @@ __device__ __forceinline__ void gemv_lanes(const GemvGroup& group, const void* _
 #pragma unroll
             for (int r = 0; r < GEMV_LANE_ROWS; ++r)
                 wv[r][u] = (v < vecs && w[r]) ? load_streaming(w[r] + 8 * v) : make_uint4(0u, 0u, 0u, 0u);
+        }
+        if (!waited) {
+            wait_for_previous_kernel();
+            waited = true;
         }
 #pragma unroll
         for (int u = 0; u < GEMV_LANE_UNROLL; ++u) {
@@ -186,6 +199,7 @@ __device__ __forceinline__ void gemv_lanes(const GemvGroup& group, const void* _
             }
         }
     }
+    if (!waited) wait_for_previous_kernel();  // lanes past the row's last vector
 #pragma unroll
     for (int r = 0; r < GEMV_LANE_ROWS; ++r) {
 #pragma unroll
@@ -219,6 +233,7 @@ GEMV_LANE_KERNEL(4, true)
 #define GEMV_KERNEL(TILES)                                                                              \
     extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)                                      \
         gemv_bf16_t##TILES(const GemvGroup group, const bf16_bits* __restrict__ xb, int tokens, int k) { \
+        AFTER_PREVIOUS_KERNEL();                                                                        \
         gemv_block<TILES>(group, xb, tokens, k);                                                        \
     }
 GEMV_KERNEL(1)

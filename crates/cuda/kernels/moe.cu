@@ -33,6 +33,7 @@
 #define MOE_ROUTE_WARPS 4
 extern "C" __global__ void moe_route(const float* __restrict__ logits, int tokens, int experts, int top_k,
                                      int renormalize, int* __restrict__ ids, float* __restrict__ weights) {
+    AFTER_PREVIOUS_KERNEL();
     // top_k <= experts <= MOE_MAX_EXPERTS (checked by the launcher).
     __shared__ float chosen_logit[MOE_ROUTE_WARPS][MOE_MAX_EXPERTS];
     __shared__ double chosen_p[MOE_ROUTE_WARPS][MOE_MAX_EXPERTS];
@@ -134,6 +135,7 @@ __device__ __forceinline__ void block_exclusive_scan2(int a, int b, int* a_befor
 extern "C" __global__ void moe_plan(const int* __restrict__ ids, int slots, int experts, int block_rows,
                                     int* __restrict__ sorted, int4* __restrict__ blocks,
                                     int* __restrict__ block_count) {
+    AFTER_PREVIOUS_KERNEL();
     __shared__ int count[MOE_MAX_EXPERTS], cursor[MOE_MAX_EXPERTS];
     const int e = threadIdx.x;
     if (e < experts) count[e] = 0;
@@ -263,13 +265,13 @@ __device__ __forceinline__ void moe_tile(const bf16_bits* __restrict__ w, int ou
     extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS) moe_gate_up_t##TILES(                   \
         const bf16_bits* __restrict__ gate_up, int im, int h, const bf16_bits* __restrict__ xb, int top_k, \
         const int* __restrict__ sorted, const int* __restrict__ block_count, const int4* __restrict__ blocks, \
-        bf16_bits* __restrict__ act) {                                                                     \
+        bf16_bits* __restrict__ act) { AFTER_PREVIOUS_KERNEL();                                                                     \
         moe_tile<true, TILES>(gate_up, im, h, xb, top_k, sorted, block_count, blocks, act, nullptr);     \
     }                                                                                                      \
     extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS) moe_down_t##TILES(                      \
         const bf16_bits* __restrict__ down, int h, int im, const bf16_bits* __restrict__ act,              \
         const int* __restrict__ sorted, const int* __restrict__ block_count, const int4* __restrict__ blocks, \
-        float* __restrict__ y) {                                                                           \
+        float* __restrict__ y) { AFTER_PREVIOUS_KERNEL();                                                                           \
         moe_tile<false, TILES>(down, h, im, act, 1, sorted, block_count, blocks, nullptr, y);            \
     }
 MOE_GROUPED_KERNELS(1)
@@ -352,6 +354,7 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_LANE_WARPS)
     moe_gate_up_slots(const bf16_bits* __restrict__ gate_up, int im, int h, const float* __restrict__ x, int top_k,
                       int ranks, const int* __restrict__ ids, const MoeShared shared, bf16_bits* __restrict__ act,
                       int act_stride) {
+    AFTER_PREVIOUS_KERNEL();
     const int slot = blockIdx.y, lane = threadIdx.x & 31;
     const int t = slot / ranks;
     const MoeSlotWeights sw = moe_slot_weights(gate_up, nullptr, im, h, ids, top_k, shared, t, slot % ranks);
@@ -409,6 +412,7 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_DOWN_WARPS)
     moe_down_combine(const bf16_bits* __restrict__ down, int h, int im, const bf16_bits* __restrict__ act,
                      int act_stride, int top_k, int ranks, const int* __restrict__ ids,
                      const float* __restrict__ weights, const MoeShared shared, float* __restrict__ out) {
+    AFTER_PREVIOUS_KERNEL();
     __shared__ float products[MOE_DOWN_ROWS][MOE_MAX_EXPERTS + 1];
     const int t = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int row0 = blockIdx.x * MOE_DOWN_ROWS;
@@ -472,6 +476,7 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_DOWN_WARPS)
 extern "C" __global__ void moe_combine(const float* __restrict__ y, const float* __restrict__ weights, int tokens,
                                        int top_k, int h, const float* __restrict__ shared,
                                        const float* __restrict__ shared_gate, float* __restrict__ out) {
+    AFTER_PREVIOUS_KERNEL();
     FOR_EACH(i, (i64)tokens * h) {
         const i64 t = i / h, d = i % h;
         float sum = 0.0f;

@@ -3,6 +3,7 @@
 // and the GDN output's gated RMSNorm `w * x * rsqrt(mean(x^2) + eps) * silu(z)`.
 
 extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, int dim, float eps) {
+    AFTER_PREVIOUS_KERNEL();
     __shared__ float scratch[32];
     const float* xr = x + (i64)blockIdx.x * dim;
     float* orow = out + (i64)blockIdx.x * dim;
@@ -23,6 +24,7 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, 
 
 extern "C" __global__ void add_rms_norm(float* __restrict__ acc, const float* __restrict__ x,
                                         const float* __restrict__ w, float* __restrict__ out, int dim, float eps) {
+    AFTER_PREVIOUS_KERNEL();
     __shared__ float scratch[32];
     const i64 base = (i64)blockIdx.x * dim;
     float ss = 0.0f;
@@ -60,6 +62,7 @@ extern "C" __global__ void add_rms_norm(float* __restrict__ acc, const float* __
 }
 
 extern "C" __global__ void gated_rms_norm(const float* x, const float* z, const float* w, float* out, int dim, float eps) {
+    AFTER_PREVIOUS_KERNEL();
     __shared__ float scratch[32];
     const i64 base = (i64)blockIdx.x * dim;
     float ss = 0.0f;

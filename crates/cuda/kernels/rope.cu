@@ -4,6 +4,7 @@
 
 extern "C" __global__ void rope(float* x, const unsigned int* positions, const float* inv_freq,
                                 i64 tokens, int heads, int head_dim, int rotary_dim) {
+    AFTER_PREVIOUS_KERNEL();
     const int half = rotary_dim / 2;
     FOR_EACH(i, tokens * heads * half) {
         const int f = (int)(i % half);

@@ -171,6 +171,7 @@ struct RowParams {
 
 // params[n] -> out[n] token ids. One block per row, a multiple of 32 threads (at most 1024).
 extern "C" __global__ void sample_rows(const float* logits, int vocab, const RowParams* params, int* out) {
+    AFTER_PREVIOUS_KERNEL();
     __shared__ unsigned int hist_count[RADIX_BINS];
     __shared__ double hist_mass[RADIX_BINS];
     __shared__ double scan_double[33];

@@ -6,6 +6,7 @@ use crate::buffer::CudaBuf;
 use crate::compile;
 use crate::detect::{open_device, OpenDevice};
 use crate::error::CudaError;
+use crate::launcher;
 use crate::libraries;
 use crate::mat::CudaMat;
 use crate::options::{CudaOptions, GdnPrefill, GemmPrecision};
@@ -38,7 +39,10 @@ pub struct CudaBackend {
     pub(crate) stream: Arc<CudaStream>,
     /// cuBLAS handles are not meant to be driven from several threads at once.
     pub(crate) blas: Arc<Mutex<CudaBlas>>,
-    functions: Arc<HashMap<&'static str, CudaFunction>>,
+    kernels: Arc<HashMap<&'static str, Kernel>>,
+    /// Whether kernels that wait for their predecessor themselves are launched early (PDL).
+    pub(crate) dependent_launch: bool,
+    pub(crate) gemv_lane_shape: crate::gemv::LaneShape,
     pub(crate) gemm_precision: GemmPrecision,
     pub(crate) gdn_prefill: GdnPrefill,
     /// RoPE inverse frequencies per `(rotary_dim, theta bits)`, computed on the host as the
@@ -53,6 +57,12 @@ pub struct CudaBackend {
     ptx_from_cache: usize,
 }
 
+/// A loaded kernel and whether it may start before the previous kernel has finished (launcher.rs).
+pub(crate) struct Kernel {
+    pub(crate) function: CudaFunction,
+    pub(crate) waits_for_previous_grid: bool,
+}
+
 /// Panics on a device failure inside an op: the `Backend` trait has no error channel, and a
 /// failed launch or copy leaves the GPU's results undefined, so carrying on would be worse.
 #[track_caller]
@@ -64,12 +74,10 @@ pub(crate) fn device_failure(op: &str, err: impl std::fmt::Debug) -> ! {
 /// named values (the launch reads them through pointers). Callers state the safety contract.
 macro_rules! launch {
     ($be:expr, $name:expr, $cfg:expr, $($arg:expr),+ $(,)?) => {{
-        use cudarc::driver::PushKernelArg;
-        let mut builder = $be.stream.launch_builder($be.function($name));
-        $( builder.arg($arg); )+
+        let args: &[&dyn $crate::launcher::KernelArg] = &[$( $arg ),+];
         // SAFETY: the caller checked the argument types against the kernel's signature and every
         // length the kernel indexes with (see the comment at the call).
-        if let Err(e) = unsafe { builder.launch($cfg) } {
+        if let Err(e) = unsafe { $be.launch_kernel($name, $cfg, args) } {
             $crate::backend::device_failure($name, e);
         }
     }};
@@ -120,15 +128,21 @@ impl CudaBackend {
         let arch = format!("compute_{major}{minor}");
         let compiled = compile::compile_all(&arch, options)?;
         let ptx_from_cache = compiled.iter().filter(|c| c.cached).count();
-        let mut functions = HashMap::new();
+        let mut kernels = HashMap::new();
         for unit in compiled {
+            let waiting: Vec<bool> = unit
+                .file
+                .functions
+                .iter()
+                .map(|f| launcher::waits_for_previous_grid(&unit.ptx, f))
+                .collect();
             let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(unit.ptx)).map_err(|e| {
                 CudaError::driver(
                     format!("loading the PTX of kernels/{} for {arch} (an NVRTC newer than the driver makes PTX it cannot load)", unit.file.name),
                     e,
                 )
             })?;
-            for &function in unit.file.functions {
+            for (&function, waits_for_previous_grid) in unit.file.functions.iter().zip(waiting) {
                 let f = module
                     .load_function(function)
                     .map_err(|e| CudaError::MissingKernel {
@@ -136,7 +150,13 @@ impl CudaBackend {
                         function,
                         message: format!("{e:?}"),
                     })?;
-                functions.insert(function, f);
+                kernels.insert(
+                    function,
+                    Kernel {
+                        function: f,
+                        waits_for_previous_grid,
+                    },
+                );
             }
         }
 
@@ -150,7 +170,9 @@ impl CudaBackend {
             ctx,
             stream,
             blas: Arc::new(Mutex::new(blas)),
-            functions: Arc::new(functions),
+            kernels: Arc::new(kernels),
+            dependent_launch: options.dependent_launch,
+            gemv_lane_shape: crate::gemv::LaneShape::from_options(options),
             gemm_precision: options.gemm_precision,
             gdn_prefill: options.gdn_prefill,
             rope_tables: Arc::new(Mutex::new(HashMap::new())),
@@ -197,9 +219,13 @@ impl CudaBackend {
     }
 
     pub(crate) fn function(&self, name: &'static str) -> &CudaFunction {
+        &self.kernel(name).function
+    }
+
+    pub(crate) fn kernel(&self, name: &'static str) -> &Kernel {
         // Invariant: `start` loaded every function named in `kernels::FILES` or failed, and the
         // op modules launch only those names.
-        self.functions
+        self.kernels
             .get(name)
             .unwrap_or_else(|| panic!("cuda backend: kernel `{name}` was never loaded"))
     }

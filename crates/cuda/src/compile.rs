@@ -29,8 +29,13 @@ pub fn nvrtc_version() -> Result<(i32, i32), CudaError> {
 
 /// The NVRTC options for `arch` (e.g. `compute_90`): the architecture and the include folders that
 /// exist.
-pub fn nvrtc_options(arch: &str, include_dirs: &[PathBuf]) -> Vec<String> {
+pub fn nvrtc_options(
+    arch: &str,
+    include_dirs: &[PathBuf],
+    defines: &[(String, String)],
+) -> Vec<String> {
     let mut options = vec![format!("--gpu-architecture={arch}")];
+    options.extend(defines.iter().map(|(n, v)| format!("-D{n}={v}")));
     options.extend(
         include_dirs
             .iter()
@@ -45,7 +50,7 @@ pub fn nvrtc_options(arch: &str, include_dirs: &[PathBuf]) -> Vec<String> {
 pub fn compile_all(arch: &str, options: &CudaOptions) -> Result<Vec<CompiledFile>, CudaError> {
     libraries::ensure(&libraries::NVRTC, &options.library_dirs)?;
     let version = nvrtc_version()?;
-    let nvrtc_options = nvrtc_options(arch, &options.include_dirs);
+    let nvrtc_options = nvrtc_options(arch, &options.include_dirs, &options.defines);
     FILES
         .iter()
         .map(|file| {
@@ -166,11 +171,13 @@ mod tests {
         let opts = nvrtc_options(
             "compute_90",
             &[dir.clone(), PathBuf::from("/no/such/cuda/include")],
+            &[("GEMV_LANE_ROWS".to_string(), "4".to_string())],
         );
         assert_eq!(
             opts,
             vec![
                 "--gpu-architecture=compute_90".to_string(),
+                "-DGEMV_LANE_ROWS=4".to_string(),
                 format!("--include-path={}", dir.display())
             ]
         );

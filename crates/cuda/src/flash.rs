@@ -3,10 +3,11 @@
 
 use crate::backend::{device_failure, CudaBackend};
 use crate::buffer::CudaBuf;
+use crate::launcher::KernelArg;
 use crate::options::GemmPrecision;
 use crate::upload_cache::table;
 use cudarc::driver::sys::CUfunction_attribute_enum;
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig};
 use deltaserve_tensor::{AttnShape, BatchLayout, KvLayerPool};
 
 /// A sequence with at least this many new tokens (a prefill chunk) takes the flash kernel; decode
@@ -113,23 +114,23 @@ impl CudaBackend {
             shape.kv_heads as i32,
             pool.block_size as i32,
         );
-        let mut builder = self.stream.launch_builder(function);
-        builder
-            .arg(&q.data)
-            .arg(&pool.k.data)
-            .arg(&pool.v.data)
-            .arg(&mut out.data)
-            .arg(tiles.as_ref())
-            .arg(rows)
-            .arg(blocks)
-            .arg(&qh)
-            .arg(&kvh)
-            .arg(&bs)
-            .arg(&scale_log2);
+        let args: [&dyn KernelArg; 11] = [
+            &q.data,
+            &pool.k.data,
+            &pool.v.data,
+            &out.data,
+            tiles.as_ref(),
+            rows,
+            blocks,
+            &qh,
+            &kvh,
+            &bs,
+            &scale_log2,
+        ];
         // SAFETY: the tiles name sequences of this batch (rows within q and out, checked by the
         // caller), `rows` / `blocks` are the batch's attention table, whose block ids lie in the
         // pool; the kernel was compiled for this head dim and its shared memory was allowed above.
-        if let Err(e) = unsafe { builder.launch(cfg) } {
+        if let Err(e) = unsafe { self.launch_kernel(plan.kernel, cfg, &args) } {
             device_failure(plan.kernel, e);
         }
     }

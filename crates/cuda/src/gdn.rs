@@ -1,13 +1,14 @@
 //! Launchers of the Gated DeltaNet ops: causal conv1d with its window (conv.cu), the gates and the
 //! delta rule (recurrent in gdn.cu: the row-coalesced kernel where the dims allow, the column kernel
-//! otherwise; chunked for prefill in gdn_chunked.cu when asked), and resetting / copying a state
+//! otherwise; chunked on the tensor cores for prefill, gdn_chunked.rs), and resetting / copying a state
 //! slot. The state pools stay on the device; the batch's sequence table is uploaded per call.
 
 use crate::backend::{device_failure, launch, CudaBackend};
 use crate::buffer::CudaBuf;
+use crate::gdn_chunked;
 use crate::kernels::MAX_CONV_HISTORY;
 use crate::layout::{check_state, seq_table};
-use crate::options::GdnPrefill;
+use crate::options::{GdnPrefill, GemmPrecision};
 use crate::upload_cache::table;
 use cudarc::driver::LaunchConfig;
 use deltaserve_tensor::{BatchLayout, GdnShape, StateLayerPool};
@@ -19,22 +20,9 @@ const CONV_THREADS: u32 = 128;
 /// (`causal_conv1d_tokens` + `conv_window_update`) instead of walking them per channel.
 const PARALLEL_CONV_MIN_TOKENS: usize = 16;
 
-/// With `GdnPrefill::Chunked`, from this many new tokens in one sequence (and no snapshots in the
-/// batch), the delta rule runs in chunked form (gdn_chunked.cu). `SLICE` and `CHUNK_THREADS` there: value columns and threads per block.
+/// From this many new tokens in one sequence (and no snapshot slots in the batch), the delta rule
+/// runs in chunked form on the tensor cores (gdn_chunked.rs) where `GdnPrefill` allows it.
 const CHUNKED_MIN_TOKENS: usize = 32;
-const CHUNK_SLICE: usize = 32;
-const CHUNK_THREADS: u32 = 128;
-
-/// The chunked delta-rule kernel, compiled for these key dims (its shared memory grows with key_dim).
-fn chunked_kernel(key_dim: usize) -> Option<&'static str> {
-    Some(match key_dim {
-        16 => "gated_delta_rule_chunked_k16",
-        32 => "gated_delta_rule_chunked_k32",
-        64 => "gated_delta_rule_chunked_k64",
-        128 => "gated_delta_rule_chunked_k128",
-        _ => return None,
-    })
-}
 
 /// Threads per block of the row-coalesced delta rule (`ROW_WARPS` warps in gdn.cu).
 const ROW_THREADS: u32 = 256;
@@ -276,9 +264,17 @@ impl CudaBackend {
         let table = seq_table(batch);
         let seqs = self.upload_cached(table::SEQUENCES, &table.seqs);
         let snaps = self.upload_cached(table::SNAPSHOT_SLOTS, &table.snaps);
-        let prefill = self.gdn_prefill == GdnPrefill::Chunked
+        let chunked = match self.gdn_prefill {
+            GdnPrefill::Auto => self.gemm_precision == GemmPrecision::Bf16,
+            GdnPrefill::Recurrent => false,
+            GdnPrefill::Chunked => true,
+        } && gdn_chunked::supports(shape)
             && batch.seqs.iter().any(|s| s.len >= CHUNKED_MIN_TOKENS)
             && batch.seqs.iter().all(|s| s.snapshot_slots.is_empty());
+        if chunked {
+            self.chunked_delta_rule(mixed, g, beta, pool, batch, shape, out);
+            return;
+        }
         let (hk, hv, dv) = (key_heads as i32, value_heads as i32, value_dim as i32);
         let grid = |columns_per_block: usize| {
             (
@@ -295,43 +291,32 @@ impl CudaBackend {
             } else {
                 1
             };
-        // Both kernels take (mixed, g, beta, ssm, out, seqs, [snaps,] key_heads, value_heads,
-        // value_dim); the chunked one has no snapshots (it only runs without them).
-        let fast = match (
-            prefill,
-            chunked_kernel(key_dim),
-            row_kernel(key_dim, value_dim, columns),
-        ) {
-            (true, Some(kernel), _) => Some((kernel, grid(CHUNK_SLICE), CHUNK_THREADS, false)),
-            (_, _, Some(kernel)) => Some((kernel, grid(32 * columns), ROW_THREADS, true)),
-            _ => None,
-        };
-        if let Some((kernel, grid_dim, threads, with_snapshots)) = fast {
+        let fast = row_kernel(key_dim, value_dim, columns)
+            .map(|kernel| (kernel, grid(32 * columns), ROW_THREADS));
+        if let Some((kernel, grid_dim, threads)) = fast {
             let cfg = LaunchConfig {
                 grid_dim,
                 block_dim: (threads, 1, 1),
                 shared_mem_bytes: 0,
             };
-            use cudarc::driver::PushKernelArg;
-            let mut builder = self.stream.launch_builder(self.function(kernel));
-            builder
-                .arg(&mixed.data)
-                .arg(&g.data)
-                .arg(&beta.data)
-                .arg(&mut pool.ssm.data)
-                .arg(&mut out.data)
-                .arg(seqs.as_ref());
-            if with_snapshots {
-                builder.arg(snaps.as_ref());
-            }
-            builder.arg(&hk).arg(&hv).arg(&dv);
-            // SAFETY: the layout was checked (rows within mixed/g/beta/out, slots and snapshot
+            // Contract: the layout was checked (rows within mixed/g/beta/out, slots and snapshot
             // slots < slots); the blocks cover value_dim columns; the kernel was compiled for
-            // `key_dim` and takes exactly these arguments (the chunked one without snapshots, and
-            // only for batches without them).
-            if let Err(e) = unsafe { builder.launch(cfg) } {
-                device_failure(kernel, e);
-            }
+            // `key_dim`.
+            launch!(
+                self,
+                kernel,
+                cfg,
+                &mixed.data,
+                &g.data,
+                &beta.data,
+                &mut pool.ssm.data,
+                &mut out.data,
+                seqs.as_ref(),
+                snaps.as_ref(),
+                &hk,
+                &hv,
+                &dv
+            );
             return;
         }
         let cfg = LaunchConfig {

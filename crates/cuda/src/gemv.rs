@@ -7,8 +7,9 @@
 
 use crate::backend::{launch, CudaBackend};
 use crate::buffer::CudaBuf;
+use crate::launcher::ValueArg;
 use crate::mat::{CudaMat, MatData};
-use cudarc::driver::{DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig};
+use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 
 /// Rows up to which this path runs (at most `8 * GEMV_MAX_TOKEN_TILES` of gemv.cu); `GEMV_MATRICES`
 /// and `GEMV_WARPS` of gemv.cu; each block owns 16 rows. Measured on the H200 (27B shape, batched
@@ -19,11 +20,25 @@ pub(crate) const GEMV_MAX_TOKENS: usize = 8;
 const GEMV_MATRICES: usize = 4;
 const GEMV_WARPS: usize = 8;
 const ROWS_PER_BLOCK: usize = 16;
-/// `GEMV_LANE_TOKENS`, `GEMV_LANE_WARPS` and `GEMV_LANE_ROWS` of gemv.cu: token counts of the
-/// CUDA-core kernel, its warps per block and rows per warp.
+/// `GEMV_LANE_TOKENS` of gemv.cu: token counts of the CUDA-core kernel.
 const LANE_TOKENS: usize = 4;
-const LANE_WARPS: usize = 4;
-const LANE_ROWS_PER_BLOCK: usize = LANE_WARPS * 2;
+
+/// The CUDA-core kernel's block shape: `GEMV_LANE_WARPS` warps of `GEMV_LANE_ROWS` rows each, the
+/// defaults of gemv.cu unless `CudaOptions::defines` overrides them (for measuring variants).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LaneShape {
+    warps: usize,
+    rows_per_warp: usize,
+}
+
+impl LaneShape {
+    pub(crate) fn from_options(options: &crate::options::CudaOptions) -> Self {
+        Self {
+            warps: options.define("GEMV_LANE_WARPS").unwrap_or(4),
+            rows_per_warp: options.define("GEMV_LANE_ROWS").unwrap_or(2),
+        }
+    }
+}
 
 /// `GemvGroup` of gemv.cu, field for field.
 #[repr(C)]
@@ -37,7 +52,7 @@ struct GemvGroup {
 
 // SAFETY: `GemvGroup` is `repr(C)` with the field types and order of the CUDA struct (8-byte
 // pointers, then 32-bit ints), so its bytes are what the kernel expects as a by-value parameter.
-unsafe impl DeviceRepr for GemvGroup {}
+unsafe impl ValueArg for GemvGroup {}
 
 impl CudaBackend {
     /// Whether `matmul_group` can take the GEMV path for these matrices and this many rows: bf16
@@ -93,7 +108,8 @@ impl CudaBackend {
             }
             group.first_row[chunk_w.len()] = rows as i32;
             let (rows_per_block, warps) = if lanes {
-                (LANE_ROWS_PER_BLOCK, LANE_WARPS)
+                let shape = self.gemv_lane_shape;
+                (shape.warps * shape.rows_per_warp, shape.warps)
             } else {
                 (ROWS_PER_BLOCK, GEMV_WARPS)
             };

@@ -96,10 +96,14 @@ pub const FILES: [KernelFile; 13] = [
         name: "gdn_chunked.cu",
         source: include_str!("../kernels/gdn_chunked.cu"),
         functions: &[
-            "gated_delta_rule_chunked_k16",
-            "gated_delta_rule_chunked_k32",
-            "gated_delta_rule_chunked_k64",
-            "gated_delta_rule_chunked_k128",
+            "gdn_chunk_prepare_k16",
+            "gdn_chunk_scan_k16",
+            "gdn_chunk_prepare_k32",
+            "gdn_chunk_scan_k32",
+            "gdn_chunk_prepare_k64",
+            "gdn_chunk_scan_k64",
+            "gdn_chunk_prepare_k128",
+            "gdn_chunk_scan_k128",
         ],
     },
     KernelFile {

@@ -7,9 +7,10 @@
 
 use crate::backend::{launch, CudaBackend};
 use crate::buffer::CudaBuf;
+use crate::launcher::ValueArg;
 use crate::mat::{CudaMat, MatData};
 use crate::options::GemmPrecision;
-use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, LaunchConfig};
+use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig};
 use deltaserve_tensor::dtype::f32_to_bf16;
 use deltaserve_tensor::moe::{load_per_expert, moe_per_expert, shared_expert_output};
 use deltaserve_tensor::Backend;
@@ -525,7 +526,7 @@ struct MoeShared {
 // SAFETY: `MoeShared` is `repr(C)` with the field types and order of the CUDA struct (four 8-byte
 // pointers, then a 32-bit int; both sides pad to 40 bytes), so its bytes are what the kernel
 // expects as a by-value parameter.
-unsafe impl DeviceRepr for MoeShared {}
+unsafe impl ValueArg for MoeShared {}
 
 /// The shared expert as the slot kernels read it (raw device pointers; the matrices outlive the
 /// op that uses them).

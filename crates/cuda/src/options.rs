@@ -20,14 +20,16 @@ pub enum GemmPrecision {
 /// How the delta rule runs over long new sequences (prefill; verify steps always use the recurrence).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum GdnPrefill {
-    /// The recurrence with the state in registers, token by token (gdn.cu). The default: on CUDA
-    /// cores it is faster than the chunked form (docs/benchmarks.md).
+    /// The chunked form on the tensor cores (gdn_chunked.cu, TF32) under bf16 precision, the exact
+    /// recurrence under f32 precision. The default.
     #[default]
+    Auto,
+    /// The recurrence with the state in registers, token by token (gdn.cu).
     Recurrent,
-    /// The chunked (WY) form, 16 tokens at a time (gdn_chunked.cu), proven against the reference;
-    /// the starting point for a tensor-core version.
+    /// The chunked form wherever the shape allows it, also under f32 precision (for tests).
     Chunked,
 }
+// `DELTASERVE_GDN_PREFILL=recurrent|chunked` picks one for the defaults (to measure the two).
 
 /// Everything `CudaBackend::with_options` needs.
 #[derive(Clone, Debug)]
@@ -40,6 +42,35 @@ pub struct CudaOptions {
     pub include_dirs: Vec<PathBuf>,
     /// Where compiled PTX is kept between runs; `None` compiles at every start.
     pub ptx_cache_dir: Option<PathBuf>,
+    /// Launch kernels that wait for their predecessor themselves before it has finished
+    /// (programmatic dependent launch, Hopper and newer; launcher.rs). Default on;
+    /// `DELTASERVE_CUDA_PDL=0` turns it off, to measure what it brings.
+    pub dependent_launch: bool,
+    /// Extra `NAME=VALUE` macro definitions for every kernel file, overriding the tuning
+    /// constants the kernels declare with `#ifndef` (`DELTASERVE_CUDA_DEFINES`, space separated):
+    /// for measuring kernel variants without rebuilding. Launchers whose grids depend on such a
+    /// constant read it back with `CudaOptions::define`.
+    pub defines: Vec<(String, String)>,
+}
+
+impl CudaOptions {
+    /// The value of `-D name=...` in `defines`, if any, parsed.
+    pub fn define<T: std::str::FromStr>(&self, name: &str) -> Option<T> {
+        self.defines
+            .iter()
+            .find(|(n, _)| n == name)
+            .and_then(|(_, v)| v.parse().ok())
+    }
+}
+
+/// `NAME=VALUE` pairs separated by spaces; a bare `NAME` defines it as 1.
+fn parse_defines(text: &str) -> Vec<(String, String)> {
+    text.split_whitespace()
+        .map(|item| match item.split_once('=') {
+            Some((name, value)) => (name.to_string(), value.to_string()),
+            None => (item.to_string(), "1".to_string()),
+        })
+        .collect()
 }
 
 impl Default for CudaOptions {
@@ -77,10 +108,35 @@ impl Default for CudaOptions {
             .map(|c| c.join("deltaserve").join("ptx"));
         Self {
             gemm_precision: GemmPrecision::default(),
-            gdn_prefill: GdnPrefill::default(),
+            gdn_prefill: match std::env::var("DELTASERVE_GDN_PREFILL").as_deref() {
+                Ok("recurrent") => GdnPrefill::Recurrent,
+                Ok("chunked") => GdnPrefill::Chunked,
+                _ => GdnPrefill::default(),
+            },
             library_dirs,
             include_dirs,
             ptx_cache_dir,
+            dependent_launch: std::env::var("DELTASERVE_CUDA_PDL").map_or(true, |v| v != "0"),
+            defines: std::env::var("DELTASERVE_CUDA_DEFINES")
+                .map(|v| parse_defines(&v))
+                .unwrap_or_default(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_defines;
+
+    #[test]
+    fn defines_parse_as_pairs_and_bare_names() {
+        assert_eq!(
+            parse_defines(" GEMV_LANE_ROWS=4  FAST "),
+            vec![
+                ("GEMV_LANE_ROWS".to_string(), "4".to_string()),
+                ("FAST".to_string(), "1".to_string())
+            ]
+        );
+        assert!(parse_defines("").is_empty());
     }
 }

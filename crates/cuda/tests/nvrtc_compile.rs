@@ -5,7 +5,7 @@
 
 use deltaserve_cuda::compile::{compile_all, nvrtc_version};
 use deltaserve_cuda::kernels::FILES;
-use deltaserve_cuda::{CudaError, CudaOptions};
+use deltaserve_cuda::{waits_for_previous_grid, CudaError, CudaOptions};
 use std::path::{Path, PathBuf};
 
 /// Set by CI to a virtual environment holding the CUDA 13.0 NVRTC wheel
@@ -31,6 +31,10 @@ fn venv_nvidia_lib_dirs() -> Vec<PathBuf> {
         .filter(|d| d.is_dir())
         .collect()
 }
+
+/// Kernels (name prefixes) launched in plain stream order: start-up and test-only kernels. Every
+/// other kernel waits for its predecessor itself and may start early (launcher.rs).
+const IN_STREAM_ORDER: &[&str] = &["dummy_fill", "read_bandwidth"];
 
 #[test]
 fn every_kernel_compiles_for_sm90() {
@@ -67,6 +71,15 @@ fn every_kernel_compiles_for_sm90() {
                 unit.ptx.contains(&format!(".entry {function}(")),
                 "kernels/{}: no entry point `{function}` in the PTX",
                 unit.file.name
+            );
+            let in_stream_order = IN_STREAM_ORDER.iter().any(|p| function.starts_with(p));
+            assert_eq!(
+                waits_for_previous_grid(&unit.ptx, function),
+                !in_stream_order,
+                "kernels/{}: `{function}` should {}wait for the previous kernel itself \
+                 (AFTER_PREVIOUS_KERNEL in common.cuh; launcher.rs)",
+                unit.file.name,
+                if in_stream_order { "not " } else { "" }
             );
         }
         // The other direction: a kernel the file defines but `FILES` does not list is never

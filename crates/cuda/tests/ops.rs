@@ -30,6 +30,10 @@ const TOL_ATTENTION: f32 = 1e-5;
 /// bf16 probabilities (relative rounding 2^-9) and the bf16 rounding of the scaled q.
 const TOL_FLASH: f32 = 1e-2;
 const TOL_GDN: f32 = 5e-5;
+/// The chunked form on the tensor cores rounds every matrix operand to TF32 (2^-11 relative) and
+/// carries the state from chunk to chunk through those products: worst 2.1e-4 (a state after 70
+/// tokens) on the H200, 5x that allowed.
+const TOL_GDN_CHUNKED: f32 = 1e-3;
 
 #[test]
 fn start_up_errors_are_values_not_panics() {
@@ -745,7 +749,7 @@ fn gdn_batch(lens: &[(usize, bool)]) -> (BatchLayout, usize) {
 /// sequence of 16+ new tokens run the conv parallel over tokens; the fifth only short ones. Batches
 /// with a sequence of 32+ tokens and no snapshots run the chunked delta rule (the last two: partial
 /// column slices and partial chunks).
-fn gdn_shapes() -> [(GdnShape, &'static [(usize, bool)]); 7] {
+fn gdn_shapes() -> [(GdnShape, &'static [(usize, bool)]); 8] {
     [
         (
             GdnShape {
@@ -809,6 +813,17 @@ fn gdn_shapes() -> [(GdnShape, &'static [(usize, bool)]); 7] {
                 value_dim: 24,
             },
             &[(70, false), (16, false), (33, false), (2, false)],
+        ),
+        // Longer than the chunked form's 2048-row window: the first sequence continues in the
+        // next window from the state the first one left.
+        (
+            GdnShape {
+                key_heads: 1,
+                value_heads: 2,
+                key_dim: 32,
+                value_dim: 32,
+            },
+            &[(2100, false), (40, false)],
         ),
     ]
 }
@@ -877,11 +892,11 @@ fn gated_delta_rule_matches_reference_with_snapshots() {
     else {
         return;
     };
-    check_gated_delta_rule(recurrent, "recurrent prefill");
-    check_gated_delta_rule(chunked, "chunked prefill");
+    check_gated_delta_rule(recurrent, "recurrent prefill", TOL_GDN);
+    check_gated_delta_rule(chunked, "chunked prefill", TOL_GDN_CHUNKED);
 }
 
-fn check_gated_delta_rule(be: &CudaBackend, prefill: &str) {
+fn check_gated_delta_rule(be: &CudaBackend, prefill: &str, tol: f32) {
     let mut rng = Rng(9);
     for (shape, lens) in gdn_shapes() {
         let conv_dim = shape.conv_dim();
@@ -917,12 +932,12 @@ fn check_gated_delta_rule(be: &CudaBackend, prefill: &str) {
             &mut out,
         );
         let label = format!("gated_delta_rule ({prefill}) {shape:?} lens {lens:?}");
-        check(&label, &be.to_host(&out), &want, TOL_GDN);
+        check(&label, &be.to_host(&out), &want, tol);
         check(
             &format!("{label} states (snapshots included)"),
             &be.to_host(&pool.ssm),
             &ref_pool.ssm,
-            TOL_GDN,
+            tol,
         );
     }
 }
