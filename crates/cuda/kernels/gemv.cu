@@ -112,7 +112,7 @@ __device__ __forceinline__ void gemv_block(const GemvGroup& group, const bf16_bi
     }
 }
 
-// Up to GEMV_LANE_TOKENS tokens on the CUDA cores: each warp owns GEMV_LANE_ROWS rows and reads
+// Up to GEMV_LANE_TOKENS tokens on the CUDA cores: each warp owns ROWS rows and reads
 // each row in 512-byte sweeps (lane l takes 16-byte vector l, l + 32, ...; whole cache lines per
 // instruction, as the memory system likes best), GEMV_LANE_UNROLL sweeps in flight; the f32
 // activations come from L1/L2, shared by the warps of an SM. One token rounds its f32 activations to
@@ -122,8 +122,14 @@ __device__ __forceinline__ void gemv_block(const GemvGroup& group, const bf16_bi
 // the warp reduces by butterfly: the same order for every token count up to GEMV_LANE_TOKENS, so a
 // one-token decode and a four-token verify compute a row bit for bit alike.
 #define GEMV_LANE_TOKENS 4
+// Rows a warp owns: more rows share each activation load. Measured on the H200 (27B shape, one-token
+// decode, tok/s end to end): 2 rows 61.3-61.5, 4 rows 63.6 (twice), 8 rows (2 sweeps in flight) 62.8.
+// Two to four tokens keep 2 (their activation loads are already shared by the tokens' weights).
 #ifndef GEMV_LANE_ROWS
-#define GEMV_LANE_ROWS 2
+#define GEMV_LANE_ROWS 4
+#endif
+#ifndef GEMV_LANE_ROWS_MULTI
+#define GEMV_LANE_ROWS_MULTI 2
 #endif
 // Warps per block here. Measured on the H200 (gate/up, down; one token / four tokens): 4 warps with 4
 // sweeps in flight 3.67 / 3.56 and 3.47 / 3.21 TB/s; 8 warps with 8 sweeps 3.64 / 3.56 and 3.06 / 2.96.
@@ -134,14 +140,14 @@ __device__ __forceinline__ void gemv_block(const GemvGroup& group, const bf16_bi
 #define GEMV_LANE_UNROLL 4
 #endif
 
-template <int T, bool ROUNDED_X>
+template <int T, bool ROUNDED_X, int ROWS>
 __device__ __forceinline__ void gemv_lanes(const GemvGroup& group, const void* __restrict__ x, int k) {
     const int lane = threadIdx.x & 31;
-    const int first = (blockIdx.x * GEMV_LANE_WARPS + (threadIdx.x >> 5)) * GEMV_LANE_ROWS;
-    int local[GEMV_LANE_ROWS], mat[GEMV_LANE_ROWS];
-    const bf16_bits* w[GEMV_LANE_ROWS];
+    const int first = (blockIdx.x * GEMV_LANE_WARPS + (threadIdx.x >> 5)) * ROWS;
+    int local[ROWS], mat[ROWS];
+    const bf16_bits* w[ROWS];
 #pragma unroll
-    for (int r = 0; r < GEMV_LANE_ROWS; ++r) {
+    for (int r = 0; r < ROWS; ++r) {
         mat[r] = group_row(group, first + r, &local[r]);
         w[r] = mat[r] >= 0 ? group.w[mat[r]] + (i64)local[r] * k : nullptr;
     }
@@ -153,19 +159,19 @@ __device__ __forceinline__ void gemv_lanes(const GemvGroup& group, const void* _
     // The weights do not depend on earlier kernels: the first sweep's loads are issued before the
     // wait, so they overlap the previous kernel's tail.
     bool waited = false;
-    float acc[GEMV_LANE_ROWS][T];
+    float acc[ROWS][T];
 #pragma unroll
-    for (int r = 0; r < GEMV_LANE_ROWS; ++r)
+    for (int r = 0; r < ROWS; ++r)
 #pragma unroll
         for (int t = 0; t < T; ++t) acc[r][t] = 0.0f;
     const int vecs = k / 8;
     for (int base = lane; base < vecs; base += 32 * GEMV_LANE_UNROLL) {
-        uint4 wv[GEMV_LANE_ROWS][GEMV_LANE_UNROLL];
+        uint4 wv[ROWS][GEMV_LANE_UNROLL];
 #pragma unroll
         for (int u = 0; u < GEMV_LANE_UNROLL; ++u) {
             const int v = base + 32 * u;
 #pragma unroll
-            for (int r = 0; r < GEMV_LANE_ROWS; ++r)
+            for (int r = 0; r < ROWS; ++r)
                 wv[r][u] = (v < vecs && w[r]) ? load_streaming(w[r] + 8 * v) : make_uint4(0u, 0u, 0u, 0u);
         }
         if (!waited) {
@@ -186,7 +192,7 @@ __device__ __forceinline__ void gemv_lanes(const GemvGroup& group, const void* _
                 }
             }
 #pragma unroll
-            for (int r = 0; r < GEMV_LANE_ROWS; ++r) {
+            for (int r = 0; r < ROWS; ++r) {
                 float wf[8];
                 bf16x8_to_f32(wv[r][u], wf);
 #pragma unroll
@@ -201,7 +207,7 @@ __device__ __forceinline__ void gemv_lanes(const GemvGroup& group, const void* _
     }
     if (!waited) wait_for_previous_kernel();  // lanes past the row's last vector
 #pragma unroll
-    for (int r = 0; r < GEMV_LANE_ROWS; ++r) {
+    for (int r = 0; r < ROWS; ++r) {
 #pragma unroll
         for (int t = 0; t < T; ++t) {
             float s = acc[r][t];
@@ -214,18 +220,18 @@ __device__ __forceinline__ void gemv_lanes(const GemvGroup& group, const void* _
     }
 }
 
-// Grid: ceil(first_row[count] / (GEMV_LANE_WARPS * GEMV_LANE_ROWS)) blocks of 32 * GEMV_LANE_WARPS
+// Grid: ceil(first_row[count] / (GEMV_LANE_WARPS * rows)) blocks of 32 * GEMV_LANE_WARPS
 // threads.
 // x: f32 activations for one token, bf16 (already rounded) for two to four.
-#define GEMV_LANE_KERNEL(T, ROUNDED_X)                                                                  \
+#define GEMV_LANE_KERNEL(T, ROUNDED_X, ROWS)                                                                  \
     extern "C" __global__ void __launch_bounds__(32 * GEMV_LANE_WARPS)                                 \
         gemv_bf16_lanes_t##T(const GemvGroup group, const void* __restrict__ x, int tokens, int k) {    \
-        gemv_lanes<T, ROUNDED_X>(group, x, k);                                                          \
+        gemv_lanes<T, ROUNDED_X, ROWS>(group, x, k);                                                          \
     }
-GEMV_LANE_KERNEL(1, false)
-GEMV_LANE_KERNEL(2, true)
-GEMV_LANE_KERNEL(3, true)
-GEMV_LANE_KERNEL(4, true)
+GEMV_LANE_KERNEL(1, false, GEMV_LANE_ROWS)
+GEMV_LANE_KERNEL(2, true, GEMV_LANE_ROWS_MULTI)
+GEMV_LANE_KERNEL(3, true, GEMV_LANE_ROWS_MULTI)
+GEMV_LANE_KERNEL(4, true, GEMV_LANE_ROWS_MULTI)
 
 // Grid: ceil(first_row[count] / 16) blocks of 32 * GEMV_WARPS threads. Requires k % 8 == 0 and
 // 16-byte aligned weights and activations (checked by the launcher). One kernel per 8-token tile

@@ -23,20 +23,33 @@ const ROWS_PER_BLOCK: usize = 16;
 /// `GEMV_LANE_TOKENS` of gemv.cu: token counts of the CUDA-core kernel.
 const LANE_TOKENS: usize = 4;
 
-/// The CUDA-core kernel's block shape: `GEMV_LANE_WARPS` warps of `GEMV_LANE_ROWS` rows each, the
-/// defaults of gemv.cu unless `CudaOptions::defines` overrides them (for measuring variants).
+/// The CUDA-core kernel's block shape: `GEMV_LANE_WARPS` warps of `GEMV_LANE_ROWS` rows (one
+/// token) or `GEMV_LANE_ROWS_MULTI` rows (two to four tokens) each, the defaults of gemv.cu unless
+/// `CudaOptions::defines` overrides them (for measuring variants).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct LaneShape {
     warps: usize,
-    rows_per_warp: usize,
+    rows_one_token: usize,
+    rows_more_tokens: usize,
 }
 
 impl LaneShape {
     pub(crate) fn from_options(options: &crate::options::CudaOptions) -> Self {
         Self {
             warps: options.define("GEMV_LANE_WARPS").unwrap_or(4),
-            rows_per_warp: options.define("GEMV_LANE_ROWS").unwrap_or(2),
+            rows_one_token: options.define("GEMV_LANE_ROWS").unwrap_or(4),
+            rows_more_tokens: options.define("GEMV_LANE_ROWS_MULTI").unwrap_or(2),
         }
+    }
+
+    /// Rows a block covers for `tokens` tokens.
+    fn rows_per_block(&self, tokens: usize) -> usize {
+        self.warps
+            * if tokens == 1 {
+                self.rows_one_token
+            } else {
+                self.rows_more_tokens
+            }
     }
 }
 
@@ -109,7 +122,7 @@ impl CudaBackend {
             group.first_row[chunk_w.len()] = rows as i32;
             let (rows_per_block, warps) = if lanes {
                 let shape = self.gemv_lane_shape;
-                (shape.warps * shape.rows_per_warp, shape.warps)
+                (shape.rows_per_block(tokens), shape.warps)
             } else {
                 (ROWS_PER_BLOCK, GEMV_WARPS)
             };
