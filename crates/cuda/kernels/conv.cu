@@ -68,22 +68,30 @@ __device__ __forceinline__ float conv_input(const float* x, const float* conv_st
 
 // Snapshot slots are other slots of the same pool, so `conv_state` is both read (the sequence's
 // own slot) and written (its snapshot slots).
+// Grid (channel blocks, token stride): block (bx, by) takes channels bx * blockDim.x .. and rows by,
+// by + gridDim.y, ... (no division per element; the taps stay in registers).
 extern "C" __global__ void causal_conv1d_tokens(const float* x, const float* w, float* conv_state, float* out, const int* seqs, const int* snaps, const int* row_seqs,
                                                 i64 tokens, int conv_dim, int history) {
     AFTER_PREVIOUS_KERNEL();
     const i64 slot_len = (i64)history * conv_dim;
-    FOR_EACH(idx, tokens * conv_dim) {
-        const i64 t = idx / conv_dim;
-        const int c = (int)(idx % conv_dim);
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= conv_dim) return;
+    float taps[MAX_HISTORY];
+#pragma unroll
+    for (int m = 0; m < MAX_HISTORY; ++m) taps[m] = m < history ? w[(i64)c * (history + 1) + m] : 0.0f;
+    const float newest_tap = w[(i64)c * (history + 1) + history];
+    for (i64 t = blockIdx.y; t < tokens; t += gridDim.y) {
+        const i64 idx = t * conv_dim + c;
         const int* seq = seqs + 4 * row_seqs[t];
         const int start = seq[0], slot = seq[2], snap = seq[3];
         const int i = (int)(t - start);
-        const float* taps = w + (i64)c * (history + 1);
         float acc = 0.0f;
-        for (int m = 0; m < history; ++m) {
-            acc = fmaf(taps[m], conv_input(x, conv_state, slot_len, slot, start, i - history + m, conv_dim, history, c), acc);
+#pragma unroll
+        for (int m = 0; m < MAX_HISTORY; ++m) {
+            if (m < history)
+                acc = fmaf(taps[m], conv_input(x, conv_state, slot_len, slot, start, i - history + m, conv_dim, history, c), acc);
         }
-        acc = fmaf(taps[history], x[idx], acc);
+        acc = fmaf(newest_tap, x[idx], acc);
         out[idx] = silu_f(acc);
         if (snap >= 0) {
             const i64 dst = (i64)snaps[snap + i] * slot_len;

@@ -27,14 +27,18 @@
 #define GDN_CHUNK 64
 #define GDN_SLICE 64
 #define GDN_MAX_VALUE_DIM 128
-#define PREP_WARPS 4
-#define SCAN_WARPS 8
+#define PREP_WARPS 8
+#define SCAN_WARPS 16
 
 __device__ __forceinline__ unsigned int to_tf32(float x) {
     unsigned int r;
     asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
     return r;
 }
+
+// x rounded to TF32, kept as an f32 value (its low mantissa bits zero): operands stored this way
+// in shared memory or the workspace go to the tensor cores without another conversion.
+__device__ __forceinline__ float round_tf32(float x) { return __uint_as_float(to_tf32(x)); }
 
 // d (16 x 8) += a (16 x 8) * b (8 x 8), TF32 in, f32 accumulate. Fragments: thread (g = lane / 4,
 // c = lane % 4) holds a = {A[g][c], A[g+8][c], A[g][c+4], A[g+8][c+4]}, b = {B[c][g], B[c+4][g]}
@@ -47,21 +51,29 @@ __device__ __forceinline__ void mma_tf32(float* d, const unsigned int* a, unsign
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// A fragment of rows r0.., columns k0.. of row-major M (row stride ld), times `sign`.
+// A fragment of rows r0.., columns k0.. of row-major M (row stride ld), times `sign`; ROUNDED: M
+// holds TF32 values already.
+template <bool ROUNDED = false>
 __device__ __forceinline__ void frag_a(unsigned int* a, const float* m, int ld, int r0, int k0, int g, int c,
                                        float sign = 1.0f) {
-    a[0] = to_tf32(sign * m[(r0 + g) * ld + k0 + c]);
-    a[1] = to_tf32(sign * m[(r0 + g + 8) * ld + k0 + c]);
-    a[2] = to_tf32(sign * m[(r0 + g) * ld + k0 + c + 4]);
-    a[3] = to_tf32(sign * m[(r0 + g + 8) * ld + k0 + c + 4]);
+    const float v[4] = {m[(r0 + g) * ld + k0 + c], m[(r0 + g + 8) * ld + k0 + c], m[(r0 + g) * ld + k0 + c + 4],
+                        m[(r0 + g + 8) * ld + k0 + c + 4]};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) a[i] = ROUNDED ? __float_as_uint(sign * v[i]) : to_tf32(sign * v[i]);
 }
 
-// A fragment of the transpose of M: A[r][k] = M[k][r].
+// A fragment of the transpose of M (TF32 values already): A[r][k] = M[k][r].
 __device__ __forceinline__ void frag_a_t(unsigned int* a, const float* m, int ld, int r0, int k0, int g, int c) {
-    a[0] = to_tf32(m[(k0 + c) * ld + r0 + g]);
-    a[1] = to_tf32(m[(k0 + c) * ld + r0 + g + 8]);
-    a[2] = to_tf32(m[(k0 + c + 4) * ld + r0 + g]);
-    a[3] = to_tf32(m[(k0 + c + 4) * ld + r0 + g + 8]);
+    a[0] = __float_as_uint(m[(k0 + c) * ld + r0 + g]);
+    a[1] = __float_as_uint(m[(k0 + c) * ld + r0 + g + 8]);
+    a[2] = __float_as_uint(m[(k0 + c + 4) * ld + r0 + g]);
+    a[3] = __float_as_uint(m[(k0 + c + 4) * ld + r0 + g + 8]);
+}
+
+// The B fragment of rows k0.., column n0 + g of row-major M holding TF32 values.
+__device__ __forceinline__ void frag_b(unsigned int* b, const float* m, int ld, int k0, int n0, int g, int c) {
+    b[0] = __float_as_uint(m[(k0 + c) * ld + n0 + g]);
+    b[1] = __float_as_uint(m[(k0 + c + 4) * ld + n0 + g]);
 }
 
 // Shared-memory address for cp.async.
@@ -163,42 +175,46 @@ __device__ void chunk_prepare(const float* __restrict__ mixed, const float* __re
         }
         const float q_mul = q_scale / sqrtf(qss + 1e-6f), k_mul = 1.0f / sqrtf(kss + 1e-6f);
         for (int x = lane; x < KD; x += 32) {
-            Qn[t * KS + x] *= q_mul;
-            Kn[t * KS + x] *= k_mul;
+            Qn[t * KS + x] = round_tf32(Qn[t * KS + x] * q_mul);
+            Kn[t * KS + x] = round_tf32(Kn[t * KS + x] * k_mul);
         }
     }
     __syncthreads();
     if (tid < C) BG[tid] = Bt[tid] * expf(G[tid]);
 
-    // 2. k.k and q.k products of the chunk -> A and P; warp w owns rows 16w .. 16w+15.
-    const int r0 = 16 * warp;
+    // Warp w owns row block mt = w % 4 (rows 16 mt .. 16 mt + 15) and half h2 = w / 4 of the column
+    // tiles of every product below.
+    const int mt = warp & 3, h2 = warp >> 2, r0 = 16 * mt;
+
+    // 2. k.k and q.k products of the chunk -> A and P (TF32 values: they are operands below).
     {
-        float kk[8][4], qk[8][4];
+        float kk[4][4], qk[4][4];
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
+        for (int q = 0; q < 4; ++q)
 #pragma unroll
-            for (int i = 0; i < 4; ++i) kk[nt][i] = qk[nt][i] = 0.0f;
-#pragma unroll
+            for (int i = 0; i < 4; ++i) kk[q][i] = qk[q][i] = 0.0f;
+#pragma unroll 4
         for (int k0 = 0; k0 < KD; k0 += 8) {
             unsigned int ak[4], aq[4];
-            frag_a(ak, Kn, KS, r0, k0, g, c);
-            frag_a(aq, Qn, KS, r0, k0, g, c);
+            frag_a<true>(ak, Kn, KS, r0, k0, g, c);
+            frag_a<true>(aq, Qn, KS, r0, k0, g, c);
 #pragma unroll
-            for (int nt = 0; nt < 8; ++nt) {
-                const unsigned int b0 = to_tf32(Kn[(8 * nt + g) * KS + k0 + c]);
-                const unsigned int b1 = to_tf32(Kn[(8 * nt + g) * KS + k0 + c + 4]);
-                mma_tf32(kk[nt], ak, b0, b1);
-                mma_tf32(qk[nt], aq, b0, b1);
+            for (int q = 0; q < 4; ++q) {
+                const int n0 = 8 * (4 * h2 + q);
+                const unsigned int b0 = __float_as_uint(Kn[(n0 + g) * KS + k0 + c]);
+                const unsigned int b1 = __float_as_uint(Kn[(n0 + g) * KS + k0 + c + 4]);
+                mma_tf32(kk[q], ak, b0, b1);
+                mma_tf32(qk[q], aq, b0, b1);
             }
         }
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
+        for (int q = 0; q < 4; ++q)
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                const int t = r0 + g + (i >= 2 ? 8 : 0), j = 8 * nt + 2 * c + (i & 1);
+                const int t = r0 + g + (i >= 2 ? 8 : 0), j = 8 * (4 * h2 + q) + 2 * c + (i & 1);
                 const float decay = j <= t ? expf(G[t] - G[j]) : 0.0f;
-                A[t * CS + j] = j < t ? Bt[t] * decay * kk[nt][i] : 0.0f;
-                P[t * CS + j] = decay * qk[nt][i];
+                A[t * CS + j] = round_tf32(j < t ? Bt[t] * decay * kk[q][i] : 0.0f);
+                P[t * CS + j] = round_tf32(decay * qk[q][i]);
             }
     }
     __syncthreads();
@@ -207,11 +223,16 @@ __device__ void chunk_prepare(const float* __restrict__ mixed, const float* __re
     if (tid < C) {
         const int j = tid, b0 = j & ~15;
         for (int t = 0; t < b0; ++t) T[t * CS + j] = 0.0f;
-        for (int t = b0; t < b0 + 16; ++t) {
+        float column[16];
+#pragma unroll
+        for (int r = 0; r < 16; ++r) {
+            const int t = b0 + r;
             float v = t == j ? 1.0f : 0.0f;
-            if (t > j)
-                for (int i = j; i < t; ++i) v = fmaf(-A[t * CS + i], T[i * CS + j], v);
-            T[t * CS + j] = v;
+#pragma unroll
+            for (int i = 0; i < r; ++i)
+                if (t > j && b0 + i >= j) v = fmaf(-A[t * CS + b0 + i], column[i], v);
+            column[r] = v;
+            T[t * CS + j] = round_tf32(v);
         }
     }
     __syncthreads();
@@ -222,138 +243,158 @@ __device__ void chunk_prepare(const float* __restrict__ mixed, const float* __re
             float m[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
             for (int k0 = 16 * bj; k0 < 16 * bi; k0 += 8) {
                 unsigned int a[4];
-                frag_a(a, A, CS, 16 * bi, k0, g, c);
+                frag_a<true>(a, A, CS, 16 * bi, k0, g, c);
 #pragma unroll
-                for (int nt = 0; nt < 2; ++nt)
-                    mma_tf32(m[nt], a, to_tf32(T[(k0 + c) * CS + 16 * bj + 8 * nt + g]),
-                             to_tf32(T[(k0 + c + 4) * CS + 16 * bj + 8 * nt + g]));
+                for (int nt = 0; nt < 2; ++nt) {
+                    unsigned int b[2];
+                    frag_b(b, T, CS, k0, 16 * bj + 8 * nt, g, c);
+                    mma_tf32(m[nt], a, b[0], b[1]);
+                }
             }
             float* M = scratch + warp * 16 * MS;
 #pragma unroll
             for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-                for (int i = 0; i < 4; ++i) M[(g + (i >= 2 ? 8 : 0)) * MS + 8 * nt + 2 * c + (i & 1)] = m[nt][i];
+                for (int i = 0; i < 4; ++i)
+                    M[(g + (i >= 2 ? 8 : 0)) * MS + 8 * nt + 2 * c + (i & 1)] = round_tf32(m[nt][i]);
             __syncwarp();
             float r[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll
             for (int k0 = 0; k0 < 16; k0 += 8) {
                 unsigned int a[4];
-                frag_a(a, T, CS, 16 * bi, 16 * bi + k0, g, c, -1.0f);
+                frag_a<true>(a, T, CS, 16 * bi, 16 * bi + k0, g, c, -1.0f);
 #pragma unroll
-                for (int nt = 0; nt < 2; ++nt)
-                    mma_tf32(r[nt], a, to_tf32(M[(k0 + c) * MS + 8 * nt + g]), to_tf32(M[(k0 + c + 4) * MS + 8 * nt + g]));
+                for (int nt = 0; nt < 2; ++nt) {
+                    unsigned int b[2];
+                    frag_b(b, M, MS, k0, 8 * nt, g, c);
+                    mma_tf32(r[nt], a, b[0], b[1]);
+                }
             }
 #pragma unroll
             for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
                 for (int i = 0; i < 4; ++i)
-                    T[(16 * bi + g + (i >= 2 ? 8 : 0)) * CS + 16 * bj + 8 * nt + 2 * c + (i & 1)] = r[nt][i];
+                    T[(16 * bi + g + (i >= 2 ? 8 : 0)) * CS + 16 * bj + 8 * nt + 2 * c + (i & 1)] = round_tf32(r[nt][i]);
         }
         __syncthreads();
     }
 
-    // 4. W = T diag(beta e^G) K and U0 = T diag(beta) V (row block w of T is zero past column 16w+15).
+    // 4. W = T diag(beta e^G) K and U0 = T diag(beta) V (row block mt of T is zero past column
+    // 16 mt + 15).
     const i64 out_row = (i64)(first - row0) * value_heads + h;  // record of the chunk's first token
+    constexpr int KH = KT / 2;                                   // key-dim tiles per half
     {
-        float acc[KT][4];
+        float acc[KH][4];
 #pragma unroll
-        for (int nt = 0; nt < KT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+        for (int q = 0; q < KH; ++q) acc[q][0] = acc[q][1] = acc[q][2] = acc[q][3] = 0.0f;
         for (int k0 = 0; k0 < r0 + 16; k0 += 8) {
             unsigned int a[4];
-            frag_a(a, T, CS, r0, k0, g, c);
+            frag_a<true>(a, T, CS, r0, k0, g, c);
             const float s0 = BG[k0 + c], s1 = BG[k0 + c + 4];
 #pragma unroll
-            for (int nt = 0; nt < KT; ++nt)
-                mma_tf32(acc[nt], a, to_tf32(s0 * Kn[(k0 + c) * KS + 8 * nt + g]),
-                         to_tf32(s1 * Kn[(k0 + c + 4) * KS + 8 * nt + g]));
+            for (int q = 0; q < KH; ++q) {
+                const int n0 = 8 * (KH * h2 + q);
+                mma_tf32(acc[q], a, to_tf32(s0 * Kn[(k0 + c) * KS + n0 + g]), to_tf32(s1 * Kn[(k0 + c + 4) * KS + n0 + g]));
+            }
         }
-        // Kd, before Kn's rows become W's.
+        // Kd (an operand of the scan: TF32), before Kn's rows become W's.
         const float g_last = G[n - 1];
         for (int i = tid; i < n * KD; i += PREP_WARPS * 32) {
             const int t = i / KD, x = i % KD;
-            k_out[(out_row + (i64)t * value_heads) * KD + x] = expf(g_last - G[t]) * Kn[t * KS + x];
+            k_out[(out_row + (i64)t * value_heads) * KD + x] = round_tf32(expf(g_last - G[t]) * Kn[t * KS + x]);
         }
         __syncthreads();
 #pragma unroll
-        for (int nt = 0; nt < KT; ++nt)
+        for (int q = 0; q < KH; ++q)
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                const int t = r0 + g + (i >= 2 ? 8 : 0), x = 8 * nt + 2 * c + (i & 1);
-                Kn[t * KS + x] = acc[nt][i];
-                if (t < n) w_out[(out_row + (i64)t * value_heads) * KD + x] = acc[nt][i];
+                const int t = r0 + g + (i >= 2 ? 8 : 0), x = 8 * (KH * h2 + q) + 2 * c + (i & 1);
+                const float w = round_tf32(acc[q][i]);
+                Kn[t * KS + x] = w;
+                if (t < n) w_out[(out_row + (i64)t * value_heads) * KD + x] = w;
             }
     }
+    constexpr int VH = VT_MAX / 2;  // value-dim tiles per half, at most
     {
-        float acc[VT_MAX][4];
+        float acc[VH][4];
 #pragma unroll
-        for (int nt = 0; nt < VT_MAX; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+        for (int q = 0; q < VH; ++q) acc[q][0] = acc[q][1] = acc[q][2] = acc[q][3] = 0.0f;
         for (int k0 = 0; k0 < r0 + 16; k0 += 8) {
             unsigned int a[4];
-            frag_a(a, T, CS, r0, k0, g, c);
+            frag_a<true>(a, T, CS, r0, k0, g, c);
             const float s0 = Bt[k0 + c], s1 = Bt[k0 + c + 4];
 #pragma unroll
-            for (int nt = 0; nt < VT_MAX; ++nt)
-                if (nt < vtiles)
-                    mma_tf32(acc[nt], a, to_tf32(s0 * V[(k0 + c) * VS + 8 * nt + g]),
-                             to_tf32(s1 * V[(k0 + c + 4) * VS + 8 * nt + g]));
+            for (int q = 0; q < VH; ++q) {
+                const int n0 = 8 * (VH * h2 + q);
+                if (n0 < 8 * vtiles)
+                    mma_tf32(acc[q], a, to_tf32(s0 * V[(k0 + c) * VS + n0 + g]), to_tf32(s1 * V[(k0 + c + 4) * VS + n0 + g]));
+            }
         }
         __syncthreads();  // every warp has read V
 #pragma unroll
-        for (int nt = 0; nt < VT_MAX; ++nt)
+        for (int q = 0; q < VH; ++q)
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                const int t = r0 + g + (i >= 2 ? 8 : 0), j = 8 * nt + 2 * c + (i & 1);
-                if (nt >= vtiles) continue;
-                V[t * VS + j] = acc[nt][i];
-                if (t < n && j < value_dim) u_out[(out_row + (i64)t * value_heads) * value_dim + j] = acc[nt][i];
+                const int t = r0 + g + (i >= 2 ? 8 : 0), j = 8 * (VH * h2 + q) + 2 * c + (i & 1);
+                if (j >= 8 * vtiles) continue;
+                V[t * VS + j] = round_tf32(acc[q][i]);
+                if (t < n && j < value_dim) u_out[(out_row + (i64)t * value_heads) * value_dim + j] = acc[q][i];
             }
     }
     __syncthreads();
 
     // 5. Q' = diag(e^G) Q - P W and O0 = P U0 (P is zero right of its diagonal).
     {
-        float acc[KT][4];
+        float acc[KH][4];
 #pragma unroll
-        for (int nt = 0; nt < KT; ++nt)
+        for (int q = 0; q < KH; ++q)
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                const int t = r0 + g + (i >= 2 ? 8 : 0), x = 8 * nt + 2 * c + (i & 1);
-                acc[nt][i] = expf(G[t]) * Qn[t * KS + x];
+                const int t = r0 + g + (i >= 2 ? 8 : 0), x = 8 * (KH * h2 + q) + 2 * c + (i & 1);
+                acc[q][i] = expf(G[t]) * Qn[t * KS + x];
             }
         for (int k0 = 0; k0 < r0 + 16; k0 += 8) {
             unsigned int a[4];
-            frag_a(a, P, CS, r0, k0, g, c, -1.0f);
+            frag_a<true>(a, P, CS, r0, k0, g, c, -1.0f);
 #pragma unroll
-            for (int nt = 0; nt < KT; ++nt)
-                mma_tf32(acc[nt], a, to_tf32(Kn[(k0 + c) * KS + 8 * nt + g]), to_tf32(Kn[(k0 + c + 4) * KS + 8 * nt + g]));
+            for (int q = 0; q < KH; ++q) {
+                unsigned int b[2];
+                frag_b(b, Kn, KS, k0, 8 * (KH * h2 + q), g, c);
+                mma_tf32(acc[q], a, b[0], b[1]);
+            }
         }
 #pragma unroll
-        for (int nt = 0; nt < KT; ++nt)
+        for (int q = 0; q < KH; ++q)
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                const int t = r0 + g + (i >= 2 ? 8 : 0), x = 8 * nt + 2 * c + (i & 1);
-                if (t < n) q_out[(out_row + (i64)t * value_heads) * KD + x] = acc[nt][i];
+                const int t = r0 + g + (i >= 2 ? 8 : 0), x = 8 * (KH * h2 + q) + 2 * c + (i & 1);
+                if (t < n) q_out[(out_row + (i64)t * value_heads) * KD + x] = round_tf32(acc[q][i]);
             }
     }
     {
-        float acc[VT_MAX][4];
+        float acc[VH][4];
 #pragma unroll
-        for (int nt = 0; nt < VT_MAX; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+        for (int q = 0; q < VH; ++q) acc[q][0] = acc[q][1] = acc[q][2] = acc[q][3] = 0.0f;
         for (int k0 = 0; k0 < r0 + 16; k0 += 8) {
             unsigned int a[4];
-            frag_a(a, P, CS, r0, k0, g, c);
+            frag_a<true>(a, P, CS, r0, k0, g, c);
 #pragma unroll
-            for (int nt = 0; nt < VT_MAX; ++nt)
-                if (nt < vtiles)
-                    mma_tf32(acc[nt], a, to_tf32(V[(k0 + c) * VS + 8 * nt + g]), to_tf32(V[(k0 + c + 4) * VS + 8 * nt + g]));
+            for (int q = 0; q < VH; ++q) {
+                const int n0 = 8 * (VH * h2 + q);
+                if (n0 < 8 * vtiles) {
+                    unsigned int b[2];
+                    frag_b(b, V, VS, k0, n0, g, c);
+                    mma_tf32(acc[q], a, b[0], b[1]);
+                }
+            }
         }
 #pragma unroll
-        for (int nt = 0; nt < VT_MAX; ++nt)
+        for (int q = 0; q < VH; ++q)
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                const int t = r0 + g + (i >= 2 ? 8 : 0), j = 8 * nt + 2 * c + (i & 1);
-                if (nt < vtiles && t < n && j < value_dim)
-                    o_out[(out_row + (i64)t * value_heads) * value_dim + j] = acc[nt][i];
+                const int t = r0 + g + (i >= 2 ? 8 : 0), j = 8 * (VH * h2 + q) + 2 * c + (i & 1);
+                if (j < 8 * vtiles && t < n && j < value_dim)
+                    o_out[(out_row + (i64)t * value_heads) * value_dim + j] = acc[q][i];
             }
     }
     if (tid == 0) last_decay[chunk * value_heads + h] = expf(G[n - 1]);
@@ -393,8 +434,8 @@ __device__ void chunk_scan(const float* __restrict__ w_in, const float* __restri
         const int x = i / SV, j = i % SV;
         S[x * SS + j] = j < cols ? state[(i64)x * value_dim + col0 + j] : 0.0f;
     }
-    // Warp w computes U and O for row block w % 4 and column tiles 4 (w / 4) .. 4 (w / 4) + 3.
-    const int r0 = 16 * (warp & 3), nb = 4 * (warp >> 2);
+    // Warp w computes U and O for row block w % 4 and column tiles 2 (w / 4), 2 (w / 4) + 1.
+    const int r0 = 16 * (warp & 3), nb = 2 * (warp >> 2);
     for (int ci = 0; ci < count; ++ci) {
         const int chunk = first_chunk + ci;
         const int first = chunks[2 * chunk], n = chunks[2 * chunk + 1];
@@ -417,11 +458,11 @@ __device__ void chunk_scan(const float* __restrict__ w_in, const float* __restri
         wait_async_copies();
         __syncthreads();
 
-        // U = U0 - W S0 and O = O0 + Q' S0.
+        // U = U0 - W S0 and O = O0 + Q' S0 (W and Q' hold TF32 values; S0 is rounded here).
         {
-            float u[4][4], o[4][4];
+            float u[2][4], o[2][4];
 #pragma unroll
-            for (int q = 0; q < 4; ++q)
+            for (int q = 0; q < 2; ++q)
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
                     const int t = r0 + g + (i >= 2 ? 8 : 0), j = 8 * (nb + q) + 2 * c + (i & 1);
@@ -431,10 +472,10 @@ __device__ void chunk_scan(const float* __restrict__ w_in, const float* __restri
 #pragma unroll 4
             for (int k0 = 0; k0 < KD; k0 += 8) {
                 unsigned int aw[4], aq[4];
-                frag_a(aw, Ws, KS, r0, k0, g, c, -1.0f);
-                frag_a(aq, Qs, KS, r0, k0, g, c);
+                frag_a<true>(aw, Ws, KS, r0, k0, g, c, -1.0f);
+                frag_a<true>(aq, Qs, KS, r0, k0, g, c);
 #pragma unroll
-                for (int q = 0; q < 4; ++q) {
+                for (int q = 0; q < 2; ++q) {
                     const unsigned int b0 = to_tf32(S[(k0 + c) * SS + 8 * (nb + q) + g]);
                     const unsigned int b1 = to_tf32(S[(k0 + c + 4) * SS + 8 * (nb + q) + g]);
                     mma_tf32(u[q], aw, b0, b1);
@@ -442,32 +483,33 @@ __device__ void chunk_scan(const float* __restrict__ w_in, const float* __restri
                 }
             }
 #pragma unroll
-            for (int q = 0; q < 4; ++q)
+            for (int q = 0; q < 2; ++q)
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
                     const int t = r0 + g + (i >= 2 ? 8 : 0), j = 8 * (nb + q) + 2 * c + (i & 1);
-                    U[t * SS + j] = u[q][i];
+                    U[t * SS + j] = round_tf32(u[q][i]);
                     if (t < n && j < cols) out[((i64)(first + t) * value_heads + h) * value_dim + col0 + j] = o[q][i];
                 }
         }
         __syncthreads();
 
-        // S = e^(G_last) S0 + Kd^T U.
+        // S = e^(G_last) S0 + Kd^T U (Kd and U hold TF32 values).
         const float decay = last_decay[chunk * value_heads + h];
         constexpr int MT = KD / 16, NT = SV / 8;
         for (int tile = warp; tile < MT * NT; tile += SCAN_WARPS) {
             const int m0 = 16 * (tile / NT), n0 = 8 * (tile % NT);
-            float s[4];
+            float acc[4];
 #pragma unroll
-            for (int i = 0; i < 4; ++i) s[i] = decay * S[(m0 + g + (i >= 2 ? 8 : 0)) * SS + n0 + 2 * c + (i & 1)];
+            for (int i = 0; i < 4; ++i) acc[i] = decay * S[(m0 + g + (i >= 2 ? 8 : 0)) * SS + n0 + 2 * c + (i & 1)];
 #pragma unroll
             for (int k0 = 0; k0 < C; k0 += 8) {
-                unsigned int a[4];
+                unsigned int a[4], b[2];
                 frag_a_t(a, Ks, KTS, m0, k0, g, c);
-                mma_tf32(s, a, to_tf32(U[(k0 + c) * SS + n0 + g]), to_tf32(U[(k0 + c + 4) * SS + n0 + g]));
+                frag_b(b, U, SS, k0, n0, g, c);
+                mma_tf32(acc, a, b[0], b[1]);
             }
 #pragma unroll
-            for (int i = 0; i < 4; ++i) S[(m0 + g + (i >= 2 ? 8 : 0)) * SS + n0 + 2 * c + (i & 1)] = s[i];
+            for (int i = 0; i < 4; ++i) S[(m0 + g + (i >= 2 ? 8 : 0)) * SS + n0 + 2 * c + (i & 1)] = acc[i];
         }
         __syncthreads();
     }

@@ -197,11 +197,11 @@ impl CudaBackend {
             return;
         }
         let n64 = n as i64;
-        // Contract: n is within all three buffers.
+        // Contract: n is within all three buffers, each a whole (16-byte aligned) allocation.
         launch!(
             self,
             "silu_mul",
-            Self::elementwise_config(n),
+            Self::elementwise_config(n.div_ceil(4)),
             &gate.data,
             &up.data,
             &mut out.data,

@@ -19,6 +19,8 @@ const CONV_THREADS: u32 = 128;
 /// From this many new tokens in one sequence (prefill), the conv runs parallel over tokens
 /// (`causal_conv1d_tokens` + `conv_window_update`) instead of walking them per channel.
 const PARALLEL_CONV_MIN_TOKENS: usize = 16;
+/// Rows of the parallel conv's grid (each block row then strides over the tokens by this much).
+const CONV_TOKEN_STRIDE: usize = 4096;
 
 /// From this many new tokens in one sequence (and no snapshot slots in the batch), the delta rule
 /// runs in chunked form on the tensor cores (gdn_chunked.rs) where `GdnPrefill` allows it.
@@ -108,10 +110,19 @@ impl CudaBackend {
             // Contract: the layout was checked (rows within x/out, slots and snapshot slots <
             // slots); row_seqs names each row's sequence; snapshot slots differ from the slots
             // read, so no thread reads what another writes.
+            let cfg = LaunchConfig {
+                grid_dim: (
+                    (conv_dim as u32).div_ceil(CONV_THREADS),
+                    tokens.min(CONV_TOKEN_STRIDE) as u32,
+                    1,
+                ),
+                block_dim: (CONV_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
             launch!(
                 self,
                 "causal_conv1d_tokens",
-                Self::elementwise_config(tokens * conv_dim),
+                cfg,
                 &x.data,
                 &w.data,
                 &mut pool.conv.data,

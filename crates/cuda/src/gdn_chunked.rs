@@ -17,8 +17,9 @@ use deltaserve_tensor::{BatchLayout, GdnShape, StateLayerPool};
 const CHUNK: usize = 64;
 const SLICE: usize = 64;
 const MAX_VALUE_DIM: usize = 128;
-const PREP_THREADS: u32 = 4 * 32;
-const SCAN_THREADS: u32 = 8 * 32;
+const PREP_WARPS: usize = 8;
+const PREP_THREADS: u32 = PREP_WARPS as u32 * 32;
+const SCAN_THREADS: u32 = 16 * 32;
 
 /// Rows of one window: the workspace holds `3 * key_dim + 2 * value_dim` floats per row and value
 /// head (~250 MB for the 27B shape's 48 heads of 128 x 128).
@@ -49,7 +50,7 @@ fn prepare_shared_bytes(key_dim: usize) -> usize {
         + CHUNK * (MAX_VALUE_DIM + 4)
         + 3 * CHUNK * (CHUNK + 4)
         + 3 * CHUNK
-        + 4 * 16 * 24)
+        + PREP_WARPS * 16 * 24)
 }
 
 fn scan_shared_bytes(key_dim: usize) -> usize {

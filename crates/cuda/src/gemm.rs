@@ -119,11 +119,12 @@ impl CudaBackend {
         // Overwritten whole by the cast below.
         let mut cast: CudaSlice<u16> = self.alloc_for_overwrite("bf16 activations", len);
         let len64 = len as i64;
-        // Contract: x holds len values (checked by the caller), cast was allocated that long.
+        // Contract: x holds len values (checked by the caller), cast was allocated that long; both
+        // are whole (aligned) allocations, as the kernel's 16- and 8-byte accesses need.
         launch!(
             self,
             "cast_f32_to_bf16",
-            Self::elementwise_config(len),
+            Self::elementwise_config(len.div_ceil(4)),
             &x.data,
             &mut cast,
             &len64
