@@ -54,12 +54,16 @@ extern "C" __global__ void causal_conv1d(const float* x, const float* w, float* 
     }
 }
 
-// The same conv for long sequences (prefill), parallel over tokens: one thread per (row, channel)
-// reads its inputs straight from x, or from the old window for positions before the sequence's new
-// tokens, and writes the output (and the window after its token to the token's snapshot slot, if
-// any) with the taps in the same order as above, so results are bitwise those of the loop above.
-// The new windows are written afterwards by `conv_window_update`, once every row has read the old
-// ones. row_seqs[T] = index of each row's sequence in `seqs`.
+// The same conv for long sequences (prefill), parallel over tokens: a thread walks CONV_SEGMENT
+// consecutive rows of one channel with the window in registers as above, taking it from x, or from
+// the old window for positions before a sequence's new tokens, where the segment starts or a new
+// sequence begins; it writes the window after a token to the token's snapshot slot, if any. Same
+// taps in the same order as above, so results are bitwise those of the loop above. The new windows
+// are written afterwards by `conv_window_update`, once every row has read the old ones.
+// row_seqs[T] = index of each row's sequence in `seqs`. Grid (channel blocks, segments; a block row
+// strides over the segments by gridDim.y).
+#define CONV_SEGMENT 16
+
 __device__ __forceinline__ float conv_input(const float* x, const float* conv_state, i64 slot_len, int slot, int start,
                                             int rel, int conv_dim, int history, int c) {
     return rel >= 0 ? x[(i64)(start + rel) * conv_dim + c]
@@ -68,36 +72,48 @@ __device__ __forceinline__ float conv_input(const float* x, const float* conv_st
 
 // Snapshot slots are other slots of the same pool, so `conv_state` is both read (the sequence's
 // own slot) and written (its snapshot slots).
-// Grid (channel blocks, token stride): block (bx, by) takes channels bx * blockDim.x .. and rows by,
-// by + gridDim.y, ... (no division per element; the taps stay in registers).
 extern "C" __global__ void causal_conv1d_tokens(const float* x, const float* w, float* conv_state, float* out, const int* seqs, const int* snaps, const int* row_seqs,
                                                 i64 tokens, int conv_dim, int history) {
     AFTER_PREVIOUS_KERNEL();
-    const i64 slot_len = (i64)history * conv_dim;
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= conv_dim) return;
-    float taps[MAX_HISTORY];
+    const int lead = MAX_HISTORY - history;
+    const i64 slot_len = (i64)history * conv_dim;
+    float taps[MAX_HISTORY + 1];
 #pragma unroll
-    for (int m = 0; m < MAX_HISTORY; ++m) taps[m] = m < history ? w[(i64)c * (history + 1) + m] : 0.0f;
-    const float newest_tap = w[(i64)c * (history + 1) + history];
-    for (i64 t = blockIdx.y; t < tokens; t += gridDim.y) {
-        const i64 idx = t * conv_dim + c;
-        const int* seq = seqs + 4 * row_seqs[t];
-        const int start = seq[0], slot = seq[2], snap = seq[3];
-        const int i = (int)(t - start);
-        float acc = 0.0f;
+    for (int m = 0; m <= MAX_HISTORY; ++m) taps[m] = m >= lead ? w[(i64)c * (history + 1) + (m - lead)] : 0.0f;
+    for (i64 first = (i64)blockIdx.y * CONV_SEGMENT; first < tokens; first += (i64)gridDim.y * CONV_SEGMENT) {
+        const i64 last = first + CONV_SEGMENT < tokens ? first + CONV_SEGMENT : tokens;
+        float win[MAX_HISTORY];
+        int current = -1;
+        for (i64 t = first; t < last; ++t) {
+            const int s = row_seqs[t];
+            const int* seq = seqs + 4 * s;
+            const int start = seq[0], slot = seq[2], snap = seq[3];
+            const int i = (int)(t - start);
+            if (s != current) {
 #pragma unroll
-        for (int m = 0; m < MAX_HISTORY; ++m) {
-            if (m < history)
-                acc = fmaf(taps[m], conv_input(x, conv_state, slot_len, slot, start, i - history + m, conv_dim, history, c), acc);
-        }
-        acc = fmaf(newest_tap, x[idx], acc);
-        out[idx] = silu_f(acc);
-        if (snap >= 0) {
-            const i64 dst = (i64)snaps[snap + i] * slot_len;
-            for (int e = 0; e < history; ++e) {
-                conv_state[dst + (i64)e * conv_dim + c] =
-                    conv_input(x, conv_state, slot_len, slot, start, i - history + 1 + e, conv_dim, history, c);
+                for (int m = 0; m < MAX_HISTORY; ++m)
+                    win[m] = m >= lead ? conv_input(x, conv_state, slot_len, slot, start, i - history + (m - lead), conv_dim, history, c)
+                                       : 0.0f;
+                current = s;
+            }
+            const i64 row = t * conv_dim + c;
+            const float now = x[row];
+            float acc = 0.0f;
+#pragma unroll
+            for (int m = 0; m < MAX_HISTORY; ++m) acc = fmaf(taps[m], win[m], acc);
+            acc = fmaf(taps[MAX_HISTORY], now, acc);
+            out[row] = silu_f(acc);
+#pragma unroll
+            for (int m = 0; m < MAX_HISTORY - 1; ++m) win[m] = win[m + 1];
+            win[MAX_HISTORY - 1] = now;
+            if (snap >= 0) {
+                const i64 dst = (i64)snaps[snap + i] * slot_len;
+#pragma unroll
+                for (int m = 0; m < MAX_HISTORY; ++m) {
+                    if (m >= lead) conv_state[dst + (i64)(m - lead) * conv_dim + c] = win[m];
+                }
             }
         }
     }

@@ -19,8 +19,10 @@ const CONV_THREADS: u32 = 128;
 /// From this many new tokens in one sequence (prefill), the conv runs parallel over tokens
 /// (`causal_conv1d_tokens` + `conv_window_update`) instead of walking them per channel.
 const PARALLEL_CONV_MIN_TOKENS: usize = 16;
-/// Rows of the parallel conv's grid (each block row then strides over the tokens by this much).
-const CONV_TOKEN_STRIDE: usize = 4096;
+/// `CONV_SEGMENT` of conv.cu: consecutive rows a thread of the parallel conv walks; and the most
+/// segment rows its grid has (a block row then strides over the rest).
+const CONV_SEGMENT: usize = 16;
+const CONV_MAX_SEGMENT_ROWS: usize = 65535;
 
 /// From this many new tokens in one sequence (and no snapshot slots in the batch), the delta rule
 /// runs in chunked form on the tensor cores (gdn_chunked.rs) where `GdnPrefill` allows it.
@@ -113,7 +115,7 @@ impl CudaBackend {
             let cfg = LaunchConfig {
                 grid_dim: (
                     (conv_dim as u32).div_ceil(CONV_THREADS),
-                    tokens.min(CONV_TOKEN_STRIDE) as u32,
+                    tokens.div_ceil(CONV_SEGMENT).min(CONV_MAX_SEGMENT_ROWS) as u32,
                     1,
                 ),
                 block_dim: (CONV_THREADS, 1, 1),
