@@ -17,8 +17,8 @@ use cudarc::driver::{
 };
 use deltaserve_tensor::{
     AttnShape, Backend, BatchLayout, ExpertShape, ExpertTensors, Experts, GdnShape,
-    GeneratedMatrix, HostTensor, KvLayerPool, MoeRouting, OpTiming, RouteChoice, RowSampling,
-    SharedExpert, StateLayerPool, StepGraph, StepInputs, TensorError,
+    GeneratedMatrix, HostTensor, KvDtype, KvLayerPool, MoeRouting, OpTiming, RouteChoice,
+    RowSampling, SharedExpert, StateLayerPool, StepGraph, StepInputs, TensorError,
 };
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -40,6 +40,8 @@ pub struct CudaBackend {
     pub(crate) blas: Arc<Mutex<CudaBlas>>,
     functions: Arc<HashMap<&'static str, CudaFunction>>,
     pub(crate) gemm_precision: GemmPrecision,
+    /// The element type of the KV pools this backend makes (its attention reads both).
+    pub(crate) kv_dtype: KvDtype,
     pub(crate) gdn_prefill: GdnPrefill,
     /// RoPE inverse frequencies per `(rotary_dim, theta bits)`, computed on the host as the
     /// reference does and kept on the device.
@@ -152,6 +154,9 @@ impl CudaBackend {
             blas: Arc::new(Mutex::new(blas)),
             functions: Arc::new(functions),
             gemm_precision: options.gemm_precision,
+            kv_dtype: options
+                .kv_dtype
+                .unwrap_or(options.gemm_precision.default_kv_dtype()),
             gdn_prefill: options.gdn_prefill,
             rope_tables: Arc::new(Mutex::new(HashMap::new())),
             profiler: Arc::new(OpProfiler::default()),
@@ -265,6 +270,10 @@ impl Backend for CudaBackend {
             data: self.alloc_zeros("zeros", len),
             len,
         }
+    }
+
+    fn kv_dtype(&self) -> KvDtype {
+        self.kv_dtype
     }
 
     fn scratch(&self, len: usize) -> CudaBuf {

@@ -31,6 +31,7 @@ pub use backend::CudaBackend;
 pub use buffer::CudaBuf;
 pub use detect::{gpu_count, usable_gpu};
 pub use error::CudaError;
+pub use flash::FLASH_MIN_TOKENS;
 pub use mat::CudaMat;
 pub use nccl::NcclCommunicator;
 pub use options::{CudaOptions, GdnPrefill, GemmPrecision};
