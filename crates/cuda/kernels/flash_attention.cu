@@ -2,8 +2,9 @@
 // sequence and one kv head, streams the sequence's visible keys through shared memory FLASH_KEYS at a
 // time, and keeps an online softmax per row, so no workspace grows with the context. The pool's
 // element type KV is a template parameter (`KvTile` below): a bf16 pool's rows are copied into the
-// bf16 tiles as they are, an f32 pool's are rounded to bf16 on the way in (twice the bytes read). Rows are (token, q head of the kv head's group) pairs, token
-// major ("packed" rows), so the K/V tile a block loads serves every q head that shares it.
+// bf16 tiles as they are, an f32 pool's are rounded to bf16 on the way in (twice the bytes read).
+// Rows are (token, q head of the kv head's group) pairs, token major ("packed" rows), so the K/V
+// tile a block loads serves every q head that shares it.
 //
 // Each of the FLASH_WARPS warps owns 16 rows: S = Q K^T and O += P V run as mma.m16n8k16 (bf16 in, f32
 // accumulate); P is rounded to bf16 for the second product. Q is scaled by head_dim^-0.5 * log2(e)
