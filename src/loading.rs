@@ -1,6 +1,8 @@
 //! Turns the model flags shared by every subcommand (`--model-path`, `--load-format`, `--backend`,
 //! `--threads`) into a loaded `Model` on the chosen backend, with a progress bar while weights load.
 
+use crate::kv_cache_dtype::{resolve_kv_cache_dtype, KvCacheChoice};
+use crate::serve_flags::flag_values::KvCacheDtype;
 /// The same backend and load-format choices as `serve` (one definition, with serve's flags).
 pub use crate::serve_flags::{
     BackendKind, CpuMatmulPrecision as CpuPrecision, LoadFormat, Quantization,
@@ -51,6 +53,11 @@ pub struct ModelArgs {
     /// checking the backend against transformers without bf16 rounding in the way).
     #[arg(long = "cuda-matmul-precision", value_enum, default_value_t = CpuPrecision::Bf16)]
     pub cuda_matmul_precision: CpuPrecision,
+    /// How the KV cache stores K and V: `auto` (the dtype the model runs in: bf16 on cuda with
+    /// --cuda-matmul-precision bf16, else fp32), `bf16` (cuda only: half the memory per token) or
+    /// `fp32`.
+    #[arg(long = "kv-cache-dtype", value_name = "DTYPE", value_parser = KvCacheDtype::parse, default_value = "auto")]
+    pub kv_cache_dtype: KvCacheDtype,
     /// Largest decode batch the cuda backend records as a CUDA graph and replays (SGLang's flag).
     #[arg(long = "cuda-graph-max-bs", default_value_t = DEFAULT_CUDA_GRAPH_MAX_BS)]
     pub cuda_graph_max_bs: usize,
@@ -166,6 +173,11 @@ impl ModelArgs {
         self.backend = resolve_backend(self.backend, &self.attention_backend);
         Ok(self)
     }
+
+    /// The KV cache dtype for these flags on `backend` (resolved from `auto`), and why.
+    pub fn kv_cache_choice(&self, backend: BackendKind) -> Result<KvCacheChoice> {
+        resolve_kv_cache_dtype(self.kv_cache_dtype, backend, self.cuda_matmul_precision)
+    }
 }
 
 /// `auto`: cuda when a usable GPU is present (said on stderr, with the reason when not), else cpu.
@@ -191,49 +203,47 @@ pub fn resolve_backend(kind: BackendKind, attention_backend: &str) -> BackendKin
 
 pub fn load_model(args: &ModelArgs) -> Result<AnyModel> {
     let broken = broken_attention_requested(args)?;
+    let backend = resolve_backend(args.backend, &args.attention_backend);
+    let kv = args.kv_cache_choice(backend)?;
     let (config, source) = open_source(args)?;
     let dir = &args.model_path;
     if args.tp_size == 0 {
         bail!("--tp-size must be at least 1, found 0");
     }
     if args.tp_size != 1 || args.tp_force_communicator {
-        return load_split(args, broken, config, source.as_ref());
+        return load_split(args, broken, backend, &kv, config, source.as_ref());
     }
-    Ok(
-        match resolve_backend(args.backend, &args.attention_backend) {
-            BackendKind::Auto => unreachable!("resolve_backend always picks a concrete backend"),
-            BackendKind::Reference => {
-                AnyModel::Reference(build(ReferenceBackend, config, source.as_ref(), dir)?)
+    Ok(match backend {
+        BackendKind::Auto => unreachable!("resolve_backend always picks a concrete backend"),
+        BackendKind::Reference => {
+            AnyModel::Reference(build(ReferenceBackend, config, source.as_ref(), dir)?)
+        }
+        BackendKind::Cpu if broken => AnyModel::BrokenCpu(build(
+            BrokenAttention {
+                inner: cpu_backend(args)?,
+            },
+            config,
+            source.as_ref(),
+            dir,
+        )?),
+        BackendKind::Cpu => AnyModel::Cpu(build(cpu_backend(args)?, config, source.as_ref(), dir)?),
+        BackendKind::Cuda => {
+            let options = cuda_options(args, &kv);
+            let gpu = args.first_gpu;
+            let backend = CudaBackend::with_options(gpu, options)
+                .map_err(|e| anyhow::anyhow!("--backend cuda, GPU {gpu}: {e}"))?;
+            eprintln!(
+                "cuda: GPU {gpu}: {} (compute capability {:?}); KV cache {kv}",
+                backend.device_name(),
+                backend.compute_capability()
+            );
+            let model = build(backend, config, source.as_ref(), dir)?;
+            if !args.disable_cuda_graph {
+                model.enable_step_graphs(args.cuda_graph_max_bs);
             }
-            BackendKind::Cpu if broken => AnyModel::BrokenCpu(build(
-                BrokenAttention {
-                    inner: cpu_backend(args)?,
-                },
-                config,
-                source.as_ref(),
-                dir,
-            )?),
-            BackendKind::Cpu => {
-                AnyModel::Cpu(build(cpu_backend(args)?, config, source.as_ref(), dir)?)
-            }
-            BackendKind::Cuda => {
-                let options = cuda_options(args);
-                let gpu = args.first_gpu;
-                let backend = CudaBackend::with_options(gpu, options)
-                    .map_err(|e| anyhow::anyhow!("--backend cuda, GPU {gpu}: {e}"))?;
-                eprintln!(
-                    "cuda: GPU {gpu}: {} (compute capability {:?})",
-                    backend.device_name(),
-                    backend.compute_capability()
-                );
-                let model = build(backend, config, source.as_ref(), dir)?;
-                if !args.disable_cuda_graph {
-                    model.enable_step_graphs(args.cuda_graph_max_bs);
-                }
-                AnyModel::Cuda(model)
-            }
-        },
-    )
+            AnyModel::Cuda(model)
+        }
+    })
 }
 
 /// `--tp-size N` (N > 1, or 1 with --tp-force-communicator): N ranks, each with its own backend,
@@ -241,6 +251,8 @@ pub fn load_model(args: &ModelArgs) -> Result<AnyModel> {
 fn load_split(
     args: &ModelArgs,
     broken: bool,
+    backend: BackendKind,
+    kv: &KvCacheChoice,
     config: ModelConfig,
     source: &dyn TensorSource,
 ) -> Result<AnyModel> {
@@ -248,72 +260,70 @@ fn load_split(
     let dir = &args.model_path;
     // Refuse a split that does not divide before touching any device.
     rank_config(&config, n).with_context(|| format!("splitting the model in {}", dir.display()))?;
-    Ok(
-        match resolve_backend(args.backend, &args.attention_backend) {
-            BackendKind::Auto => unreachable!("resolve_backend always picks a concrete backend"),
-            BackendKind::Reference => AnyModel::Reference(build_split(
-                (0..n).map(|_| ReferenceBackend).collect(),
-                in_process(n),
-                &config,
-                source,
-                dir,
-            )?),
-            BackendKind::Cpu if broken => AnyModel::BrokenCpu(build_split(
-                (0..n)
-                    .map(|_| {
-                        Ok(BrokenAttention {
-                            inner: cpu_rank_backend(args)?,
-                        })
+    Ok(match backend {
+        BackendKind::Auto => unreachable!("resolve_backend always picks a concrete backend"),
+        BackendKind::Reference => AnyModel::Reference(build_split(
+            (0..n).map(|_| ReferenceBackend).collect(),
+            in_process(n),
+            &config,
+            source,
+            dir,
+        )?),
+        BackendKind::Cpu if broken => AnyModel::BrokenCpu(build_split(
+            (0..n)
+                .map(|_| {
+                    Ok(BrokenAttention {
+                        inner: cpu_rank_backend(args)?,
                     })
-                    .collect::<Result<_>>()?,
-                in_process(n),
-                &config,
-                source,
-                dir,
-            )?),
-            BackendKind::Cpu => AnyModel::Cpu(build_split(
-                (0..n)
-                    .map(|_| cpu_rank_backend(args))
-                    .collect::<Result<_>>()?,
-                in_process(n),
-                &config,
-                source,
-                dir,
-            )?),
-            BackendKind::Cuda => {
-                let options = cuda_options(args);
-                let gpus = deltaserve_cuda::gpu_count()
-                    .map_err(|e| anyhow::anyhow!("--backend cuda: {e}"))?;
-                let first = args.first_gpu;
-                if gpus < first + n {
-                    bail!(
+                })
+                .collect::<Result<_>>()?,
+            in_process(n),
+            &config,
+            source,
+            dir,
+        )?),
+        BackendKind::Cpu => AnyModel::Cpu(build_split(
+            (0..n)
+                .map(|_| cpu_rank_backend(args))
+                .collect::<Result<_>>()?,
+            in_process(n),
+            &config,
+            source,
+            dir,
+        )?),
+        BackendKind::Cuda => {
+            let options = cuda_options(args, kv);
+            let gpus =
+                deltaserve_cuda::gpu_count().map_err(|e| anyhow::anyhow!("--backend cuda: {e}"))?;
+            let first = args.first_gpu;
+            if gpus < first + n {
+                bail!(
                         "--tp-size {n} needs {n} GPUs, one per rank, from GPU {first} on; this process sees {gpus}"
                     );
-                }
-                let backends = (first..first + n)
-                    .map(|ordinal| {
-                        CudaBackend::with_options(ordinal, options.clone())
-                            .map_err(|e| anyhow::anyhow!("--backend cuda, GPU {ordinal}: {e}"))
-                    })
-                    .collect::<Result<Vec<_>>>()?;
-                for (rank, b) in backends.iter().enumerate() {
-                    let ordinal = first + rank;
-                    eprintln!(
-                        "cuda: rank {rank} on GPU {ordinal}: {} (compute capability {:?})",
+            }
+            let backends = (first..first + n)
+                .map(|ordinal| {
+                    CudaBackend::with_options(ordinal, options.clone())
+                        .map_err(|e| anyhow::anyhow!("--backend cuda, GPU {ordinal}: {e}"))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            for (rank, b) in backends.iter().enumerate() {
+                let ordinal = first + rank;
+                eprintln!(
+                        "cuda: rank {rank} on GPU {ordinal}: {} (compute capability {:?}); KV cache {kv}",
                         b.device_name(),
                         b.compute_capability()
                     );
-                }
-                let comms = NcclCommunicator::group(&backends)
-                    .map_err(|e| anyhow::anyhow!("--tp-size {n}: {e}"))?
-                    .into_iter()
-                    .map(|c| Box::new(c) as Box<dyn Communicator<CudaBackend>>)
-                    .collect();
-                // Split steps run plainly (no CUDA graphs: see Model::forward).
-                AnyModel::Cuda(build_split(backends, comms, &config, source, dir)?)
             }
-        },
-    )
+            let comms = NcclCommunicator::group(&backends)
+                .map_err(|e| anyhow::anyhow!("--tp-size {n}: {e}"))?
+                .into_iter()
+                .map(|c| Box::new(c) as Box<dyn Communicator<CudaBackend>>)
+                .collect();
+            // Split steps run plainly (no CUDA graphs: see Model::forward).
+            AnyModel::Cuda(build_split(backends, comms, &config, source, dir)?)
+        }
+    })
 }
 
 /// The in-process communicators of an N-rank group.
@@ -337,12 +347,13 @@ fn cpu_rank_backend(args: &ModelArgs) -> Result<CpuBackend> {
     })
 }
 
-fn cuda_options(args: &ModelArgs) -> CudaOptions {
+fn cuda_options(args: &ModelArgs, kv: &KvCacheChoice) -> CudaOptions {
     CudaOptions {
         gemm_precision: match args.cuda_matmul_precision {
             CpuPrecision::F32 => GemmPrecision::F32,
             CpuPrecision::Bf16 => GemmPrecision::Bf16,
         },
+        kv_dtype: Some(kv.dtype),
         ..CudaOptions::default()
     }
 }

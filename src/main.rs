@@ -4,6 +4,7 @@
 mod check_outcome;
 mod commands;
 mod demo_model;
+mod kv_cache_dtype;
 mod loading;
 mod serve_flags;
 mod watchdog;

@@ -186,12 +186,14 @@ fn command_lines(template: &str) -> Vec<DropIn> {
                 "8",
                 "--page-size",
                 "16",
+                // SGLang's default spelled out; `bf16` is honoured on cuda and refused on the
+                // host backends (see refused_flags_stop_start_up_naming_the_flag).
                 "--kv-cache-dtype",
-                "bf16",
+                "auto",
                 "--log-level",
                 "warning",
             ],
-            &["--attention-backend", "--kv-cache-dtype"],
+            &["--attention-backend"],
         ),
         // The vLLM command of issue 22.
         line(
@@ -501,7 +503,7 @@ fn sglang_and_vllm_command_lines_start_deltaserve_unchanged() {
 
 #[test]
 fn refused_flags_stop_start_up_naming_the_flag() {
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 6] = [
         // Data parallelism is implemented; a size of 0 is refused naming the flag.
         (&["--dp-size", "0"], "--dp-size must be at least 1"),
         // Tensor parallelism is implemented, but the demo model's 4 query heads do not split 8
@@ -511,6 +513,11 @@ fn refused_flags_stop_start_up_naming_the_flag() {
             "config field `num_attention_heads`",
         ),
         (&["--kv-cache-dtype", "fp8_e4m3"], "--kv-cache-dtype"),
+        // The host backends store K/V in f32 only: an explicit bf16 cache is refused there.
+        (
+            &["--backend", "cpu", "--kv-cache-dtype", "bf16"],
+            "--kv-cache-dtype bf16: the cpu backend",
+        ),
         (&["--quantization", "awq"], "--quantization"),
         (
             &["--context-length", "4096", "--max-model-len", "8192"],

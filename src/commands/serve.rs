@@ -1,6 +1,7 @@
 //! `deltaserve serve`: loads the model, plans both cache pools, starts the engine and the HTTP server,
 //! prints a start-up summary, and proves generation with the canary before /health says ready.
 
+use crate::kv_cache_dtype::KvCacheChoice;
 use crate::loading::{load_model, resolve_backend, with_model, AnyModel, ModelArgs};
 use crate::serve_flags::chat_template_flag::load_chat_template;
 use crate::serve_flags::{BackendKind, ModelDtype, ServeArgs, SpeculativeConfig};
@@ -52,6 +53,7 @@ fn model_args(args: &ServeArgs) -> ModelArgs {
         threads: args.threads.unwrap_or(0),
         cpu_matmul_precision: args.cpu_matmul_precision,
         cuda_matmul_precision: args.cuda_matmul_precision,
+        kv_cache_dtype: args.kv_cache_dtype,
         cuda_graph_max_bs: args.cuda_graph_max_bs,
         disable_cuda_graph: args.disable_cuda_graph,
         attention_backend: match args.attention_backend.as_deref() {
@@ -161,10 +163,12 @@ struct Parallelism<'a> {
     dp: &'a DataParallel,
 }
 
+#[allow(clippy::too_many_arguments)]
 fn print_summary(
     args: &ServeArgs,
     config: &ModelConfig,
     backend: &str,
+    kv_cache: &KvCacheChoice,
     plan: &PoolPlan,
     spec: Option<&SpecConfig>,
     parallel: Parallelism,
@@ -210,6 +214,7 @@ fn print_summary(
         human_bytes(plan.kv_bytes()),
         human_bytes(plan.kv_bytes_per_token)
     );
+    eprintln!("  KV cache dtype   {kv_cache}");
     eprintln!(
         "  state-slot pool  {} slots x {} = {}{per_gpu} ({} for running requests, {} for prefix-cache snapshots)",
         plan.state_slots,
@@ -418,6 +423,8 @@ impl Startup {
 
         let mut model_args = model_args(args);
         model_args.backend = resolve_backend(model_args.backend, &model_args.attention_backend);
+        // Refused before any weight is read.
+        let kv_cache = model_args.kv_cache_choice(model_args.backend)?;
         let dp = DataParallel::plan(&model_args, args.dp_size.unwrap_or(1))?;
         let replica_args: Vec<ModelArgs> = (0..dp.replicas)
             .map(|i| dp.replica_args(&model_args, i))
@@ -430,7 +437,7 @@ impl Startup {
         })
         .await
         .context("the loading thread failed")??;
-        let engine = self.start_engine(models, &dp, &state).await?;
+        let engine = self.start_engine(models, &dp, &kv_cache, &state).await?;
         let health = if args.skip_canary {
             let flag = if args.compat.skip_server_warmup {
                 "--skip-server-warmup"
@@ -462,6 +469,7 @@ impl Startup {
         &self,
         models: Vec<AnyModel>,
         dp: &DataParallel,
+        kv_cache: &KvCacheChoice,
         state: &Arc<AppState>,
     ) -> Result<StartedEngine> {
         let args = &self.args;
@@ -473,7 +481,10 @@ impl Startup {
             None => backend_name.to_string(),
         };
         let spec = self.spec_config(&config)?;
-        let request = pool_request(args, spec.as_ref());
+        // The pools are made in the backend's KV dtype, which the choice set.
+        let kv_dtype = with_model!(model, m => m.backend.kv_dtype());
+        debug_assert_eq!(kv_dtype, kv_cache.dtype);
+        let request = pool_request(args, spec.as_ref(), kv_dtype.bytes());
         // Replicas get pools of the same size: planned on the tightest GPU, or on an equal share of
         // the host's memory (every replica's weights already loaded).
         let device = models
@@ -522,6 +533,7 @@ impl Startup {
                 args,
                 &config,
                 &backend_name,
+                kv_cache,
                 &plan,
                 spec.as_ref(),
                 Parallelism { tp, dp },
@@ -622,7 +634,11 @@ struct StartedEngine {
 }
 
 /// The pool sizes the flags ask for; what they leave open is planned from memory.
-fn pool_request(args: &ServeArgs, spec: Option<&SpecConfig>) -> PoolRequest {
+fn pool_request(
+    args: &ServeArgs,
+    spec: Option<&SpecConfig>,
+    kv_element_bytes: usize,
+) -> PoolRequest {
     PoolRequest {
         context_length: args.context_length,
         max_running_requests: args.max_running_requests,
@@ -632,7 +648,7 @@ fn pool_request(args: &ServeArgs, spec: Option<&SpecConfig>) -> PoolRequest {
         mem_fraction_static: args.mem_fraction_static.map(f64::from),
         page_size: args.page_size.unwrap_or(DEFAULT_PAGE_SIZE),
         speculative_steps: spec.map_or(0, |s| s.num_steps),
-        kv_element_bytes: std::mem::size_of::<f32>(),
+        kv_element_bytes,
         prefix_cache: !args.disable_radix_cache,
     }
 }

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use clap::Args;
 
 use crate::serve_flags::args::{ArgsError, BackendKind, ServeArgs};
-use crate::serve_flags::flag_values::{KvCacheDtype, LogLevel, SchedulePolicy};
+use crate::serve_flags::flag_values::{LogLevel, SchedulePolicy};
 use crate::serve_flags::foreign_flags::{ForeignFlags, Verdict};
 use deltaserve_api::ApiKey;
 
@@ -220,12 +220,6 @@ impl ServeArgs {
         self.attention_backend_note(&mut notes);
         self.reasoning_parser_note(&mut notes);
         self.schedule_policy_note(&mut notes);
-        if self.kv_cache_dtype != KvCacheDtype::Auto {
-            notes.push(CompatNote {
-                flag: format!("--kv-cache-dtype {}", self.kv_cache_dtype.as_str()),
-                text: "recorded; the KV cache dtype is chosen by the backend".into(),
-            });
-        }
         notes.extend(foreign_notes(&compat.foreign, self.disable_radix_cache)?);
         if compat
             .foreign
@@ -468,6 +462,7 @@ impl ServeArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::serve_flags::flag_values::KvCacheDtype;
     use clap::Parser;
 
     #[derive(Parser)]
@@ -627,7 +622,6 @@ mod tests {
             [
                 "--attention-backend fa3",
                 "--schedule-policy lpm",
-                "--kv-cache-dtype bf16",
                 "--trust-remote-code",
                 "--enable-torch-compile",
             ]

@@ -58,8 +58,8 @@ impl ModelDtype {
     }
 }
 
-/// `--kv-cache-dtype`. The value is kept for the backends; which dtype a backend's KV cache uses is
-/// its own choice until a backend reads this.
+/// `--kv-cache-dtype`, as given; `kv_cache_dtype::resolve_kv_cache_dtype` decides what it means on
+/// the backend that runs the model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum KvCacheDtype {
     #[default]

@@ -4,24 +4,44 @@
 // blockDim positions at a time: each thread scores one position, then each thread accumulates
 // its own output dims over the tile.
 //
+// The pool's element type KV is a template parameter: float, or bf16_bits (each value rounded to
+// nearest even when written, widened exactly when read; the arithmetic stays f32). Every kernel
+// below is instantiated once per type, as `<name>_f32` and `<name>_bf16`.
+//
 // rows [T, 2] = (visible positions = position + 1, offset of the sequence's table in `blocks`).
 
-extern "C" __global__ void kv_write(const float* k, const float* v, float* k_pool, float* v_pool,
-                                    const i64* offsets, i64 tokens, int kv_row) {
-    AFTER_PREVIOUS_KERNEL();
+__device__ __forceinline__ void kv_store(float* p, float x) { *p = x; }
+__device__ __forceinline__ void kv_store(bf16_bits* p, float x) { *p = f32_to_bf16(x); }
+__device__ __forceinline__ float kv_load(const float* p) { return *p; }
+__device__ __forceinline__ float kv_load(const bf16_bits* p) { return bf16_to_f32(*p); }
+
+// Instantiates `KERNEL(NAME, KV)` for both pool element types.
+#define FOR_EACH_KV_DTYPE(KERNEL) KERNEL(f32, float) KERNEL(bf16, bf16_bits)
+
+template <typename KV>
+__device__ void kv_write(const float* k, const float* v, KV* k_pool, KV* v_pool, const i64* offsets, i64 tokens,
+                         int kv_row) {
     FOR_EACH(i, tokens * kv_row) {
         const i64 t = i / kv_row;
         const i64 at = offsets[t] + i % kv_row;
-        k_pool[at] = k[i];
-        v_pool[at] = v[i];
+        kv_store(k_pool + at, k[i]);
+        kv_store(v_pool + at, v[i]);
     }
 }
 
+#define KV_WRITE(NAME, KV)                                                                                  \
+    extern "C" __global__ void kv_write_##NAME(const float* k, const float* v, KV* k_pool, KV* v_pool,     \
+                                               const i64* offsets, i64 tokens, int kv_row) {                \
+        AFTER_PREVIOUS_KERNEL();                                                                            \
+        kv_write<KV>(k, v, k_pool, v_pool, offsets, tokens, kv_row);                                        \
+    }
+FOR_EACH_KV_DTYPE(KV_WRITE)
+
 // Dynamic shared memory: (2 * head_dim + blockDim.x + 32) floats.
-extern "C" __global__ void paged_attention(const float* q, const float* k_pool, const float* v_pool, float* out,
-                                           const int* rows, const unsigned int* blocks, int q_heads, int kv_heads,
-                                           int head_dim, int block_size, float scale) {
-    AFTER_PREVIOUS_KERNEL();
+template <typename KV>
+__device__ void paged_attention(const float* q, const KV* k_pool, const KV* v_pool, float* out, const int* rows,
+                                const unsigned int* blocks, int q_heads, int kv_heads, int head_dim, int block_size,
+                                float scale) {
     extern __shared__ float smem[];
     float* qs = smem;
     float* acc = smem + head_dim;
@@ -44,9 +64,9 @@ extern "C" __global__ void paged_attention(const float* q, const float* k_pool, 
         const int p = tile + threadIdx.x;
         float score = NEG_INF;
         if (p < visible) {
-            const float* kp = k_pool + ((i64)table[p / block_size] * block_size + p % block_size) * kv_row + (i64)kvh * head_dim;
+            const KV* kp = k_pool + ((i64)table[p / block_size] * block_size + p % block_size) * kv_row + (i64)kvh * head_dim;
             float dot = 0.0f;
-            for (int d = 0; d < head_dim; ++d) dot = fmaf(qs[d], kp[d], dot);
+            for (int d = 0; d < head_dim; ++d) dot = fmaf(qs[d], kv_load(kp + d), dot);
             score = dot * scale;
         }
         const float new_max = fmaxf(running_max, block_max(score, scratch));
@@ -59,8 +79,8 @@ extern "C" __global__ void paged_attention(const float* q, const float* k_pool, 
             float a = acc[d] * rescale;
             for (int jj = 0; jj < n; ++jj) {
                 const int pp = tile + jj;
-                const float* vp = v_pool + ((i64)table[pp / block_size] * block_size + pp % block_size) * kv_row + (i64)kvh * head_dim;
-                a = fmaf(probs[jj], vp[d], a);
+                const KV* vp = v_pool + ((i64)table[pp / block_size] * block_size + pp % block_size) * kv_row + (i64)kvh * head_dim;
+                a = fmaf(probs[jj], kv_load(vp + d), a);
             }
             acc[d] = a;
         }
@@ -70,6 +90,17 @@ extern "C" __global__ void paged_attention(const float* q, const float* k_pool, 
     float* orow = out + (t * q_heads + h) * head_dim;
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) orow[d] = acc[d] / running_sum;
 }
+
+#define PAGED_ATTENTION(NAME, KV)                                                                            \
+    extern "C" __global__ void paged_attention_##NAME(const float* q, const KV* k_pool, const KV* v_pool,   \
+                                                      float* out, const int* rows, const unsigned int* blocks, \
+                                                      int q_heads, int kv_heads, int head_dim, int block_size, \
+                                                      float scale) {                                        \
+        AFTER_PREVIOUS_KERNEL();                                                                            \
+        paged_attention<KV>(q, k_pool, v_pool, out, rows, blocks, q_heads, kv_heads, head_dim, block_size,    \
+                            scale);                                                                         \
+    }
+FOR_EACH_KV_DTYPE(PAGED_ATTENTION)
 
 // The same attention with coalesced loads and more parallelism, for head_dim = 32 * DPL: each warp
 // takes one position at a time (lane l holds dims l*DPL .. l*DPL+DPL-1 of q, k, v, so a warp reads a
@@ -98,8 +129,30 @@ __device__ __forceinline__ void load_lane(const float* p, float* dst) {
     }
 }
 
+// DPL bf16 values widened to f32: 2 * DPL bytes, one vector load (the lane's dims are DPL-aligned).
 template <int DPL>
-__device__ void attention_by_warps(const float* q, const float* k_pool, const float* v_pool, float* out,
+__device__ __forceinline__ void load_lane(const bf16_bits* p, float* dst) {
+    if (DPL % 8 == 0) {
+#pragma unroll
+        for (int i = 0; i < DPL; i += 8) bf16x8_to_f32(*reinterpret_cast<const uint4*>(p + i), dst + i);
+    } else if (DPL == 4) {
+        const uint2 v = *reinterpret_cast<const uint2*>(p);
+        dst[0] = __uint_as_float(v.x << 16);
+        dst[1] = __uint_as_float(v.x & 0xffff0000u);
+        dst[2] = __uint_as_float(v.y << 16);
+        dst[3] = __uint_as_float(v.y & 0xffff0000u);
+    } else if (DPL == 2) {
+        const unsigned int v = *reinterpret_cast<const unsigned int*>(p);
+        dst[0] = __uint_as_float(v << 16);
+        dst[1] = __uint_as_float(v & 0xffff0000u);
+    } else {
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) dst[i] = bf16_to_f32(p[i]);
+    }
+}
+
+template <int DPL, typename KV>
+__device__ void attention_by_warps(const float* q, const KV* k_pool, const KV* v_pool, float* out,
                                    float* part_stats, float* part_acc, const int* rows, const unsigned int* blocks,
                                    int q_heads, int kv_heads, int block_size, float scale) {
     extern __shared__ float warp_acc[];
@@ -173,18 +226,20 @@ __device__ void attention_by_warps(const float* q, const float* k_pool, const fl
     }
 }
 
-#define ATTENTION_BY_WARPS(DPL)                                                                              \
-    extern "C" __global__ void paged_attention_d##DPL(const float* q, const float* k_pool, const float* v_pool, \
-                                                       float* out, float* part_stats, float* part_acc,         \
-                                                       const int* rows, const unsigned int* blocks, int q_heads, \
-                                                       int kv_heads, int block_size, float scale) { AFTER_PREVIOUS_KERNEL();           \
-        attention_by_warps<DPL>(q, k_pool, v_pool, out, part_stats, part_acc, rows, blocks, q_heads, kv_heads, \
-                                block_size, scale);                                                          \
+#define ATTENTION_BY_WARPS(DPL, NAME, KV)                                                                    \
+    extern "C" __global__ void paged_attention_d##DPL##_##NAME(                                              \
+        const float* q, const KV* k_pool, const KV* v_pool, float* out, float* part_stats, float* part_acc,  \
+        const int* rows, const unsigned int* blocks, int q_heads, int kv_heads, int block_size, float scale) {  \
+        AFTER_PREVIOUS_KERNEL();                                                                             \
+        attention_by_warps<DPL, KV>(q, k_pool, v_pool, out, part_stats, part_acc, rows, blocks, q_heads,       \
+                                    kv_heads, block_size, scale);                                            \
     }
-ATTENTION_BY_WARPS(1)
-ATTENTION_BY_WARPS(2)
-ATTENTION_BY_WARPS(4)
-ATTENTION_BY_WARPS(8)
+#define ATTENTION_BY_WARPS_ALL_DPL(NAME, KV) \
+    ATTENTION_BY_WARPS(1, NAME, KV)          \
+    ATTENTION_BY_WARPS(2, NAME, KV)          \
+    ATTENTION_BY_WARPS(4, NAME, KV)          \
+    ATTENTION_BY_WARPS(8, NAME, KV)
+FOR_EACH_KV_DTYPE(ATTENTION_BY_WARPS_ALL_DPL)
 
 // Merges the partials of the splits a row used: one block per (token, q head). A row with no visible
 // position is another kernel's (flash_attention.cu) and is left alone.

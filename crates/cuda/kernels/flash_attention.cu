@@ -1,8 +1,10 @@
 // Prefill attention on tensor cores, flash-attention style: a block takes FLASH_ROWS query rows of one
 // sequence and one kv head, streams the sequence's visible keys through shared memory FLASH_KEYS at a
-// time (converted from the f32 pool to bf16 on the way in), and keeps an online softmax per row, so
-// no workspace grows with the context. Rows are (token, q head of the kv head's group) pairs, token
-// major ("packed" rows), so the K/V tile a block loads serves every q head that shares it.
+// time, and keeps an online softmax per row, so no workspace grows with the context. The pool's
+// element type KV is a template parameter (`KvTile` below): a bf16 pool's rows are copied into the
+// bf16 tiles as they are, an f32 pool's are rounded to bf16 on the way in (twice the bytes read).
+// Rows are (token, q head of the kv head's group) pairs, token major ("packed" rows), so the K/V
+// tile a block loads serves every q head that shares it.
 //
 // Each of the FLASH_WARPS warps owns 16 rows: S = Q K^T and O += P V run as mma.m16n8k16 (bf16 in, f32
 // accumulate); P is rounded to bf16 for the second product. Q is scaled by head_dim^-0.5 * log2(e)
@@ -49,8 +51,31 @@ __device__ __forceinline__ void store_bf16x4(bf16_bits* dst, float4 v, float sca
     *reinterpret_cast<uint2*>(dst) = packed;
 }
 
-template <int D>
-__device__ void flash_prefill(const float* q, const float* k_pool, const float* v_pool, float* out, const int* tiles,
+// How K/V rows of a pool of element type KV reach the bf16 tiles: VEC elements per vector load
+// (`Chunk`), each stored to shared memory as VEC bf16 values.
+template <typename KV>
+struct KvTile;
+
+template <>
+struct KvTile<float> {
+    static constexpr int VEC = 4;
+    typedef float4 Chunk;
+    static __device__ __forceinline__ Chunk load(const float* p) { return *reinterpret_cast<const float4*>(p); }
+    static __device__ __forceinline__ Chunk zero() { return make_float4(0.0f, 0.0f, 0.0f, 0.0f); }
+    static __device__ __forceinline__ void store(bf16_bits* dst, Chunk v) { store_bf16x4(dst, v, 1.0f); }
+};
+
+template <>
+struct KvTile<bf16_bits> {
+    static constexpr int VEC = 8;
+    typedef uint4 Chunk;
+    static __device__ __forceinline__ Chunk load(const bf16_bits* p) { return *reinterpret_cast<const uint4*>(p); }
+    static __device__ __forceinline__ Chunk zero() { return make_uint4(0u, 0u, 0u, 0u); }
+    static __device__ __forceinline__ void store(bf16_bits* dst, Chunk v) { *reinterpret_cast<uint4*>(dst) = v; }
+};
+
+template <int D, typename KV>
+__device__ void flash_prefill(const float* q, const KV* k_pool, const KV* v_pool, float* out, const int* tiles,
                               const int* rows, const unsigned int* blocks, int q_heads, int kv_heads, int block_size,
                               float scale_log2) {
     constexpr int STRIDE = D + 8;
@@ -100,7 +125,9 @@ __device__ void flash_prefill(const float* q, const float* k_pool, const float* 
     // Per tile: where each key's K/V row starts in the pool (-1 past the visible keys), so that the
     // loads below depend on nothing but shared memory and can all be in flight at once.
     __shared__ i64 key_row[FLASH_KEYS];
-    constexpr int PER_THREAD = FLASH_KEYS * (D / 4) / THREADS;  // float4 of K (and of V) per thread
+    typedef KvTile<KV> Tile;
+    constexpr int VEC = Tile::VEC;
+    constexpr int PER_THREAD = FLASH_KEYS * (D / VEC) / THREADS;  // chunks of K (and of V) per thread
     constexpr int BATCH = PER_THREAD < 8 ? PER_THREAD : 8;
     for (int k0 = 0; k0 < kv_end; k0 += FLASH_KEYS) {
         __syncthreads();  // the previous tile is consumed (and, the first time, Q is stored)
@@ -111,21 +138,21 @@ __device__ void flash_prefill(const float* q, const float* k_pool, const float* 
         __syncthreads();
 #pragma unroll 1
         for (int b0 = 0; b0 < PER_THREAD; b0 += BATCH) {
-            float4 kr[BATCH], vr[BATCH];
+            typename Tile::Chunk kr[BATCH], vr[BATCH];
 #pragma unroll
             for (int u = 0; u < BATCH; ++u) {
                 const int i = tid + (b0 + u) * THREADS;
-                const int j = i / (D / 4), c = (i % (D / 4)) * 4;
+                const int j = i / (D / VEC), c = (i % (D / VEC)) * VEC;
                 const i64 at = key_row[j];
-                kr[u] = at >= 0 ? *reinterpret_cast<const float4*>(k_pool + at + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                vr[u] = at >= 0 ? *reinterpret_cast<const float4*>(v_pool + at + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                kr[u] = at >= 0 ? Tile::load(k_pool + at + c) : Tile::zero();
+                vr[u] = at >= 0 ? Tile::load(v_pool + at + c) : Tile::zero();
             }
 #pragma unroll
             for (int u = 0; u < BATCH; ++u) {
                 const int i = tid + (b0 + u) * THREADS;
-                const int j = i / (D / 4), c = (i % (D / 4)) * 4;
-                store_bf16x4(Ks + j * STRIDE + c, kr[u], 1.0f);
-                store_bf16x4(Vs + j * STRIDE + c, vr[u], 1.0f);
+                const int j = i / (D / VEC), c = (i % (D / VEC)) * VEC;
+                Tile::store(Ks + j * STRIDE + c, kr[u]);
+                Tile::store(Vs + j * STRIDE + c, vr[u]);
             }
         }
         __syncthreads();
@@ -215,14 +242,20 @@ __device__ void flash_prefill(const float* q, const float* k_pool, const float* 
     }
 }
 
-#define FLASH_PREFILL(D)                                                                                       \
+// One kernel per (head dim, pool element type): `flash_prefill_d<D>_f32` and `flash_prefill_d<D>_bf16`.
+#define FLASH_PREFILL(D, NAME, KV)                                                                             \
     extern "C" __global__ void __launch_bounds__(FLASH_WARPS * 32)                                             \
-        flash_prefill_d##D(const float* q, const float* k_pool, const float* v_pool, float* out, const int* tiles, \
-                           const int* rows, const unsigned int* blocks, int q_heads, int kv_heads, int block_size, \
-                           float scale_log2) { AFTER_PREVIOUS_KERNEL();                                                                 \
-        flash_prefill<D>(q, k_pool, v_pool, out, tiles, rows, blocks, q_heads, kv_heads, block_size, scale_log2); \
+        flash_prefill_d##D##_##NAME(const float* q, const KV* k_pool, const KV* v_pool, float* out,            \
+                                    const int* tiles, const int* rows, const unsigned int* blocks, int q_heads, \
+                                    int kv_heads, int block_size, float scale_log2) {                          \
+        AFTER_PREVIOUS_KERNEL();                                                                               \
+        flash_prefill<D, KV>(q, k_pool, v_pool, out, tiles, rows, blocks, q_heads, kv_heads, block_size,       \
+                             scale_log2);                                                                      \
     }
-FLASH_PREFILL(32)
-FLASH_PREFILL(64)
-FLASH_PREFILL(128)
-FLASH_PREFILL(256)
+#define FLASH_PREFILL_ALL_D(NAME, KV) \
+    FLASH_PREFILL(32, NAME, KV)       \
+    FLASH_PREFILL(64, NAME, KV)       \
+    FLASH_PREFILL(128, NAME, KV)      \
+    FLASH_PREFILL(256, NAME, KV)
+FLASH_PREFILL_ALL_D(f32, float)
+FLASH_PREFILL_ALL_D(bf16, bf16_bits)

@@ -2,7 +2,8 @@
 //! each row's positions (attention.cu): warp-per-position blocks split over the context for head dims
 //! of 32, 64, 128 and 256 (`paged_attention_d*`, then `attention_combine`), one block per (token,
 //! q head) otherwise (`paged_attention`). Prefill chunks of bf16 backends go to the tensor-core
-//! flash kernel instead (flash.rs); the paged kernels keep the other rows of the batch.
+//! flash kernel instead (flash.rs); the paged kernels keep the other rows of the batch. Every kernel
+//! exists once per pool element type (`_f32`, `_bf16`), chosen by the pool's `KvDtype`.
 
 use crate::backend::{launch, CudaBackend};
 use crate::buffer::CudaBuf;
@@ -10,7 +11,7 @@ use crate::flash::FlashPlan;
 use crate::layout::{attention_table, check_kv};
 use crate::upload_cache::table;
 use cudarc::driver::{CudaSlice, LaunchConfig};
-use deltaserve_tensor::{AttnShape, BatchLayout, KvLayerPool};
+use deltaserve_tensor::{AttnShape, BatchLayout, KvDtype, KvLayerPool};
 
 /// Positions scored per tile (threads per block) of the general kernel.
 const ATTENTION_THREADS: u32 = 128;
@@ -22,13 +23,34 @@ const SPLIT_POSITIONS: usize = 64;
 /// Bound on the split partials' workspace (a decode step of 32 rows at 256k context needs 200 MiB).
 const MAX_PARTIAL_BYTES: usize = 256 << 20;
 
-/// The warp-per-position kernel for `head_dim` (32 x dims per lane), if compiled for it.
-fn warp_kernel(head_dim: usize) -> Option<&'static str> {
-    Some(match head_dim {
-        32 => "paged_attention_d1",
-        64 => "paged_attention_d2",
-        128 => "paged_attention_d4",
-        256 => "paged_attention_d8",
+/// The kernel that stores new K/V rows into a pool of `dtype`.
+fn kv_write_kernel(dtype: KvDtype) -> &'static str {
+    match dtype {
+        KvDtype::F32 => "kv_write_f32",
+        KvDtype::Bf16 => "kv_write_bf16",
+    }
+}
+
+/// The general (any head dim) paged kernel for a pool of `dtype`.
+fn general_kernel(dtype: KvDtype) -> &'static str {
+    match dtype {
+        KvDtype::F32 => "paged_attention_f32",
+        KvDtype::Bf16 => "paged_attention_bf16",
+    }
+}
+
+/// The warp-per-position kernel for `head_dim` (32 x dims per lane) and a pool of `dtype`, if
+/// compiled for it.
+fn warp_kernel(head_dim: usize, dtype: KvDtype) -> Option<&'static str> {
+    Some(match (head_dim, dtype) {
+        (32, KvDtype::F32) => "paged_attention_d1_f32",
+        (64, KvDtype::F32) => "paged_attention_d2_f32",
+        (128, KvDtype::F32) => "paged_attention_d4_f32",
+        (256, KvDtype::F32) => "paged_attention_d8_f32",
+        (32, KvDtype::Bf16) => "paged_attention_d1_bf16",
+        (64, KvDtype::Bf16) => "paged_attention_d2_bf16",
+        (128, KvDtype::Bf16) => "paged_attention_d4_bf16",
+        (256, KvDtype::Bf16) => "paged_attention_d8_bf16",
         _ => return None,
     })
 }
@@ -74,6 +96,15 @@ impl CudaBackend {
             "attention: {q_heads} q heads are not a multiple of {kv_heads} kv heads"
         );
         check_kv("attention", batch, pool.num_blocks);
+        let pool_words = pool.dtype.storage_words(pool.elements());
+        assert!(
+            pool.k.len >= pool_words && pool.v.len >= pool_words,
+            "attention: k pool {} / v pool {} words hold fewer than {} {} values",
+            pool.k.len,
+            pool.v.len,
+            pool.elements(),
+            pool.dtype.name()
+        );
         let tokens = batch.total_tokens();
         let kv_row = kv_heads * head_dim;
         assert!(
@@ -98,10 +129,11 @@ impl CudaBackend {
 
         let (t64, kv_row32) = (tokens as i64, kv_row as i32);
         // Contract: every offset + kv_row lies in the pool (the layout was checked against
-        // num_blocks), k and v hold tokens x kv_row (checked).
+        // num_blocks, the buffers hold num_blocks' elements of the pool's dtype, checked), k and v
+        // hold tokens x kv_row (checked); the kernel's element type is the pool's.
         launch!(
             self,
-            "kv_write",
+            kv_write_kernel(pool.dtype),
             Self::elementwise_config(tokens * kv_row),
             &k.data,
             &v.data,
@@ -114,7 +146,7 @@ impl CudaBackend {
 
         // Long sequences (prefill chunks) take the tensor-core flash kernel; the paged kernels
         // take the other rows, with the flash rows' visible counts zeroed so they skip them.
-        let flash = FlashPlan::new(batch, shape, self.gemm_precision);
+        let flash = FlashPlan::new(batch, shape, self.gemm_precision, pool.dtype);
         let paged_rows = flash.as_ref().map(|plan| plan.paged_rows(&table.rows));
         let (host_rows, device_rows) = match &paged_rows {
             Some(paged) => (
@@ -155,7 +187,7 @@ impl CudaBackend {
         };
         let scale = (1.0 / (head_dim as f64).sqrt()) as f32;
         let (qh, kvh, bs) = (q_heads as i32, kv_heads as i32, pool.block_size as i32);
-        if let Some(kernel) = warp_kernel(head_dim) {
+        if let Some(kernel) = warp_kernel(head_dim, pool.dtype) {
             let wanted = split_count(host_rows);
             // Long prefill chunks have parallelism in their rows already; their partials would
             // grow with rows x context. Capped, each block takes several chunks in turn.
@@ -225,10 +257,11 @@ impl CudaBackend {
         };
         let hd = head_dim as i32;
         // Contract: rows holds 2 entries per token, each table offset + position / block_size lies
-        // in `blocks` (the layout covers every position), block ids are < num_blocks (checked).
+        // in `blocks` (the layout covers every position), block ids are < num_blocks (checked);
+        // the kernel's element type is the pool's.
         launch!(
             self,
-            "paged_attention",
+            general_kernel(pool.dtype),
             cfg,
             &q.data,
             &pool.k.data,

@@ -18,8 +18,8 @@ use cudarc::driver::{
 };
 use deltaserve_tensor::{
     AttnShape, Backend, BatchLayout, ExpertShape, ExpertTensors, Experts, GdnShape,
-    GeneratedMatrix, HostTensor, KvLayerPool, MoeRouting, OpTiming, RouteChoice, RowSampling,
-    SharedExpert, StateLayerPool, StepGraph, StepInputs, TensorError,
+    GeneratedMatrix, HostTensor, KvDtype, KvLayerPool, MoeRouting, OpTiming, RouteChoice,
+    RowSampling, SharedExpert, StateLayerPool, StepGraph, StepInputs, TensorError,
 };
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -44,6 +44,8 @@ pub struct CudaBackend {
     pub(crate) dependent_launch: bool,
     pub(crate) gemv_lane_shape: crate::gemv::LaneShape,
     pub(crate) gemm_precision: GemmPrecision,
+    /// The element type of the KV pools this backend makes (its attention reads both).
+    pub(crate) kv_dtype: KvDtype,
     pub(crate) gdn_prefill: GdnPrefill,
     /// RoPE inverse frequencies per `(rotary_dim, theta bits)`, computed on the host as the
     /// reference does and kept on the device.
@@ -174,6 +176,9 @@ impl CudaBackend {
             dependent_launch: options.dependent_launch,
             gemv_lane_shape: crate::gemv::LaneShape::from_options(options),
             gemm_precision: options.gemm_precision,
+            kv_dtype: options
+                .kv_dtype
+                .unwrap_or(options.gemm_precision.default_kv_dtype()),
             gdn_prefill: options.gdn_prefill,
             rope_tables: Arc::new(Mutex::new(HashMap::new())),
             profiler: Arc::new(OpProfiler::default()),
@@ -291,6 +296,10 @@ impl Backend for CudaBackend {
             data: self.alloc_zeros("zeros", len),
             len,
         }
+    }
+
+    fn kv_dtype(&self) -> KvDtype {
+        self.kv_dtype
     }
 
     fn scratch(&self, len: usize) -> CudaBuf {

@@ -8,23 +8,27 @@ use crate::options::GemmPrecision;
 use crate::upload_cache::table;
 use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{CudaSlice, LaunchConfig};
-use deltaserve_tensor::{AttnShape, BatchLayout, KvLayerPool};
+use deltaserve_tensor::{AttnShape, BatchLayout, KvDtype, KvLayerPool};
 
 /// A sequence with at least this many new tokens (a prefill chunk) takes the flash kernel; decode
 /// and verify rows stay on the paged kernels, whose f32 products are exact to the reference.
-pub(crate) const FLASH_MIN_TOKENS: usize = 64;
+pub const FLASH_MIN_TOKENS: usize = 64;
 /// `FLASH_ROWS`, `FLASH_KEYS` and `FLASH_WARPS` of flash_attention.cu.
 const FLASH_ROWS: usize = 128;
 const FLASH_KEYS: usize = 64;
 const FLASH_THREADS: u32 = 256;
 
-/// The flash kernel compiled for `head_dim`.
-fn flash_kernel(head_dim: usize) -> Option<&'static str> {
-    Some(match head_dim {
-        32 => "flash_prefill_d32",
-        64 => "flash_prefill_d64",
-        128 => "flash_prefill_d128",
-        256 => "flash_prefill_d256",
+/// The flash kernel compiled for `head_dim` and a pool of `dtype`.
+fn flash_kernel(head_dim: usize, dtype: KvDtype) -> Option<&'static str> {
+    Some(match (head_dim, dtype) {
+        (32, KvDtype::F32) => "flash_prefill_d32_f32",
+        (64, KvDtype::F32) => "flash_prefill_d64_f32",
+        (128, KvDtype::F32) => "flash_prefill_d128_f32",
+        (256, KvDtype::F32) => "flash_prefill_d256_f32",
+        (32, KvDtype::Bf16) => "flash_prefill_d32_bf16",
+        (64, KvDtype::Bf16) => "flash_prefill_d64_bf16",
+        (128, KvDtype::Bf16) => "flash_prefill_d128_bf16",
+        (256, KvDtype::Bf16) => "flash_prefill_d256_bf16",
         _ => return None,
     })
 }
@@ -40,14 +44,15 @@ pub(crate) struct FlashPlan {
 
 impl FlashPlan {
     /// Tiles of FLASH_ROWS packed (token, q head of the group) rows over every long sequence of the
-    /// batch; `None` when no sequence is long enough, the head dim has no kernel, or the backend
-    /// runs its products in f32 (the flash kernel rounds to bf16).
+    /// batch, for a pool of `dtype`; `None` when no sequence is long enough, the head dim has no
+    /// kernel, or the backend runs its products in f32 (the flash kernel rounds to bf16).
     pub(crate) fn new(
         batch: &BatchLayout,
         shape: AttnShape,
         precision: GemmPrecision,
+        dtype: KvDtype,
     ) -> Option<Self> {
-        let kernel = flash_kernel(shape.head_dim)?;
+        let kernel = flash_kernel(shape.head_dim, dtype)?;
         if precision != GemmPrecision::Bf16 {
             return None;
         }
@@ -129,7 +134,8 @@ impl CudaBackend {
         ];
         // SAFETY: the tiles name sequences of this batch (rows within q and out, checked by the
         // caller), `rows` / `blocks` are the batch's attention table, whose block ids lie in the
-        // pool; the kernel was compiled for this head dim and its shared memory was allowed above.
+        // pool; the kernel was compiled for this head dim and the pool's element type (the plan
+        // was made for `pool.dtype`), and its shared memory was allowed above.
         if let Err(e) = unsafe { self.launch_kernel(plan.kernel, cfg, &args) } {
             device_failure(plan.kernel, e);
         }

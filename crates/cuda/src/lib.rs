@@ -33,6 +33,7 @@ pub use backend::CudaBackend;
 pub use buffer::CudaBuf;
 pub use detect::{gpu_count, usable_gpu};
 pub use error::CudaError;
+pub use flash::FLASH_MIN_TOKENS;
 pub use launcher::waits_for_previous_grid;
 pub use mat::CudaMat;
 pub use nccl::NcclCommunicator;

@@ -1,6 +1,7 @@
 //! How a `CudaBackend` is built: GEMM precision and where to find CUDA's libraries, headers and the
 //! PTX cache. The defaults read the usual environment variables once, here, at the edge.
 
+use deltaserve_tensor::KvDtype;
 use std::path::PathBuf;
 
 /// Precision of `matmul`.
@@ -15,6 +16,16 @@ pub enum GemmPrecision {
     /// Weights stored as f32 (bf16 widened exactly), f32 activations, cuBLAS in pedantic f32 (no
     /// TF32). Twice the weight memory and far slower; for checking the model against the reference.
     F32,
+}
+
+impl GemmPrecision {
+    /// The KV dtype that goes with these GEMMs when none is asked for.
+    pub fn default_kv_dtype(self) -> KvDtype {
+        match self {
+            Self::Bf16 => KvDtype::Bf16,
+            Self::F32 => KvDtype::F32,
+        }
+    }
 }
 
 /// How the delta rule runs over long new sequences (prefill; verify steps always use the recurrence).
@@ -35,6 +46,9 @@ pub enum GdnPrefill {
 #[derive(Clone, Debug)]
 pub struct CudaOptions {
     pub gemm_precision: GemmPrecision,
+    /// The element type of the KV pools (`Backend::kv_dtype`); `None`: that of the GEMMs (bf16
+    /// with `GemmPrecision::Bf16`, f32 with `F32`, which keeps the f32 mode exact).
+    pub kv_dtype: Option<KvDtype>,
     pub gdn_prefill: GdnPrefill,
     /// Folders searched for libcuda, libnvrtc and libcublas when the system library path lacks them.
     pub library_dirs: Vec<PathBuf>,
@@ -108,6 +122,7 @@ impl Default for CudaOptions {
             .map(|c| c.join("deltaserve").join("ptx"));
         Self {
             gemm_precision: GemmPrecision::default(),
+            kv_dtype: None,
             gdn_prefill: match std::env::var("DELTASERVE_GDN_PREFILL").as_deref() {
                 Ok("recurrent") => GdnPrefill::Recurrent,
                 Ok("chunked") => GdnPrefill::Chunked,

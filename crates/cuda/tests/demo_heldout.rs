@@ -33,10 +33,11 @@ use std::time::Instant;
 /// so a broken backend (perturbations of the size of the logits) cannot hide behind a wide tolerance.
 const NEAR_TIE_FACTOR: f32 = 2.0;
 /// Largest max |l - l'| (over a reply's rows) accepted as bf16 rounding noise between two
-/// backends. Rounding GEMM inputs to bf16 (all the cuda backend does differently from cpu f32 in its
-/// default mode; the cpu backend's `MatmulPrecision::Bf16` does the same) measured 0.041 against
-/// cpu f32 on this model, whose logits span about +-30 (greedy margins mostly 10-20); the cap
-/// leaves 12x room for other summation orders and longer replies. A wrong kernel moves logits by
+/// backends. Rounding GEMM inputs to bf16 (the cpu backend's `MatmulPrecision::Bf16` does the same)
+/// measured 0.041 against cpu f32 on this model, whose logits span about +-30 (greedy margins
+/// mostly 10-20); the cap leaves 12x room for other summation orders and longer replies. The cuda
+/// backend's default mode also stores K/V in bf16: one more rounding of the same size per K/V
+/// value, in the full-attention layers only, well inside that room. A wrong kernel moves logits by
 /// O(1) to O(logits).
 const BF16_NOISE_CAP: f32 = 0.5;
 /// The same cap for the deliberately perturbed model (`WEIGHT_PERTURBATION`, measured 0.56).

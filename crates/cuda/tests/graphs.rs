@@ -3,16 +3,17 @@
 //! 3 sequences (batch 1 and batch 3, contexts crossing the 64-position attention splits so
 //! that the recordings are re-made for new shapes) once with recordings and once without; every
 //! step's logits must be bit for bit the same, since a replay runs the same kernels on the same
-//! data in the same order. Skipped (with a printed reason) where no CUDA device can be used.
+//! data in the same order. Both KV pool dtypes (bf16, the default with bf16 GEMMs, and f32).
+//! Skipped (with a printed reason) where no CUDA device can be used.
 
 mod common;
 #[path = "../../model/tests/support/fixtures.rs"]
 mod fixtures;
 
-use common::cuda;
+use common::cuda_kv;
 use deltaserve_cuda::GemmPrecision;
 use deltaserve_model::{argmax, ForwardInput, HybridCache, Model};
-use deltaserve_tensor::{Backend, BatchLayout};
+use deltaserve_tensor::{Backend, BatchLayout, KvDtype};
 use fixtures::{full_cache, load};
 use std::path::Path;
 
@@ -89,41 +90,45 @@ fn decode<B: Backend>(m: &Model<B>, batch: usize) -> Vec<Vec<f32>> {
 
 #[test]
 fn replayed_steps_equal_launched_steps_bitwise() {
-    let Some(be) = cuda(
-        GemmPrecision::Bf16,
-        "replayed_steps_equal_launched_steps_bitwise",
-    ) else {
-        return;
-    };
-    for dir in model_dirs() {
-        let plain = load(be.clone(), dir);
-        let recorded = load(be.clone(), dir);
-        recorded.enable_step_graphs(8);
-        for batch in [1, SEQS] {
-            let want = decode(&plain, batch);
-            let got = decode(&recorded, batch);
-            assert_eq!(want.len(), got.len());
-            for (i, (w, g)) in want.iter().zip(&got).enumerate() {
-                assert!(
-                    w == g,
-                    "{}: batch {batch}: logits row {i} differ between the replayed and the launched step (max diff {})",
+    for kv in [KvDtype::Bf16, KvDtype::F32] {
+        let Some(be) = cuda_kv(
+            GemmPrecision::Bf16,
+            kv,
+            "replayed_steps_equal_launched_steps_bitwise",
+        ) else {
+            return;
+        };
+        let kv = kv.name();
+        for dir in model_dirs() {
+            let plain = load(be.clone(), dir);
+            let recorded = load(be.clone(), dir);
+            recorded.enable_step_graphs(8);
+            for batch in [1, SEQS] {
+                let want = decode(&plain, batch);
+                let got = decode(&recorded, batch);
+                assert_eq!(want.len(), got.len());
+                for (i, (w, g)) in want.iter().zip(&got).enumerate() {
+                    assert!(
+                        w == g,
+                        "{}: {kv} KV: batch {batch}: logits row {i} differ between the replayed and the launched step (max diff {})",
+                        dir.display(),
+                        fixtures::max_abs_diff(w, g)
+                    );
+                }
+                println!(
+                    "{}: {kv} KV: batch {batch}: {} logits rows bit for bit equal",
                     dir.display(),
-                    fixtures::max_abs_diff(w, g)
+                    want.len()
                 );
             }
-            println!(
-                "{}: batch {batch}: {} logits rows bit for bit equal",
-                dir.display(),
-                want.len()
+            let counts = recorded.step_graph_counts().expect("recording is on");
+            println!("{}: {kv} KV: {counts:?}", dir.display());
+            assert_eq!(counts.failed, 0, "a recording failed: {counts:?}");
+            assert!(
+                counts.recorded >= 4 && counts.replayed > 2 * STEPS as u64,
+                "{}: {kv} KV: too few steps were replayed for the comparison to mean anything: {counts:?}",
+                dir.display()
             );
         }
-        let counts = recorded.step_graph_counts().expect("recording is on");
-        println!("{}: {counts:?}", dir.display());
-        assert_eq!(counts.failed, 0, "a recording failed: {counts:?}");
-        assert!(
-            counts.recorded >= 4 && counts.replayed > 2 * STEPS as u64,
-            "{}: too few steps were replayed for the comparison to mean anything: {counts:?}",
-            dir.display()
-        );
     }
 }

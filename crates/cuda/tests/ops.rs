@@ -7,7 +7,10 @@
 //! Tolerances (relative to max(1, max |want|)); the reference accumulates in f64, the kernels in f32:
 //! - `TOL_MATMUL`: f32 GEMM with K up to 1000 errs by ~sqrt(K) * 2^-24 of the largest output.
 //! - `TOL_DENSE`: norms (f32 block sums over up to 5120), elementwise ops with `expf`, RoPE.
-//! - `TOL_ATTENTION`: softmax over up to 215 positions with f32 `expf` and sums.
+//! - `TOL_ATTENTION`: softmax over up to 215 positions with f32 `expf` and sums. A bf16 KV pool
+//!   changes nothing here: the reference attends over K/V rounded to bf16 as the pool stores them
+//!   (nearest even), the kernels widen them exactly, so the only difference left is the same f32
+//!   against f64 arithmetic; and the pool itself must equal the rounded values bit for bit.
 //! - `TOL_GDN`: the recurrent rule in f32 over up to 215 tokens from a non-zero state, against the
 //!   reference's f64 chunked form for prefill.
 //!
@@ -21,7 +24,8 @@ use common::{check, cuda, cuda_chunked_gdn, round_bf16, Rng};
 use deltaserve_cuda::{CudaBackend, GemmPrecision};
 use deltaserve_tensor::reference::ReferenceBackend;
 use deltaserve_tensor::{
-    AttnShape, Backend, BatchLayout, GdnShape, HostTensor, KvLayerPool, SeqLayout, StateLayerPool,
+    AttnShape, Backend, BatchLayout, GdnShape, HostTensor, KvDtype, KvLayerPool, SeqLayout,
+    StateLayerPool,
 };
 
 const TOL_MATMUL: f32 = 1e-5;
@@ -497,8 +501,9 @@ fn blocks_of(s: usize, per_seq: usize, seqs: usize) -> Vec<u32> {
 type AttentionCase = (usize, usize, usize, &'static [(usize, usize)]);
 
 /// Inputs of one attention case on both backends: the shape, pools whose blocks hold random cached
-/// K/V, a packed batch whose block tables are interleaved, and the new rows' q, k, v. With
-/// `bf16_reference` the reference sees every input rounded to bf16 (the flash kernel's view).
+/// K/V (the cuda pool stored as `dtype`), a packed batch whose block tables are interleaved, and
+/// the new rows' q, k, v. The reference sees K/V as the cuda pool holds them (rounded to bf16 for a
+/// bf16 pool); with `bf16_reference` it sees every input rounded to bf16 (the flash kernel's view).
 struct AttentionInputs {
     bf16_reference: bool,
     shape: AttnShape,
@@ -510,10 +515,16 @@ struct AttentionInputs {
     v: Vec<f32>,
 }
 
+/// Values as a pool of `dtype` stores them.
+fn stored_as(dtype: KvDtype, x: &[f32]) -> Vec<f32> {
+    dtype.decode(&dtype.encode(x), x.len())
+}
+
 fn attention_inputs(
     be: &CudaBackend,
     rng: &mut Rng,
     (q_heads, kv_heads, head_dim, seqs): AttentionCase,
+    dtype: KvDtype,
     bf16_reference: bool,
 ) -> AttentionInputs {
     let block_size = 16;
@@ -535,18 +546,19 @@ fn attention_inputs(
     let cached_k = rng.vec(kv_len, 1.0);
     let cached_v = rng.vec(kv_len, 1.0);
     let pool = KvLayerPool::<CudaBackend> {
-        k: be.upload(&cached_k),
-        v: be.upload(&cached_v),
+        k: be.upload(&dtype.encode(&cached_k)),
+        v: be.upload(&dtype.encode(&cached_v)),
         num_blocks,
         block_size,
         kv_heads,
         head_dim,
+        dtype,
     };
-    (ref_pool.k, ref_pool.v) = if bf16_reference {
-        (round_bf16(&cached_k), round_bf16(&cached_v))
-    } else {
-        (cached_k, cached_v)
-    };
+    let reference_dtype = if bf16_reference { KvDtype::Bf16 } else { dtype };
+    (ref_pool.k, ref_pool.v) = (
+        stored_as(reference_dtype, &cached_k),
+        stored_as(reference_dtype, &cached_v),
+    );
     let batch = BatchLayout::packed(
         block_size,
         seqs.iter()
@@ -554,6 +566,18 @@ fn attention_inputs(
             .map(|(s, &(n, p))| (n, p, blocks_of(s, per_seq, seqs.len()), s)),
     );
     let t = batch.total_tokens();
+    let q = rng.vec(t * q_heads * head_dim, 1.5);
+    let mut k = rng.vec(t * kv_heads * head_dim, 1.5);
+    let v = rng.vec(t * kv_heads * head_dim, 1.0);
+    // Values halfway between two bf16 values, so that the pool checks see ties go to the even one.
+    let ties = [
+        1.0 + 2f32.powi(-8),
+        -(1.0 + 3.0 * 2f32.powi(-8)),
+        0.5 + 2f32.powi(-9),
+    ];
+    for (x, tie) in k.iter_mut().zip(ties) {
+        *x = tie;
+    }
     AttentionInputs {
         bf16_reference,
         shape: AttnShape {
@@ -564,9 +588,9 @@ fn attention_inputs(
         ref_pool,
         pool,
         batch,
-        q: rng.vec(t * q_heads * head_dim, 1.5),
-        k: rng.vec(t * kv_heads * head_dim, 1.5),
-        v: rng.vec(t * kv_heads * head_dim, 1.0),
+        q,
+        k,
+        v,
     }
 }
 
@@ -577,14 +601,13 @@ impl AttentionInputs {
             q_heads, head_dim, ..
         } = self.shape;
         let rows = self.batch.total_tokens() * q_heads * head_dim;
-        let seen = |x: &[f32]| {
-            if self.bf16_reference {
-                round_bf16(x)
-            } else {
-                x.to_vec()
-            }
+        let (q_seen, kv_seen) = if self.bf16_reference {
+            (KvDtype::Bf16, KvDtype::Bf16)
+        } else {
+            (KvDtype::F32, self.pool.dtype)
         };
-        let (q, k, v) = (seen(&self.q), seen(&self.k), seen(&self.v));
+        let q = stored_as(q_seen, &self.q);
+        let (k, v) = (stored_as(kv_seen, &self.k), stored_as(kv_seen, &self.v));
         let mut want = vec![0.0; rows];
         ReferenceBackend.attention(
             &q,
@@ -607,6 +630,15 @@ impl AttentionInputs {
         );
         (be.to_host(&out), want)
     }
+
+    /// The cuda pool's K and V values, read back.
+    fn pool_values(&self, be: &CudaBackend) -> (Vec<f32>, Vec<f32>) {
+        let (dtype, n) = (self.pool.dtype, self.pool.elements());
+        (
+            dtype.decode(&be.to_host(&self.pool.k), n),
+            dtype.decode(&be.to_host(&self.pool.v), n),
+        )
+    }
 }
 
 #[test]
@@ -614,7 +646,6 @@ fn paged_attention_matches_reference() {
     let Some(be) = cuda(GemmPrecision::F32, "paged_attention_matches_reference") else {
         return;
     };
-    let mut rng = Rng(6);
     // Head dims 32, 64, 128 and 256 run the warp-per-position kernels (contexts over 64 positions
     // are split and combined); 16 the general one. The last case is a long prefill chunk whose
     // split partials would exceed the workspace cap: its blocks take several chunks each.
@@ -627,23 +658,26 @@ fn paged_attention_matches_reference() {
         (4, 4, 16, &[(5, 0), (1, 5), (150, 65)]),
         (16, 2, 64, &[(1024, 7700)]),
     ];
-    for (q_heads, kv_heads, head_dim, seqs) in cases {
-        let mut case = attention_inputs(be, &mut rng, (q_heads, kv_heads, head_dim, seqs), false);
-        let (got, want) = case.attend(be);
-        let label = format!("attention q{q_heads}/kv{kv_heads} d{head_dim} seqs {seqs:?}");
-        check(&label, &got, &want, TOL_ATTENTION);
-        check(
-            &format!("{label} k pool"),
-            &be.to_host(&case.pool.k),
-            &case.ref_pool.k,
-            0.0,
-        );
-        check(
-            &format!("{label} v pool"),
-            &be.to_host(&case.pool.v),
-            &case.ref_pool.v,
-            0.0,
-        );
+    for dtype in [KvDtype::F32, KvDtype::Bf16] {
+        let mut rng = Rng(6);
+        for (q_heads, kv_heads, head_dim, seqs) in cases {
+            let mut case = attention_inputs(
+                be,
+                &mut rng,
+                (q_heads, kv_heads, head_dim, seqs),
+                dtype,
+                false,
+            );
+            let (got, want) = case.attend(be);
+            let label = format!(
+                "attention, {} pool, q{q_heads}/kv{kv_heads} d{head_dim} seqs {seqs:?}",
+                dtype.name()
+            );
+            check(&label, &got, &want, TOL_ATTENTION);
+            let (k_pool, v_pool) = case.pool_values(be);
+            check(&format!("{label} k pool"), &k_pool, &case.ref_pool.k, 0.0);
+            check(&format!("{label} v pool"), &v_pool, &case.ref_pool.v, 0.0);
+        }
     }
 }
 
@@ -651,7 +685,9 @@ fn paged_attention_matches_reference() {
 /// one above never does): q, k, v and the probabilities are rounded to bf16 there, so the reference
 /// sees q, k and v rounded the same way and the tolerance covers the probabilities' rounding. The
 /// batches mix flash rows with decode rows (paged kernels), GQA groups of 1 to 6 q heads, tiles that
-/// end inside a token's heads, and cached context before the chunk.
+/// end inside a token's heads, and cached context before the chunk. Both pool dtypes: an f32 pool's
+/// K/V are rounded to bf16 as the kernel loads them, a bf16 pool holds them rounded the same way
+/// (nearest even), so the flash rows must come out bit for bit the same from either pool.
 #[test]
 fn flash_prefill_attention_matches_reference() {
     let Some(be) = cuda(
@@ -669,10 +705,33 @@ fn flash_prefill_attention_matches_reference() {
         (6, 1, 256, &[(1000, 1100)]),
     ];
     for (q_heads, kv_heads, head_dim, seqs) in cases {
-        let (got, want) =
-            attention_inputs(be, &mut rng, (q_heads, kv_heads, head_dim, seqs), true).attend(be);
-        let label = format!("flash attention q{q_heads}/kv{kv_heads} d{head_dim} seqs {seqs:?}");
-        check(&label, &got, &want, TOL_FLASH);
+        let shape = (q_heads, kv_heads, head_dim, seqs);
+        let draws = rng.0;
+        let mut outputs = Vec::new();
+        for dtype in [KvDtype::F32, KvDtype::Bf16] {
+            // The same inputs for both pools.
+            rng.0 = draws;
+            let (got, want) = attention_inputs(be, &mut rng, shape, dtype, true).attend(be);
+            let label = format!(
+                "flash attention, {} pool, q{q_heads}/kv{kv_heads} d{head_dim} seqs {seqs:?}",
+                dtype.name()
+            );
+            check(&label, &got, &want, TOL_FLASH);
+            outputs.push(got);
+        }
+        let row = q_heads * head_dim;
+        let mut start = 0;
+        for &(new, _) in seqs {
+            if new >= deltaserve_cuda::FLASH_MIN_TOKENS {
+                let flash_rows = start * row..(start + new) * row;
+                assert!(
+                    outputs[0][flash_rows.clone()] == outputs[1][flash_rows],
+                    "flash attention q{q_heads}/kv{kv_heads} d{head_dim} seqs {seqs:?}: the flash rows \
+                     of the sequence at row {start} differ between the f32 and the bf16 pool"
+                );
+            }
+            start += new;
+        }
     }
 }
 

@@ -507,6 +507,35 @@ mod tests {
     }
 
     #[test]
+    fn a_bf16_kv_pool_holds_twice_the_tokens_of_an_f32_one() {
+        let c = qwen35_27b();
+        let bf16 = PoolRequest {
+            page_size: 16,
+            kv_element_bytes: 2,
+            ..Default::default()
+        };
+        let f32 = PoolRequest {
+            kv_element_bytes: 4,
+            ..bf16.clone()
+        };
+        let (half, full) = (
+            plan_pools(&c, &bf16, H200).unwrap(),
+            plan_pools(&c, &f32, H200).unwrap(),
+        );
+        assert_eq!(2 * half.kv_bytes_per_token, full.kv_bytes_per_token);
+        // The same KV share of the budget, cut into whole blocks.
+        assert!(half.kv_bytes().abs_diff(full.kv_bytes()) <= 16 * full.kv_bytes_per_token);
+        assert!(
+            half.num_kv_blocks.abs_diff(2 * full.num_kv_blocks) <= 1,
+            "{} vs {}",
+            half.num_kv_blocks,
+            full.num_kv_blocks
+        );
+        // The state pool and so the concurrency do not depend on the KV dtype.
+        assert_eq!(half.max_running_requests, full.max_running_requests);
+    }
+
+    #[test]
     fn device_fraction_counts_the_weights() {
         let c = qwen35_27b();
         let req = PoolRequest {

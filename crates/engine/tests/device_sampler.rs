@@ -189,6 +189,7 @@ impl Backend for HostSampled {
             block_size: pool.block_size,
             kv_heads: pool.kv_heads,
             head_dim: pool.head_dim,
+            dtype: pool.dtype,
         };
         self.inner.attention(q, k, v, &mut lent, batch, shape, out);
         pool.k = lent.k;

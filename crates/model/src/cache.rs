@@ -83,7 +83,7 @@ impl<B: Backend> HybridCache<B> {
 
     /// Bytes of KV per token over all full-attention layers (MTP included).
     pub fn kv_bytes_per_token(&self) -> usize {
-        let per_layer = |p: &KvLayerPool<B>| 2 * p.kv_heads * p.head_dim * 4;
+        let per_layer = |p: &KvLayerPool<B>| 2 * p.kv_heads * p.head_dim * p.dtype.bytes();
         self.kv
             .iter()
             .chain(self.mtp_kv.iter())

@@ -10,6 +10,7 @@ use crate::cache::{KvLayerPool, StateLayerPool};
 use crate::device_sampling::RowSampling;
 use crate::generated::GeneratedMatrix;
 use crate::host::{HostTensor, TensorError};
+use crate::kv_dtype::KvDtype;
 use crate::moe::{self, ExpertShape, ExpertTensors, Experts, MoeRouting, SharedExpert};
 use crate::op_profile::OpTiming;
 use crate::step_graph::{StepGraph, StepInputs};
@@ -61,6 +62,11 @@ pub trait Backend: Send + Sync {
 
     // ---- memory -------------------------------------------------------------------------------
     fn zeros(&self, len: usize) -> Self::Buf;
+    /// The dtype of the KV pools `KvLayerPool::new` makes for this backend. The host backends store
+    /// and read f32 pools only.
+    fn kv_dtype(&self) -> KvDtype {
+        KvDtype::F32
+    }
     /// A buffer of `len` values that the caller overwrites completely before reading any: a
     /// backend may leave it uninitialised (saves a memset per intermediate on a GPU).
     fn scratch(&self, len: usize) -> Self::Buf {

@@ -3,6 +3,7 @@
 //! is the engine's business; these types only hold the memory and its geometry.
 
 use crate::backend::Backend;
+use crate::kv_dtype::KvDtype;
 
 /// Offset (in elements) of token `position` of a sequence owning `blocks`, in a paged pool of
 /// `block_size`-token blocks whose token rows hold `row_len` elements.
@@ -12,8 +13,8 @@ pub fn kv_offset(blocks: &[u32], position: usize, block_size: usize, row_len: us
 }
 
 /// Paged K and V of one full-attention layer.
-/// Element layout of `k` and `v`: `[num_blocks, block_size, kv_heads, head_dim]`, f32 on the CPU
-/// backends. K is stored after q/k-norm and RoPE, V as projected.
+/// Element layout of `k` and `v`: `[num_blocks, block_size, kv_heads, head_dim]`, stored as `dtype`
+/// says (`KvDtype`: f32 on the CPU backends). K is stored after q/k-norm and RoPE, V as projected.
 pub struct KvLayerPool<B: Backend + ?Sized> {
     pub k: B::Buf,
     pub v: B::Buf,
@@ -21,9 +22,11 @@ pub struct KvLayerPool<B: Backend + ?Sized> {
     pub block_size: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
+    pub dtype: KvDtype,
 }
 
 impl<B: Backend + ?Sized> KvLayerPool<B> {
+    /// A zeroed pool in the backend's KV dtype (`Backend::kv_dtype`).
     pub fn new(
         backend: &B,
         num_blocks: usize,
@@ -31,15 +34,41 @@ impl<B: Backend + ?Sized> KvLayerPool<B> {
         kv_heads: usize,
         head_dim: usize,
     ) -> Self {
-        let len = num_blocks * block_size * kv_heads * head_dim;
-        Self {
-            k: backend.zeros(len),
-            v: backend.zeros(len),
+        Self::with_dtype(
+            backend,
             num_blocks,
             block_size,
             kv_heads,
             head_dim,
+            backend.kv_dtype(),
+        )
+    }
+
+    /// A zeroed pool stored as `dtype`, whatever the backend's default; only backends whose
+    /// attention reads `dtype` may be given one (the GPU backend reads both).
+    pub fn with_dtype(
+        backend: &B,
+        num_blocks: usize,
+        block_size: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        dtype: KvDtype,
+    ) -> Self {
+        let words = dtype.storage_words(num_blocks * block_size * kv_heads * head_dim);
+        Self {
+            k: backend.zeros(words),
+            v: backend.zeros(words),
+            num_blocks,
+            block_size,
+            kv_heads,
+            head_dim,
+            dtype,
         }
+    }
+
+    /// Elements of `k` (and of `v`).
+    pub fn elements(&self) -> usize {
+        self.num_blocks * self.block_size * self.kv_heads * self.head_dim
     }
 
     /// Offset (in elements) of token `position` of a sequence owning `blocks`.
@@ -53,7 +82,7 @@ impl<B: Backend + ?Sized> KvLayerPool<B> {
     }
 
     pub fn bytes(&self) -> usize {
-        2 * self.num_blocks * self.block_size * self.kv_heads * self.head_dim * 4
+        2 * self.elements() * self.dtype.bytes()
     }
 }
 

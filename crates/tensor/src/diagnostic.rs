@@ -35,6 +35,9 @@ impl<B: Backend> Backend for BrokenAttention<B> {
     fn zeros(&self, len: usize) -> Self::Buf {
         self.inner.zeros(len)
     }
+    fn kv_dtype(&self) -> crate::KvDtype {
+        self.inner.kv_dtype()
+    }
     fn scratch(&self, len: usize) -> Self::Buf {
         self.inner.scratch(len)
     }
@@ -163,18 +166,20 @@ impl<B: Backend> Backend for BrokenAttention<B> {
             block_size: pool.block_size,
             kv_heads: pool.kv_heads,
             head_dim: pool.head_dim,
+            dtype: pool.dtype,
         };
         // First let the inner kernel write the new K/V at their true positions.
         self.inner
             .attention(q, k, v, &mut inner_pool, batch, shape, out);
         // Then recompute each new token's output over only its own K/V: one-token "sequences" at
         // position 0 of a scratch pool.
-        let mut scratch = KvLayerPool::<B>::new(
+        let mut scratch = KvLayerPool::<B>::with_dtype(
             &self.inner,
             batch.total_tokens().max(1),
             pool.block_size,
             pool.kv_heads,
             pool.head_dim,
+            pool.dtype,
         );
         let seqs: Vec<SeqLayout> = (0..batch.total_tokens())
             .map(|row| SeqLayout {

@@ -1,12 +1,15 @@
-//! Helpers shared by the GPU tests: one backend per GEMM precision for the whole test binary (or a
-//! printed reason to skip), deterministic random inputs and the error measure.
+//! Helpers shared by the GPU tests: one backend per (GEMM precision, KV dtype) for the whole test
+//! binary (or a printed reason to skip), deterministic random inputs and the error measure.
 #![allow(dead_code)]
 
 use deltaserve_cuda::{CudaBackend, CudaOptions, GdnPrefill, GemmPrecision};
+use deltaserve_tensor::KvDtype;
 use std::sync::OnceLock;
 
 static F32_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
+static F32_BF16_KV_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static BF16_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
+static BF16_F32_KV_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static CHUNKED_GDN_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 
 /// The f32 backend with the chunked delta rule for prefill, or `None` after printing why not.
@@ -19,14 +22,29 @@ pub fn cuda_chunked_gdn(test: &str) -> Option<&'static CudaBackend> {
     shared_backend(&CHUNKED_GDN_BACKEND, options, test)
 }
 
-/// The backend on GPU 0 with `precision`, or `None` after printing why the test is skipped.
+/// The backend on GPU 0 with `precision` and the KV dtype that goes with it (bf16 pools with bf16
+/// GEMMs, as `serve` runs by default; f32 pools with f32 GEMMs, the exact mode), or `None` after
+/// printing why the test is skipped.
 pub fn cuda(precision: GemmPrecision, test: &str) -> Option<&'static CudaBackend> {
-    let cell = match precision {
-        GemmPrecision::F32 => &F32_BACKEND,
-        GemmPrecision::Bf16 => &BF16_BACKEND,
+    cuda_kv(precision, precision.default_kv_dtype(), test)
+}
+
+/// The backend on GPU 0 with `precision` whose KV pools hold `kv_dtype`, or `None` after printing
+/// why the test is skipped.
+pub fn cuda_kv(
+    precision: GemmPrecision,
+    kv_dtype: KvDtype,
+    test: &str,
+) -> Option<&'static CudaBackend> {
+    let cell = match (precision, kv_dtype) {
+        (GemmPrecision::F32, KvDtype::F32) => &F32_BACKEND,
+        (GemmPrecision::F32, KvDtype::Bf16) => &F32_BF16_KV_BACKEND,
+        (GemmPrecision::Bf16, KvDtype::Bf16) => &BF16_BACKEND,
+        (GemmPrecision::Bf16, KvDtype::F32) => &BF16_F32_KV_BACKEND,
     };
     let options = CudaOptions {
         gemm_precision: precision,
+        kv_dtype: Some(kv_dtype),
         ..CudaOptions::default()
     };
     shared_backend(cell, options, test)

@@ -45,6 +45,11 @@ pub(crate) fn attention(
         kv_heads,
         head_dim,
     } = shape;
+    assert_eq!(
+        pool.dtype,
+        crate::KvDtype::F32,
+        "the cpu backend's attention reads f32 KV pools only"
+    );
     let kv_row = kv_heads * head_dim;
     for seq in &batch.seqs {
         for i in 0..seq.len {

@@ -23,6 +23,11 @@ pub fn paged_attention<B>(
         kv_heads,
         head_dim,
     } = shape;
+    assert_eq!(
+        pool.dtype,
+        crate::KvDtype::F32,
+        "the reference backend's attention reads f32 KV pools only"
+    );
     let kv_row = kv_heads * head_dim;
     let group = q_heads / kv_heads;
     let scale = 1.0 / (head_dim as f64).sqrt();
