@@ -8,6 +8,27 @@
 
 #define MAX_HISTORY 7
 
+// One token: the conv output for input `now` after the window `win`, then the window moved on by
+// one (oldest entry out, `now` in). The taps and the window are right-aligned (below).
+__device__ __forceinline__ float conv_step(const float* taps, float* win, float now) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int m = 0; m < MAX_HISTORY; ++m) acc = fmaf(taps[m], win[m], acc);
+    acc = fmaf(taps[MAX_HISTORY], now, acc);
+#pragma unroll
+    for (int m = 0; m < MAX_HISTORY - 1; ++m) win[m] = win[m + 1];
+    win[MAX_HISTORY - 1] = now;
+    return silu_f(acc);
+}
+
+// The window's `history` live entries into the slot at `dst`.
+__device__ __forceinline__ void store_window(float* dst, const float* win, int lead, int conv_dim, int c) {
+#pragma unroll
+    for (int m = 0; m < MAX_HISTORY; ++m) {
+        if (m >= lead) dst[(i64)(m - lead) * conv_dim + c] = win[m];
+    }
+}
+
 // The window and the taps are kept right-aligned in fixed-size register arrays: slot m holds
 // window entry m - (MAX_HISTORY - history), the leading slots hold zero taps. Every register index
 // is then a compile-time constant (a run-time index would move the arrays to local memory).
@@ -31,27 +52,10 @@ extern "C" __global__ void causal_conv1d(const float* x, const float* w, float* 
     for (int m = 0; m <= MAX_HISTORY; ++m) taps[m] = m >= lead ? w[(i64)c * kernel + (m - lead)] : 0.0f;
     for (int i = 0; i < len; ++i) {
         const i64 row = (i64)(start + i) * conv_dim + c;
-        const float now = x[row];
-        float acc = 0.0f;
-#pragma unroll
-        for (int m = 0; m < MAX_HISTORY; ++m) acc = fmaf(taps[m], win[m], acc);
-        acc = fmaf(taps[MAX_HISTORY], now, acc);
-        out[row] = silu_f(acc);
-#pragma unroll
-        for (int m = 0; m < MAX_HISTORY - 1; ++m) win[m] = win[m + 1];
-        win[MAX_HISTORY - 1] = now;
-        if (snap >= 0) {
-            const i64 dst = (i64)snaps[snap + i] * slot_len;
-#pragma unroll
-            for (int m = 0; m < MAX_HISTORY; ++m) {
-                if (m >= lead) conv_state[dst + (i64)(m - lead) * conv_dim + c] = win[m];
-            }
-        }
+        out[row] = conv_step(taps, win, x[row]);
+        if (snap >= 0) store_window(conv_state + (i64)snaps[snap + i] * slot_len, win, lead, conv_dim, c);
     }
-#pragma unroll
-    for (int m = 0; m < MAX_HISTORY; ++m) {
-        if (m >= lead) conv_state[slot * slot_len + (i64)(m - lead) * conv_dim + c] = win[m];
-    }
+    store_window(conv_state + slot * slot_len, win, lead, conv_dim, c);
 }
 
 // The same conv for long sequences (prefill), parallel over tokens: a thread walks CONV_SEGMENT
@@ -99,22 +103,8 @@ extern "C" __global__ void causal_conv1d_tokens(const float* x, const float* w, 
                 current = s;
             }
             const i64 row = t * conv_dim + c;
-            const float now = x[row];
-            float acc = 0.0f;
-#pragma unroll
-            for (int m = 0; m < MAX_HISTORY; ++m) acc = fmaf(taps[m], win[m], acc);
-            acc = fmaf(taps[MAX_HISTORY], now, acc);
-            out[row] = silu_f(acc);
-#pragma unroll
-            for (int m = 0; m < MAX_HISTORY - 1; ++m) win[m] = win[m + 1];
-            win[MAX_HISTORY - 1] = now;
-            if (snap >= 0) {
-                const i64 dst = (i64)snaps[snap + i] * slot_len;
-#pragma unroll
-                for (int m = 0; m < MAX_HISTORY; ++m) {
-                    if (m >= lead) conv_state[dst + (i64)(m - lead) * conv_dim + c] = win[m];
-                }
-            }
+            out[row] = conv_step(taps, win, x[row]);
+            if (snap >= 0) store_window(conv_state + (i64)snaps[snap + i] * slot_len, win, lead, conv_dim, c);
         }
     }
 }
