@@ -14,6 +14,7 @@ pub mod e4m3;
 pub mod generated;
 pub mod host;
 pub mod moe;
+pub mod op_check;
 pub mod op_profile;
 pub mod reference;
 pub mod step_graph;
