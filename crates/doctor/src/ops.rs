@@ -79,7 +79,7 @@ impl<B: Backend> Checker<'_, B> {
         what: &str,
         layer: Option<usize>,
         kind: &'static str,
-        wr: &Vec<f32>,
+        wr: &[f32],
         wt: &B::Buf,
         rows: usize,
         seed: u64,

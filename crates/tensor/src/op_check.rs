@@ -112,7 +112,8 @@ pub fn rope<B: Backend>(
 pub struct Rng(pub u64);
 
 impl Rng {
-    pub fn next(&mut self) -> f32 {
+    /// The next value in [-1, 1).
+    pub fn next_f32(&mut self) -> f32 {
         self.0 = self
             .0
             .wrapping_mul(6364136223846793005)
@@ -121,7 +122,7 @@ impl Rng {
     }
 
     pub fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n).map(|_| self.next() * scale).collect()
+        (0..n).map(|_| self.next_f32() * scale).collect()
     }
 }
 
