@@ -5,9 +5,10 @@
 //! backends (cpu, reference) store and read f32 KV pools only: `auto` is fp32 there and an explicit
 //! `bf16` is refused naming the flag.
 
+use crate::model_flags::BackendKind;
 use crate::serve_flags::flag_values::KvCacheDtype;
-use crate::serve_flags::{BackendKind, CpuMatmulPrecision};
 use anyhow::{bail, Result};
+use deltaserve_cuda::GemmPrecision;
 use deltaserve_tensor::KvDtype;
 
 /// The KV dtype in use and why, for the start-up lines.
@@ -28,7 +29,7 @@ impl std::fmt::Display for KvCacheChoice {
 pub fn resolve_kv_cache_dtype(
     flag: KvCacheDtype,
     backend: BackendKind,
-    cuda_precision: CpuMatmulPrecision,
+    cuda_precision: GemmPrecision,
 ) -> Result<KvCacheChoice> {
     let choice = |dtype: KvDtype, why: &str| KvCacheChoice {
         dtype,
@@ -53,11 +54,11 @@ pub fn resolve_kv_cache_dtype(
         };
     }
     Ok(match (flag, cuda_precision) {
-        (KvCacheDtype::Auto, CpuMatmulPrecision::Bf16) => choice(
+        (KvCacheDtype::Auto, GemmPrecision::Bf16) => choice(
             KvDtype::Bf16,
             &format!("{given}: the model runs in bf16 (--cuda-matmul-precision bf16), so does its KV cache, as in SGLang"),
         ),
-        (KvCacheDtype::Auto, CpuMatmulPrecision::F32) => choice(
+        (KvCacheDtype::Auto, GemmPrecision::F32) => choice(
             KvDtype::F32,
             &format!("{given}: --cuda-matmul-precision f32 keeps the model exact, K/V included"),
         ),
@@ -70,10 +71,10 @@ pub fn resolve_kv_cache_dtype(
 mod tests {
     use super::*;
 
-    const BF16: CpuMatmulPrecision = CpuMatmulPrecision::Bf16;
-    const F32: CpuMatmulPrecision = CpuMatmulPrecision::F32;
+    const BF16: GemmPrecision = GemmPrecision::Bf16;
+    const F32: GemmPrecision = GemmPrecision::F32;
 
-    fn dtype(flag: KvCacheDtype, backend: BackendKind, precision: CpuMatmulPrecision) -> KvDtype {
+    fn dtype(flag: KvCacheDtype, backend: BackendKind, precision: GemmPrecision) -> KvDtype {
         resolve_kv_cache_dtype(flag, backend, precision)
             .unwrap()
             .dtype

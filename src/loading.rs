@@ -1,14 +1,10 @@
-//! Turns the model flags shared by every subcommand (`--model-path`, `--load-format`, `--backend`,
-//! `--threads`) into a loaded `Model` on the chosen backend, with a progress bar while weights load.
+//! Turns the model settings (built from the model flags of model_flags.rs) into a loaded `Model` on
+//! the chosen backend, with a progress bar while weights load.
 
 use crate::kv_cache_dtype::{resolve_kv_cache_dtype, KvCacheChoice};
+use crate::model_flags::{BackendKind, LoadFormat, Quantization};
 use crate::serve_flags::flag_values::KvCacheDtype;
-/// The same backend and load-format choices as `serve` (one definition, with serve's flags).
-pub use crate::serve_flags::{
-    BackendKind, CpuMatmulPrecision as CpuPrecision, LoadFormat, Quantization,
-};
 use anyhow::{bail, Context, Result};
-use clap::Args;
 use deltaserve_cuda::{CudaBackend, CudaOptions, GemmPrecision, NcclCommunicator};
 use deltaserve_model::config::ModelConfig;
 use deltaserve_model::dummy::DummySource;
@@ -19,72 +15,45 @@ use deltaserve_model::source::TensorSource;
 use deltaserve_model::weights::Weights;
 use deltaserve_model::{load_tensor_parallel, rank_config, Model};
 use deltaserve_tensor::cpu::{CpuBackend, CpuOptions, IsaLevel, MatmulPrecision, CPU_LEVEL_ENV};
-use deltaserve_tensor::diagnostic::{BrokenAttention, BROKEN_ATTENTION_NAME};
+use deltaserve_tensor::diagnostic::BrokenAttention;
 use deltaserve_tensor::reference::ReferenceBackend;
 use deltaserve_tensor::{Backend, Communicator, DType, InProcessGroup};
 use std::path::{Path, PathBuf};
 
-#[derive(Args, Clone, Debug)]
-pub struct ModelArgs {
-    /// Directory holding config.json and the safetensors weights (Hugging Face layout); `demo` (the
-    /// default) is the bundled demo model.
-    #[arg(long = "model-path", alias = "model", default_value = crate::demo_model::DEMO_MODEL_NAME)]
+/// What to load and on what: built from the model flags (`ModelFlags::settings`), adjusted per
+/// data-parallel replica by `serve`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelSettings {
+    /// The model directory (`demo` until `resolved`).
     pub model_path: PathBuf,
-    /// Compute backend; `auto` picks cuda when a usable NVIDIA GPU is present, else cpu.
-    #[arg(long, value_enum, default_value_t = BackendKind::Auto)]
+    /// `Auto` until `resolved`.
     pub backend: BackendKind,
-    #[arg(long = "load-format", value_enum, default_value_t = LoadFormat::Auto)]
     pub load_format: LoadFormat,
-    /// `fp8`: quantize an unquantized checkpoint's linear weights to block FP8 (128 x 128 tiles,
-    /// scale = amax / 448) at load, as SGLang's flag does; a block-FP8 checkpoint is read as stored
-    /// either way. The backends keep the dequantized values (docs/fp8.md).
-    #[arg(long, value_enum)]
     pub quantization: Option<Quantization>,
-    /// CPU threads for the cpu backend (0 = all cores).
-    #[arg(long, default_value_t = 0)]
+    /// CPU threads of the cpu backend; 0 = all cores.
     pub threads: usize,
-    /// How the cpu backend multiplies by bf16 weights: `f32` (exact widening, agrees with the
-    /// reference to ~1e-6) or `bf16` (activations rounded to bf16, AVX512_BF16 dot products: about
-    /// twice the prefill throughput, ~1.5e-3 relative error; still batch-invariant).
-    #[arg(long = "cpu-matmul-precision", value_enum, default_value_t = CpuPrecision::F32)]
-    pub cpu_matmul_precision: CpuPrecision,
-    /// How the cuda backend multiplies: `bf16` (weights and activations in bf16, f32 accumulation;
-    /// the serving default) or `f32` (f32 weights and pedantic f32 GEMMs: twice the memory, for
-    /// checking the backend against transformers without bf16 rounding in the way).
-    #[arg(long = "cuda-matmul-precision", value_enum, default_value_t = CpuPrecision::Bf16)]
-    pub cuda_matmul_precision: CpuPrecision,
-    /// How the KV cache stores K and V: `auto` (the dtype the model runs in: bf16 on cuda with
-    /// --cuda-matmul-precision bf16, else fp32), `bf16` (cuda only: half the memory per token) or
-    /// `fp32`.
-    #[arg(long = "kv-cache-dtype", value_name = "DTYPE", value_parser = KvCacheDtype::parse, default_value = "auto")]
+    pub cpu_matmul_precision: MatmulPrecision,
+    pub cuda_gemm_precision: GemmPrecision,
+    /// `--kv-cache-dtype` as given (`kv_cache_choice` resolves it for a backend).
     pub kv_cache_dtype: KvCacheDtype,
-    /// Largest decode batch the cuda backend records as a CUDA graph and replays (SGLang's flag).
-    #[arg(long = "cuda-graph-max-bs", default_value_t = DEFAULT_CUDA_GRAPH_MAX_BS)]
-    pub cuda_graph_max_bs: usize,
-    /// Launch every op of every step one by one (no CUDA graphs).
-    #[arg(long = "disable-cuda-graph")]
-    pub disable_cuda_graph: bool,
-    /// Attention implementation. The CPU backends have one (`native`); `diagnostic-broken-attention`
-    /// deliberately computes attention wrongly, to show doctor, the canary and the detector at work.
-    #[arg(long = "attention-backend", default_value = "native")]
-    pub attention_backend: String,
-    /// Tensor-parallel ranks: the model split over N GPUs (cuda, NCCL between them) or N
-    /// in-process ranks (cpu, reference; --threads is then shared among them).
-    #[arg(long = "tp-size", alias = "tensor-parallel-size", default_value_t = 1)]
+    /// Largest decode batch recorded as a CUDA graph; `None`: no CUDA graphs.
+    pub cuda_graph_max_bs: Option<usize>,
+    pub attention: Attention,
     pub tp_size: usize,
-    /// With --tp-size 1, run through the tensor-parallel path anyway: a one-rank group (NCCL on
-    /// cuda) whose collectives change nothing. Checks the communicator's plumbing on one GPU.
-    #[arg(long = "tp-force-communicator", hide = true)]
+    /// With `tp_size` 1, run through the tensor-parallel path anyway (a one-rank group).
     pub tp_force_communicator: bool,
     /// The first GPU this model takes (cuda): data-parallel replica i of `serve --dp-size` starts
-    /// at GPU i x --tp-size. Not a flag.
-    #[arg(skip)]
+    /// at GPU i x tp_size.
     pub first_gpu: usize,
 }
 
-/// Decode batches up to this size are replayed as CUDA graphs by default. Measured on the H200
-/// (35B-A3B shape): a batch-64 step 34.2 ms launched, 28.8 ms replayed; larger sizes not measured.
-pub const DEFAULT_CUDA_GRAPH_MAX_BS: usize = 64;
+/// The attention implementation: the backend's own, or the diagnostic broken one (cpu only).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Attention {
+    Native,
+    /// Wraps the cpu backend and computes attention wrongly on purpose (docs: the founding failure).
+    DiagnosticBroken,
+}
 
 /// A model on whichever backend the flags chose. Made once per process, so the size difference
 /// between variants costs nothing worth a box.
@@ -122,26 +91,8 @@ macro_rules! with_model {
 }
 pub(crate) use with_model;
 
-/// Accepted `--attention-backend` values.
-const NATIVE_ATTENTION: &str = "native";
-
-/// Whether the flags ask for the diagnostic broken attention; an error for names we do not have.
-fn broken_attention_requested(args: &ModelArgs) -> Result<bool> {
-    match args.attention_backend.as_str() {
-        NATIVE_ATTENTION => Ok(false),
-        BROKEN_ATTENTION_NAME if matches!(args.backend, BackendKind::Cpu | BackendKind::Auto) => {
-            Ok(true)
-        }
-        BROKEN_ATTENTION_NAME => bail!("--attention-backend {BROKEN_ATTENTION_NAME} wraps the cpu backend; use it with --backend cpu"),
-        other => bail!(
-            "--attention-backend {other}: the {:?} backend has one attention implementation, `{NATIVE_ATTENTION}` (or `{BROKEN_ATTENTION_NAME}` for diagnostics); GPU kernels such as flashinfer or triton do not apply",
-            args.backend
-        ),
-    }
-}
-
 /// The model's config and a source of its weights, as the flags say.
-pub fn open_source(args: &ModelArgs) -> Result<(ModelConfig, Box<dyn TensorSource>)> {
+pub fn open_source(args: &ModelSettings) -> Result<(ModelConfig, Box<dyn TensorSource>)> {
     let dir = &args.model_path;
     if !dir.is_dir() {
         bail!("--model-path {}: not a directory", dir.display());
@@ -165,28 +116,28 @@ pub fn open_source(args: &ModelArgs) -> Result<(ModelConfig, Box<dyn TensorSourc
     Ok((config, source))
 }
 
-impl ModelArgs {
+impl ModelSettings {
+    /// The KV cache dtype for these settings on `backend` (resolved from `auto`), and why.
+    pub fn kv_cache_choice(&self, backend: BackendKind) -> Result<KvCacheChoice> {
+        resolve_kv_cache_dtype(self.kv_cache_dtype, backend, self.cuda_gemm_precision)
+    }
+
     /// Replaces `demo` by the bundled demo model's directory and `--backend auto` by the backend
     /// it picks.
     pub fn resolved(mut self) -> Result<Self> {
         self.model_path = crate::demo_model::resolve_model_path("--model-path", &self.model_path)?;
-        self.backend = resolve_backend(self.backend, &self.attention_backend);
+        self.backend = resolve_backend(self.backend, self.attention);
         Ok(self)
-    }
-
-    /// The KV cache dtype for these flags on `backend` (resolved from `auto`), and why.
-    pub fn kv_cache_choice(&self, backend: BackendKind) -> Result<KvCacheChoice> {
-        resolve_kv_cache_dtype(self.kv_cache_dtype, backend, self.cuda_matmul_precision)
     }
 }
 
 /// `auto`: cuda when a usable GPU is present (said on stderr, with the reason when not), else cpu.
 /// The diagnostic broken attention wraps the cpu backend, so it always means cpu.
-pub fn resolve_backend(kind: BackendKind, attention_backend: &str) -> BackendKind {
+pub fn resolve_backend(kind: BackendKind, attention: Attention) -> BackendKind {
     if kind != BackendKind::Auto {
         return kind;
     }
-    if attention_backend == BROKEN_ATTENTION_NAME {
+    if attention == Attention::DiagnosticBroken {
         return BackendKind::Cpu;
     }
     match deltaserve_cuda::usable_gpu() {
@@ -201,9 +152,10 @@ pub fn resolve_backend(kind: BackendKind, attention_backend: &str) -> BackendKin
     }
 }
 
-pub fn load_model(args: &ModelArgs) -> Result<AnyModel> {
-    let broken = broken_attention_requested(args)?;
-    let backend = resolve_backend(args.backend, &args.attention_backend);
+pub fn load_model(args: &ModelSettings) -> Result<AnyModel> {
+    let broken = args.attention == Attention::DiagnosticBroken;
+    let backend = resolve_backend(args.backend, args.attention);
+    // Refused before any weight is read.
     let kv = args.kv_cache_choice(backend)?;
     let (config, source) = open_source(args)?;
     let dir = &args.model_path;
@@ -238,8 +190,8 @@ pub fn load_model(args: &ModelArgs) -> Result<AnyModel> {
                 backend.compute_capability()
             );
             let model = build(backend, config, source.as_ref(), dir)?;
-            if !args.disable_cuda_graph {
-                model.enable_step_graphs(args.cuda_graph_max_bs);
+            if let Some(max_batch) = args.cuda_graph_max_bs {
+                model.enable_step_graphs(max_batch);
             }
             AnyModel::Cuda(model)
         }
@@ -249,7 +201,7 @@ pub fn load_model(args: &ModelArgs) -> Result<AnyModel> {
 /// `--tp-size N` (N > 1, or 1 with --tp-force-communicator): N ranks, each with its own backend,
 /// in one process.
 fn load_split(
-    args: &ModelArgs,
+    args: &ModelSettings,
     broken: bool,
     backend: BackendKind,
     kv: &KvCacheChoice,
@@ -310,10 +262,10 @@ fn load_split(
             for (rank, b) in backends.iter().enumerate() {
                 let ordinal = first + rank;
                 eprintln!(
-                        "cuda: rank {rank} on GPU {ordinal}: {} (compute capability {:?}); KV cache {kv}",
-                        b.device_name(),
-                        b.compute_capability()
-                    );
+                    "cuda: rank {rank} on GPU {ordinal}: {} (compute capability {:?}); KV cache {kv}",
+                    b.device_name(),
+                    b.compute_capability()
+                );
             }
             let comms = NcclCommunicator::group(&backends)
                 .map_err(|e| anyhow::anyhow!("--tp-size {n}: {e}"))?
@@ -335,24 +287,21 @@ fn in_process<B: Backend>(n: usize) -> Vec<Box<dyn Communicator<B>>> {
 }
 
 /// A cpu backend for one of `--tp-size` ranks: `--threads` (all cores when 0) shared among them.
-fn cpu_rank_backend(args: &ModelArgs) -> Result<CpuBackend> {
+fn cpu_rank_backend(args: &ModelSettings) -> Result<CpuBackend> {
     let total = match args.threads {
         0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
         t => t,
     };
     let per_rank = (total / args.tp_size.max(1)).max(1);
-    cpu_backend(&ModelArgs {
+    cpu_backend(&ModelSettings {
         threads: per_rank,
         ..args.clone()
     })
 }
 
-fn cuda_options(args: &ModelArgs, kv: &KvCacheChoice) -> CudaOptions {
+fn cuda_options(args: &ModelSettings, kv: &KvCacheChoice) -> CudaOptions {
     CudaOptions {
-        gemm_precision: match args.cuda_matmul_precision {
-            CpuPrecision::F32 => GemmPrecision::F32,
-            CpuPrecision::Bf16 => GemmPrecision::Bf16,
-        },
+        gemm_precision: args.cuda_gemm_precision,
         kv_dtype: Some(kv.dtype),
         ..CudaOptions::default()
     }
@@ -392,7 +341,7 @@ fn progress_bar(what: &str) -> indicatif::ProgressBar {
 
 /// Rank 0's share of the model (`--tp-size N`) on the reference backend, run unsplit: what the
 /// op-by-op checks of a split target compare its rank 0 against (same weights, same shapes).
-pub fn load_reference_rank0(args: &ModelArgs) -> Result<Model<ReferenceBackend>> {
+pub fn load_reference_rank0(args: &ModelSettings) -> Result<Model<ReferenceBackend>> {
     let (config, source) = open_source(args)?;
     let mut local = rank_config(&config, args.tp_size)?;
     // The op checks size the embedding lookup and the head by the vocabulary: rank 0's share.
@@ -414,16 +363,12 @@ pub fn load_reference_rank0(args: &ModelArgs) -> Result<Model<ReferenceBackend>>
 }
 
 /// The reference model on the same weights, for comparisons.
-pub fn load_reference(args: &ModelArgs) -> Result<Model<ReferenceBackend>> {
+pub fn load_reference(args: &ModelSettings) -> Result<Model<ReferenceBackend>> {
     let (config, source) = open_source(args)?;
     build(ReferenceBackend, config, source.as_ref(), &args.model_path)
 }
 
-fn cpu_backend(args: &ModelArgs) -> Result<CpuBackend> {
-    let matmul_precision = match args.cpu_matmul_precision {
-        CpuPrecision::F32 => MatmulPrecision::F32,
-        CpuPrecision::Bf16 => MatmulPrecision::Bf16,
-    };
+fn cpu_backend(args: &ModelSettings) -> Result<CpuBackend> {
     let max_isa = IsaLevel::from_env()
         .map_err(anyhow::Error::msg)?
         .unwrap_or(IsaLevel::Avx512);
@@ -435,7 +380,7 @@ fn cpu_backend(args: &ModelArgs) -> Result<CpuBackend> {
     }
     let options = CpuOptions {
         threads: args.threads,
-        matmul_precision,
+        matmul_precision: args.cpu_matmul_precision,
         max_isa,
     };
     CpuBackend::with_options(options)

@@ -6,7 +6,9 @@ mod commands;
 mod demo_model;
 mod kv_cache_dtype;
 mod loading;
+mod model_flags;
 mod serve_flags;
+mod spellings;
 mod watchdog;
 
 use check_outcome::CheckOutcome;
@@ -50,7 +52,7 @@ docs/compatibility-flags.md lists them (`deltaserve serve MODEL ...` takes vLLM'
     /// Check that any OpenAI-compatible server answers correctly: fixed prompts, reasoning split,
     /// usage, streaming = non-streaming, degeneration detector. Exits 1 when a check fails, 2 when the
     /// suite cannot run.
-    Smoke(deltaserve_client::SmokeArgs),
+    Smoke(commands::smoke::SmokeArgs),
 }
 
 fn main() -> std::process::ExitCode {

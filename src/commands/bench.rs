@@ -3,7 +3,8 @@
 //! the fraction of the measured read bandwidth (roofline) reached. Numbers only; nothing asserts.
 
 use super::bench_runs::{measure, median, Measured, Phase, RunPlan};
-use crate::loading::{load_model, with_model, ModelArgs};
+use crate::loading::{load_model, with_model};
+use crate::model_flags::ModelFlags;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use deltaserve_model::config::ModelConfig;
@@ -25,21 +26,12 @@ pub struct BenchCli {
 pub enum BenchSubcommand {
     /// Load-test any OpenAI-compatible server (deltaserve, SGLang, vLLM, llama.cpp): request and token
     /// throughput, TTFT / TPOT / end-to-end latency percentiles.
-    Serve(deltaserve_client::BenchServeArgs),
+    Serve(super::bench_serve::BenchServeArgs),
 }
 
 pub fn dispatch(cli: BenchCli) -> Result<()> {
     match cli.serve {
-        Some(BenchSubcommand::Serve(args)) => {
-            let report = deltaserve_client::run_bench_serve_blocking(&args)?;
-            println!("{}", report.render());
-            if let Some(path) = &args.output_file {
-                let text = serde_json::to_string_pretty(&report.to_json())?;
-                std::fs::write(path, text + "\n")
-                    .with_context(|| format!("--output-file {}", path.display()))?;
-            }
-            Ok(())
-        }
+        Some(BenchSubcommand::Serve(args)) => super::bench_serve::run(args),
         None => run(cli.model),
     }
 }
@@ -47,7 +39,7 @@ pub fn dispatch(cli: BenchCli) -> Result<()> {
 #[derive(Args, Debug)]
 pub struct BenchArgs {
     #[command(flatten)]
-    pub model: ModelArgs,
+    pub model: ModelFlags,
     /// Prompt tokens processed in one prefill forward.
     #[arg(long = "prefill-len", default_value_t = 512)]
     pub prefill_len: usize,
@@ -240,24 +232,24 @@ fn print_profile(name: &str, phase: &Phase) {
     );
 }
 
-pub fn run(mut args: BenchArgs) -> Result<()> {
-    args.model = args.model.resolved()?;
+pub fn run(args: BenchArgs) -> Result<()> {
+    let settings = args.model.clone().settings()?.resolved()?;
     anyhow::ensure!(args.prefill_len > 0, "--prefill-len must be at least 1");
     anyhow::ensure!(
         args.batch.iter().all(|&b| b > 0),
         "--batch: every batch size must be at least 1"
     );
     let k = args.speculative_num_steps;
-    let config = ModelConfig::from_dir(&args.model.model_path)
-        .with_context(|| format!("--model-path {}", args.model.model_path.display()))?;
+    let config = ModelConfig::from_dir(&settings.model_path)
+        .with_context(|| format!("--model-path {}", settings.model_path.display()))?;
     if k > 0 && config.mtp_num_hidden_layers == 0 {
         bail!(
             "--speculative-num-steps {k}: {} has no MTP head (mtp_num_hidden_layers is 0 in its config.json); speculative decoding drafts with it, so run without --speculative-num-steps",
-            args.model.model_path.display()
+            settings.model_path.display()
         );
     }
     let load_start = Instant::now();
-    let model = load_model(&args.model)?;
+    let model = load_model(&settings)?;
     let load_s = load_start.elapsed().as_secs_f64();
     let plan = RunPlan {
         prefill_len: args.prefill_len,
@@ -272,10 +264,10 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
     let cpu_kernels = model.cpu_kernels();
     drop(model);
     let backend = measured.backend;
-    let threads = if args.model.threads == 0 {
+    let threads = if settings.threads == 0 {
         std::thread::available_parallelism().map_or(1, |n| n.get())
     } else {
-        args.model.threads
+        settings.threads
     };
     let bytes_per_param = config.dtype.unwrap_or(DType::BF16).size_bytes();
     let weight_bytes = decode_weight_bytes(&config, bytes_per_param);
@@ -366,11 +358,11 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
         })
         .collect();
     let report = json!({
-        "model": args.model.model_path,
-        "load_format": format!("{:?}", args.model.load_format).to_lowercase(),
+        "model": settings.model_path,
+        "load_format": format!("{:?}", settings.load_format).to_lowercase(),
         "backend": backend,
         "batch": 1,
-        "tp_size": args.model.tp_size,
+        "tp_size": settings.tp_size,
         "cpu_kernels": cpu_kernels,
         "threads": threads,
         "load_seconds": load_s,
@@ -403,13 +395,19 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
         println!("{report}");
         return Ok(());
     }
-    print_table(&args, &report, &measured, threads);
+    print_table(&args, &settings.model_path, &report, &measured, threads);
     Ok(())
 }
 
-fn print_table(args: &BenchArgs, r: &Value, measured: &Measured, threads: usize) {
+fn print_table(
+    args: &BenchArgs,
+    model_path: &std::path::Path,
+    r: &Value,
+    measured: &Measured,
+    threads: usize,
+) {
     let f = |key: &str| r[key].as_f64().unwrap_or(f64::NAN);
-    println!("model           {}", args.model.model_path.display());
+    println!("model           {}", model_path.display());
     let kernels = r["cpu_kernels"]
         .as_str()
         .map_or(String::new(), |k| format!(", {k} kernels"));

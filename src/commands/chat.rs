@@ -1,7 +1,8 @@
 //! `deltaserve chat [MESSAGE]`: talk to a model in the terminal without a server. One-shot with a
 //! message, interactive without one. Reasoning is shown dimmed as it streams, then the answer.
 
-use crate::loading::{load_model, with_model, ModelArgs};
+use crate::loading::{load_model, with_model};
+use crate::model_flags::ModelFlags;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use deltaserve_engine::{
@@ -17,7 +18,7 @@ use std::io::{BufRead, IsTerminal, Write};
 #[derive(Args, Debug)]
 pub struct ChatArgs {
     #[command(flatten)]
-    pub model: ModelArgs,
+    pub model: ModelFlags,
     /// The message to send; without it, chat interactively (one message per line, empty line or EOF ends).
     pub message: Option<String>,
     /// An optional system prompt.
@@ -139,9 +140,9 @@ impl Session {
     }
 }
 
-pub fn run(mut args: ChatArgs) -> Result<()> {
-    args.model = args.model.resolved()?;
-    let dir = args.model.model_path.clone();
+pub fn run(args: ChatArgs) -> Result<()> {
+    let settings = args.model.clone().settings()?.resolved()?;
+    let dir = settings.model_path.clone();
     let tokenizer =
         Tokenizer::from_dir(&dir).with_context(|| format!("--model-path {}", dir.display()))?;
     let template = ChatTemplate::from_tokenizer(&tokenizer, false)
@@ -164,7 +165,7 @@ pub fn run(mut args: ChatArgs) -> Result<()> {
     if sampling.temperature.is_nan() || sampling.temperature < 0.0 {
         bail!("--temperature {}: must be 0 or more", sampling.temperature);
     }
-    let model = load_model(&args.model)?;
+    let model = load_model(&settings)?;
     let context = with_model!(&model, m => m.config.max_position_embeddings).min(32_768);
     let config = EngineConfig {
         max_running_requests: 1,

@@ -5,8 +5,9 @@
 
 use crate::check_outcome::CheckOutcome;
 use crate::loading::{
-    load_model, load_reference, load_reference_rank0, with_model, BackendKind, ModelArgs,
+    load_model, load_reference, load_reference_rank0, with_model, Attention, ModelSettings,
 };
+use crate::model_flags::{BackendKind, ModelFlags};
 use anyhow::Result;
 use clap::Args;
 use deltaserve_doctor::canary::{judge, CanarySpec};
@@ -27,7 +28,7 @@ const CUDA_TOLERANCE: f32 = 5e-2;
 #[derive(Args, Debug)]
 pub struct DoctorArgs {
     #[command(flatten)]
-    pub model: ModelArgs,
+    pub model: ModelFlags,
     /// Largest relative error (max |ours - reference| / max |reference|) that passes
     /// (default 2e-3, or 5e-2 for the bf16 GEMMs of --backend cuda).
     #[arg(long)]
@@ -67,11 +68,12 @@ fn row_json(r: &CheckRow) -> serde_json::Value {
 /// with `--tp-size N` rank 0's share of it, since the target's own weights are rank 0's share).
 fn examine<B: Backend>(
     args: &DoctorArgs,
+    settings: &ModelSettings,
     reference: &Model<ReferenceBackend>,
     ops_reference: &Model<ReferenceBackend>,
     target: &Model<B>,
 ) -> Result<CheckOutcome> {
-    let dir = &args.model.model_path;
+    let dir = &settings.model_path;
     let tokenizer = if dir.join("tokenizer.json").is_file() {
         Some(deltaserve_text::Tokenizer::from_dir(dir)?)
     } else {
@@ -81,7 +83,7 @@ fn examine<B: Backend>(
         .map_err(anyhow::Error::msg)?;
     let tolerance = args
         .tolerance
-        .unwrap_or(if args.model.backend == BackendKind::Cuda {
+        .unwrap_or(if settings.backend == BackendKind::Cuda {
             CUDA_TOLERANCE
         } else {
             DEFAULT_TOLERANCE
@@ -173,20 +175,20 @@ fn examine<B: Backend>(
     }
 }
 
-pub fn run(mut args: DoctorArgs) -> Result<CheckOutcome> {
-    args.model = args.model.resolved()?;
-    if args.model.backend == BackendKind::Reference && args.model.attention_backend == "native" {
+pub fn run(args: DoctorArgs) -> Result<CheckOutcome> {
+    let settings = args.model.clone().settings()?.resolved()?;
+    if settings.backend == BackendKind::Reference && settings.attention == Attention::Native {
         eprintln!("doctor: --backend reference checks the reference against itself; use --backend cpu to check the fast backend");
     }
-    let reference = load_reference(&args.model)?;
-    let target = load_model(&args.model)?;
-    if args.model.tp_size > 1 {
+    let reference = load_reference(&settings)?;
+    let target = load_model(&settings)?;
+    if settings.tp_size > 1 {
         eprintln!(
             "doctor: --tp-size {}: ops are checked on rank 0's share of the weights; layers, logits and the canary through all ranks",
-            args.model.tp_size
+            settings.tp_size
         );
-        let rank0 = load_reference_rank0(&args.model)?;
-        return with_model!(&target, m => examine(&args, &reference, &rank0, m));
+        let rank0 = load_reference_rank0(&settings)?;
+        return with_model!(&target, m => examine(&args, &settings, &reference, &rank0, m));
     }
-    with_model!(&target, m => examine(&args, &reference, &reference, m))
+    with_model!(&target, m => examine(&args, &settings, &reference, &reference, m))
 }

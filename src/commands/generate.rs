@@ -1,7 +1,8 @@
 //! `deltaserve generate`: greedy continuation of a prompt given as text (needs tokenizer.json in the
 //! model directory) or as token ids; prints text when a tokenizer is present, else ids.
 
-use crate::loading::{load_model, with_model, ModelArgs};
+use crate::loading::{load_model, with_model};
+use crate::model_flags::ModelFlags;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use std::io::Write;
@@ -9,7 +10,7 @@ use std::io::Write;
 #[derive(Args, Debug)]
 pub struct GenerateArgs {
     #[command(flatten)]
-    pub model: ModelArgs,
+    pub model: ModelFlags,
     /// Prompt text (tokenized with the model's tokenizer.json).
     #[arg(long, conflicts_with = "prompt_ids")]
     pub prompt: Option<String>,
@@ -20,13 +21,11 @@ pub struct GenerateArgs {
     pub max_tokens: usize,
 }
 
-pub fn run(mut args: GenerateArgs) -> Result<()> {
-    args.model = args.model.resolved()?;
-    let tokenizer_path = args.model.model_path.join("tokenizer.json");
+pub fn run(args: GenerateArgs) -> Result<()> {
+    let settings = args.model.settings()?.resolved()?;
+    let tokenizer_path = settings.model_path.join("tokenizer.json");
     let tokenizer = if tokenizer_path.is_file() {
-        Some(deltaserve_text::Tokenizer::from_dir(
-            &args.model.model_path,
-        )?)
+        Some(deltaserve_text::Tokenizer::from_dir(&settings.model_path)?)
     } else {
         None
     };
@@ -46,7 +45,7 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
     if prompt_ids.is_empty() {
         bail!("the prompt is empty: give at least one token");
     }
-    let model = load_model(&args.model)?;
+    let model = load_model(&settings)?;
     let (vocab, eos) =
         with_model!(&model, m => (m.config.vocab_size, m.config.eos_token_ids.clone()));
     if let Some(bad) = prompt_ids.iter().find(|&&id| id as usize >= vocab) {

@@ -2,6 +2,7 @@
 
 pub mod bench;
 mod bench_runs;
+pub mod bench_serve;
 pub mod chat;
 pub mod doctor;
 pub mod generate;

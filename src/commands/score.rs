@@ -2,7 +2,8 @@
 //! `{"token_logprobs": [null, lp1, ...], "perplexity": x, "tokens": n}`; `--logits-out` writes every
 //! position's logits as a float32 .npy of shape [n, vocab_size].
 
-use crate::loading::{load_model, with_model, ModelArgs};
+use crate::loading::{load_model, with_model};
+use crate::model_flags::ModelFlags;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use deltaserve_model::{npy, ForwardInput};
@@ -12,7 +13,7 @@ use std::path::PathBuf;
 #[derive(Args, Debug)]
 pub struct ScoreArgs {
     #[command(flatten)]
-    pub model: ModelArgs,
+    pub model: ModelFlags,
     /// JSON file holding an array of token ids.
     #[arg(long)]
     pub tokens: PathBuf,
@@ -28,8 +29,8 @@ fn log_prob(row: &[f32], index: usize) -> f64 {
     row[index] as f64 - max - sum.ln()
 }
 
-pub fn run(mut args: ScoreArgs) -> Result<()> {
-    args.model = args.model.resolved()?;
+pub fn run(args: ScoreArgs) -> Result<()> {
+    let settings = args.model.clone().settings()?.resolved()?;
     let text = std::fs::read_to_string(&args.tokens)
         .with_context(|| format!("reading --tokens {}", args.tokens.display()))?;
     let ids: Vec<u32> = serde_json::from_str(&text).with_context(|| {
@@ -41,7 +42,7 @@ pub fn run(mut args: ScoreArgs) -> Result<()> {
     if ids.is_empty() {
         bail!("--tokens {}: the array is empty", args.tokens.display());
     }
-    let model = load_model(&args.model)?;
+    let model = load_model(&settings)?;
     let logits = with_model!(&model, m => {
         if let Some(bad) = ids.iter().find(|&&id| id as usize >= m.config.vocab_size) {
             bail!("--tokens {}: token id {bad} is outside the vocabulary (vocab_size {})", args.tokens.display(), m.config.vocab_size);

@@ -2,9 +2,10 @@
 //! prints a start-up summary, and proves generation with the canary before /health says ready.
 
 use crate::kv_cache_dtype::KvCacheChoice;
-use crate::loading::{load_model, resolve_backend, with_model, AnyModel, ModelArgs};
+use crate::loading::{load_model, resolve_backend, with_model, AnyModel, ModelSettings};
+use crate::model_flags::BackendKind;
 use crate::serve_flags::chat_template_flag::load_chat_template;
-use crate::serve_flags::{BackendKind, ModelDtype, ServeArgs, SpeculativeConfig};
+use crate::serve_flags::{ModelDtype, ServeArgs, SpeculativeConfig};
 use anyhow::{Context, Result};
 use deltaserve_api::{AppState, EngineCapacity, HealthStatus, ModelIdentity};
 use deltaserve_doctor::canary::{judge, CanaryOutcome, CanarySpec};
@@ -44,28 +45,6 @@ fn available_memory_bytes() -> usize {
         .map_or(4 << 30, |kib| kib * 1024)
 }
 
-fn model_args(args: &ServeArgs) -> ModelArgs {
-    ModelArgs {
-        model_path: args.model_path(),
-        backend: args.backend,
-        load_format: args.load_format,
-        quantization: args.quantization,
-        threads: args.threads.unwrap_or(0),
-        cpu_matmul_precision: args.cpu_matmul_precision,
-        cuda_matmul_precision: args.cuda_matmul_precision,
-        kv_cache_dtype: args.kv_cache_dtype,
-        cuda_graph_max_bs: args.cuda_graph_max_bs,
-        disable_cuda_graph: args.disable_cuda_graph,
-        attention_backend: match args.attention_backend.as_deref() {
-            None | Some("auto") => "native".to_string(),
-            Some(name) => name.to_string(),
-        },
-        tp_size: args.tp_size.unwrap_or(1),
-        tp_force_communicator: args.tp_force_communicator,
-        first_gpu: 0,
-    }
-}
-
 /// How `--dp-size N` lays the replicas out: on cuda replica i takes GPUs i*TP..(i+1)*TP; on the CPU
 /// backends the replicas share `--threads` (all cores when not given), an equal part each.
 struct DataParallel {
@@ -77,7 +56,7 @@ struct DataParallel {
 }
 
 impl DataParallel {
-    fn plan(args: &ModelArgs, replicas: usize) -> Result<Self> {
+    fn plan(args: &ModelSettings, replicas: usize) -> Result<Self> {
         if replicas <= 1 {
             return Ok(Self {
                 replicas: 1,
@@ -128,9 +107,9 @@ impl DataParallel {
         })
     }
 
-    /// The model flags of replica `i`.
-    fn replica_args(&self, args: &ModelArgs, i: usize) -> ModelArgs {
-        ModelArgs {
+    /// The model settings of replica `i`.
+    fn replica_settings(&self, args: &ModelSettings, i: usize) -> ModelSettings {
+        ModelSettings {
             threads: self.threads_each.unwrap_or(args.threads),
             first_gpu: i * args.tp_size.max(1),
             ..args.clone()
@@ -376,7 +355,7 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
         args.served_model_name = vec![crate::demo_model::DEMO_MODEL_NAME.to_string()];
     }
     let model_path = crate::demo_model::resolve_model_path("--model-path", &args.model_path())?;
-    args.model_path = Some(model_path.clone());
+    args.model.model_path = Some(model_path.clone());
     let model_config = ModelConfig::from_dir(&model_path)
         .with_context(|| format!("--model-path {}", model_path.display()))?;
     check_dtype(&args, &model_config)?;
@@ -421,16 +400,16 @@ impl Startup {
         let local_addr = listener.local_addr().context("the listening socket")?;
         let server = tokio::spawn(deltaserve_api::serve(listener, state.clone()));
 
-        let mut model_args = model_args(args);
-        model_args.backend = resolve_backend(model_args.backend, &model_args.attention_backend);
+        let mut settings = args.model.clone().settings()?;
+        settings.backend = resolve_backend(settings.backend, settings.attention);
         // Refused before any weight is read.
-        let kv_cache = model_args.kv_cache_choice(model_args.backend)?;
-        let dp = DataParallel::plan(&model_args, args.dp_size.unwrap_or(1))?;
-        let replica_args: Vec<ModelArgs> = (0..dp.replicas)
-            .map(|i| dp.replica_args(&model_args, i))
+        let kv_cache = settings.kv_cache_choice(settings.backend)?;
+        let dp = DataParallel::plan(&settings, args.dp_size.unwrap_or(1))?;
+        let replica_settings: Vec<ModelSettings> = (0..dp.replicas)
+            .map(|i| dp.replica_settings(&settings, i))
             .collect();
         let models: Vec<AnyModel> = tokio::task::spawn_blocking(move || {
-            replica_args
+            replica_settings
                 .iter()
                 .map(load_model)
                 .collect::<Result<Vec<_>>>()

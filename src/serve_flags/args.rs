@@ -10,10 +10,12 @@ use std::time::Duration;
 use clap::builder::TypedValueParser;
 use clap::{Args, ValueEnum};
 
+use crate::model_flags::ModelFlags;
 use crate::serve_flags::compat::CompatArgs;
 use crate::serve_flags::flag_values::{
-    parse_template_kwargs, KvCacheDtype, LogLevel, ModelDtype, SchedulePolicy,
+    parse_template_kwargs, LogLevel, ModelDtype, SchedulePolicy,
 };
+use crate::spellings::SpellingConflict;
 use deltaserve_api::limits::{
     RequestLimits, DEFAULT_MAX_MESSAGES, DEFAULT_MAX_N, DEFAULT_MAX_STOP_STRINGS,
     DEFAULT_MAX_TOKENS_CAP, DEFAULT_MAX_TOP_LOGPROBS,
@@ -29,10 +31,8 @@ use serde_json::{Map, Value};
 /// Flags of `deltaserve serve`.
 #[derive(Args, Debug, Clone, PartialEq)]
 pub struct ServeArgs {
-    /// Model directory (config.json, *.safetensors, tokenizer.json, generation_config.json); `demo`
-    /// (the default) is the bundled demo model.
-    #[arg(long, value_name = "DIR")]
-    pub model_path: Option<PathBuf>,
+    #[command(flatten)]
+    pub model: ModelFlags,
     /// Tokenizer directory (tokenizer.json, tokenizer_config.json, chat template) when it is not the
     /// model directory.
     #[arg(long, value_name = "DIR")]
@@ -48,9 +48,6 @@ pub struct ServeArgs {
     /// The dtype the weights run in: `auto` or the checkpoint's own (weights are never converted).
     #[arg(long, value_name = "DTYPE", value_parser = ModelDtype::parse, default_value = "auto")]
     pub dtype: ModelDtype,
-    /// KV cache dtype: `auto`, `bf16`, `fp32` (fp8 is refused).
-    #[arg(long, value_name = "DTYPE", value_parser = KvCacheDtype::parse, default_value = "auto")]
-    pub kv_cache_dtype: KvCacheDtype,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -89,11 +86,6 @@ pub struct ServeArgs {
     /// Data type of the recurrent GDN state.
     #[arg(long, value_enum, default_value_t = MambaSsmDtype::Float32)]
     pub mamba_ssm_dtype: MambaSsmDtype,
-    /// Full-attention kernel choice; deltaserve has one attention implementation per --backend
-    /// (`auto`/`native`). SGLang's and vLLM's kernel names (triton, flashinfer, fa3, ...) are accepted
-    /// with a start-up note.
-    #[arg(long)]
-    pub attention_backend: Option<String>,
     /// Speculative decoding with the model's own MTP head: NEXTN (alias MTP).
     #[arg(long)]
     pub speculative_algorithm: Option<String>,
@@ -116,31 +108,16 @@ pub struct ServeArgs {
     /// <tool_call>); default: the syntax the chat template writes.
     #[arg(long)]
     pub tool_call_parser: Option<String>,
-    /// Tensor-parallel degree: the model split over N GPUs (cuda, over NCCL) or N in-process ranks
-    /// (cpu, reference). 1, the default: the whole model on one device.
-    #[arg(long, value_name = "N")]
-    pub tp_size: Option<usize>,
     /// Plan the cache pools as if each GPU had only this many GB (10^9 bytes) of memory, what the
     /// weights and runtime already use counting against it: rehearses a deployment on smaller
     /// GPUs (e.g. 48 with --tp-size 2 for two 48 GB cards) on bigger ones.
     #[arg(long, value_name = "GB")]
     pub device_memory_cap_gb: Option<f64>,
-    /// With --tp-size 1, run through the tensor-parallel path anyway (a one-rank NCCL group on
-    /// cuda): checks the communicator's plumbing on one GPU.
-    #[arg(long, hide = true)]
-    pub tp_force_communicator: bool,
     /// Data-parallel replicas: N whole engines (own weights, cache pools, scheduler) in this
     /// process behind one HTTP front, each request to the least loaded; on cuda replica i takes
     /// GPUs i*TP..(i+1)*TP, on cpu the replicas share --threads.
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub dp_size: Option<usize>,
-    /// `auto` reads the safetensors weights; `dummy` makes random weights of the right shapes.
-    #[arg(long, value_enum, default_value_t = LoadFormat::Auto)]
-    pub load_format: LoadFormat,
-    /// `fp8`: quantize an unquantized checkpoint's linear weights to block FP8 (128 x 128 tiles) at
-    /// load (SGLang's flag); a block-FP8 checkpoint is read as stored either way. docs/fp8.md.
-    #[arg(long, value_enum)]
-    pub quantization: Option<Quantization>,
     /// Serve Prometheus metrics at /metrics.
     #[arg(long)]
     pub enable_metrics: bool,
@@ -157,26 +134,6 @@ pub struct ServeArgs {
     /// Requests waiting beyond this many are refused with 429.
     #[arg(long)]
     pub max_queued_requests: Option<usize>,
-    /// Compute backend.
-    #[arg(long, value_enum, default_value_t = BackendKind::Auto)]
-    pub backend: BackendKind,
-    /// CPU threads for the cpu backend (default: all cores).
-    #[arg(long)]
-    pub threads: Option<usize>,
-    /// How the cpu backend multiplies by bf16 weights: `f32` (exact, the default) or `bf16`
-    /// (activations rounded to bf16, AVX512_BF16 dot products: faster prefill, ~1.5e-3 relative error).
-    #[arg(long = "cpu-matmul-precision", value_enum, default_value_t = CpuMatmulPrecision::F32)]
-    pub cpu_matmul_precision: CpuMatmulPrecision,
-    /// How the cuda backend multiplies: `bf16` (the default) or `f32` (f32 weights, pedantic f32
-    /// GEMMs: for checking against transformers without bf16 rounding).
-    #[arg(long = "cuda-matmul-precision", value_enum, default_value_t = CpuMatmulPrecision::Bf16)]
-    pub cuda_matmul_precision: CpuMatmulPrecision,
-    /// Largest decode batch recorded as a CUDA graph and replayed.
-    #[arg(long = "cuda-graph-max-bs", default_value_t = crate::loading::DEFAULT_CUDA_GRAPH_MAX_BS)]
-    pub cuda_graph_max_bs: usize,
-    /// Launch every op one by one (no CUDA graphs).
-    #[arg(long = "disable-cuda-graph")]
-    pub disable_cuda_graph: bool,
     /// /health runs a one-token generation when none finished in this many seconds.
     #[arg(long, default_value_t = 30)]
     pub health_generate_interval: u64,
@@ -265,46 +222,11 @@ fn degeneration_action_parser() -> impl clap::builder::TypedValueParser<Value = 
     })
 }
 
-/// `--cpu-matmul-precision` values.
-#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CpuMatmulPrecision {
-    F32,
-    Bf16,
-}
-
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MambaSsmDtype {
     Float32,
     Bfloat16,
 }
-
-#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LoadFormat {
-    #[value(alias = "safetensors")]
-    Auto,
-    Dummy,
-}
-
-/// `--quantization`: weight quantization applied at load.
-#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Quantization {
-    /// Block FP8 (e4m3fn codes, one scale per 128 x 128 tile), the format of Qwen's FP8 releases.
-    Fp8,
-}
-
-#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BackendKind {
-    /// `cuda` when a usable NVIDIA GPU is present, else `cpu`.
-    Auto,
-    Reference,
-    Cpu,
-    /// NVIDIA GPU (CUDA libraries loaded at run time).
-    Cuda,
-}
-
-/// The diagnostic attention backend that computes attention wrongly on purpose (see
-/// deltaserve-tensor's `diagnostic` module); never chosen by default.
-pub const DIAGNOSTIC_BROKEN_ATTENTION: &str = "diagnostic-broken-attention";
 
 /// Speculative decoding settings after validation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -314,9 +236,6 @@ pub struct SpeculativeConfig {
     pub disable_batch_size: Option<usize>,
 }
 
-/// `--model-path` when none is given: the bundled demo model.
-pub const DEFAULT_MODEL_PATH: &str = "demo";
-
 /// Default draft length when only `--speculative-algorithm` is given (SGLang's NEXTN default).
 const DEFAULT_SPECULATIVE_STEPS: usize = 3;
 
@@ -324,6 +243,12 @@ const DEFAULT_SPECULATIVE_STEPS: usize = 3;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid flags: {0}")]
 pub struct ArgsError(pub String);
+
+impl From<SpellingConflict> for ArgsError {
+    fn from(conflict: SpellingConflict) -> Self {
+        ArgsError(conflict.0)
+    }
+}
 
 fn refuse<T>(message: impl Into<String>) -> Result<T, ArgsError> {
     Err(ArgsError(message.into()))
@@ -336,15 +261,13 @@ impl ServeArgs {
         self.validate_security()?;
         self.validate_memory()?;
         self.validate_parsers()?;
-        self.validate_backend()?;
+        self.validate_model()?;
         self.speculative()
     }
 
     /// `--model-path` as given, or `demo`.
     pub fn model_path(&self) -> PathBuf {
-        self.model_path
-            .clone()
-            .unwrap_or_else(|| PathBuf::from(DEFAULT_MODEL_PATH))
+        self.model.model_path()
     }
 
     /// The name clients use in `model` and see in /v1/models.
@@ -429,7 +352,7 @@ impl ServeArgs {
                 .default_chat_template_kwargs
                 .clone()
                 .unwrap_or_default(),
-            tp_size: self.tp_size.unwrap_or(1),
+            tp_size: self.model.tp_size.unwrap_or(1),
             dp_size: self.dp_size.unwrap_or(1),
         }
     }
@@ -455,7 +378,7 @@ impl ServeArgs {
             ("--max-total-tokens", self.max_total_tokens),
             ("--page-size", self.page_size),
             ("--max-queued-requests", self.max_queued_requests),
-            ("--threads", self.threads),
+            ("--threads", self.model.threads),
             (
                 "--speculative-disable-batch-size",
                 self.speculative_disable_batch_size,
@@ -466,10 +389,8 @@ impl ServeArgs {
                 return refuse(format!("{flag} must be at least 1, found 0"));
             }
         }
-        for (flag, value) in [("--tp-size", self.tp_size), ("--dp-size", self.dp_size)] {
-            if value == Some(0) {
-                return refuse(format!("{flag} must be at least 1, found 0"));
-            }
+        if self.dp_size == Some(0) {
+            return refuse("--dp-size must be at least 1, found 0");
         }
         if let Some(secs) = self.watchdog_timeout {
             if !(secs > 0.0 && secs.is_finite()) {
@@ -590,32 +511,8 @@ impl ServeArgs {
         Ok(())
     }
 
-    fn validate_backend(&self) -> Result<(), ArgsError> {
-        if let Some(attention) = &self.attention_backend {
-            match attention.as_str() {
-                "auto" | "native" => {}
-                // Deliberately wrong attention, to show doctor, the canary and the detector at work.
-                DIAGNOSTIC_BROKEN_ATTENTION
-                    if matches!(self.backend, BackendKind::Cpu | BackendKind::Auto) => {}
-                other => {
-                    return refuse(format!(
-                        "--attention-backend {other:?} is not available: deltaserve has one proven attention \
-                         implementation per --backend (now {}); accepted values: auto, native",
-                        self.backend_name()
-                    ))
-                }
-            }
-        }
-        Ok(())
-    }
-
-    pub(crate) fn backend_name(&self) -> &'static str {
-        match self.backend {
-            BackendKind::Auto => "auto",
-            BackendKind::Reference => "reference",
-            BackendKind::Cpu => "cpu",
-            BackendKind::Cuda => "cuda",
-        }
+    fn validate_model(&self) -> Result<(), ArgsError> {
+        self.model.validate().map_err(ArgsError)
     }
 
     fn speculative(&self) -> Result<Option<SpeculativeConfig>, ArgsError> {
@@ -720,7 +617,7 @@ mod tests {
         let args = parse("--model-path /m");
         assert_eq!(args.host, "127.0.0.1");
         assert_eq!(args.port, 30000);
-        assert_eq!(args.tp_size, None);
+        assert_eq!(args.model.tp_size, None);
         assert_eq!(args.model_name(), "/m");
         let args = parse("--model-path /m --served-model-name qwen3-next qwen");
         assert_eq!(

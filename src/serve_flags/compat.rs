@@ -4,14 +4,15 @@
 //! is an error naming both flags. Also turns the foreign flags (`foreign_flags.rs`) and foreign values
 //! of deltaserve's own flags (`--attention-backend flashinfer`) into start-up notes or refusals.
 
-use std::fmt::Debug;
 use std::path::PathBuf;
 
 use clap::Args;
 
-use crate::serve_flags::args::{ArgsError, BackendKind, ServeArgs};
+use crate::model_flags::{BackendKind, OTHER_SPELLINGS_HEADING};
+use crate::serve_flags::args::{ArgsError, ServeArgs};
 use crate::serve_flags::flag_values::{LogLevel, SchedulePolicy};
 use crate::serve_flags::foreign_flags::{ForeignFlags, Verdict};
+use crate::spellings::merge;
 use deltaserve_api::ApiKey;
 
 /// Environment variable vLLM reads the API key from.
@@ -22,20 +23,11 @@ pub const VLLM_LOGGING_LEVEL: &str = "VLLM_LOGGING_LEVEL";
 /// Other servers' spellings of deltaserve settings. Each is listed under its own help heading and
 /// folded into the deltaserve flag it names by `ServeArgs::resolve_compat`.
 #[derive(Args, Debug, Clone, PartialEq, Default)]
-#[command(next_help_heading = "SGLang / vLLM spellings of the flags above")]
+#[command(next_help_heading = OTHER_SPELLINGS_HEADING)]
 pub struct CompatArgs {
     /// vLLM's `serve MODEL`: the model directory as a positional argument (= --model-path).
     #[arg(value_name = "MODEL")]
     pub model: Option<PathBuf>,
-    /// = --model-path.
-    #[arg(long = "model", value_name = "DIR")]
-    pub model_flag: Option<PathBuf>,
-    /// = --tp-size.
-    #[arg(long, value_name = "N")]
-    pub tp: Option<usize>,
-    /// = --tp-size (vLLM, SGLang; `-tp` too).
-    #[arg(long, value_name = "N")]
-    pub tensor_parallel_size: Option<usize>,
     /// = --dp-size.
     #[arg(long, value_name = "N")]
     pub dp: Option<usize>,
@@ -117,33 +109,6 @@ fn parse_token_count(value: &str) -> Result<usize, String> {
         .ok()
         .and_then(|n| n.checked_mul(scale))
         .ok_or_else(|| format!("{value:?} is not a token count (e.g. 32768, 32k, 32K)"))
-}
-
-/// Folds the spellings of one setting into `target` (deltaserve's flag `flag`): the first value given
-/// wins, and two different values are an error naming both flags. Returns the spelling the value came
-/// from, for messages about it.
-fn merge<T: PartialEq + Clone + Debug>(
-    target: &mut Option<T>,
-    flag: &'static str,
-    spellings: &[(&'static str, Option<T>)],
-) -> Result<Option<&'static str>, ArgsError> {
-    let mut source = target.as_ref().map(|_| flag);
-    for (name, value) in spellings {
-        let Some(value) = value else { continue };
-        match (&*target, source) {
-            (Some(current), Some(first)) if current != value => {
-                return Err(ArgsError(format!(
-                    "{first} {current:?} and {name} {value:?} set the same thing differently; give one of them"
-                )))
-            }
-            (Some(_), _) => {}
-            (None, _) => {
-                *target = Some(value.clone());
-                source = Some(name);
-            }
-        }
-    }
-    Ok(source)
 }
 
 /// Attention kernels of SGLang and vLLM (`--attention-backend`, vLLM's `VLLM_ATTENTION_BACKEND`
@@ -234,23 +199,8 @@ impl ServeArgs {
 
     /// The other spellings of deltaserve's flags, folded into them.
     fn fold_spellings(&mut self, compat: &CompatArgs) -> Result<(), ArgsError> {
-        merge(
-            &mut self.model_path,
-            "--model-path",
-            &[
-                ("--model", compat.model_flag.clone()),
-                ("MODEL (positional)", compat.model.clone()),
-            ],
-        )?;
         // Tensor parallelism is implemented: every spelling folds into --tp-size.
-        merge(
-            &mut self.tp_size,
-            "--tp-size",
-            &[
-                ("--tp", compat.tp),
-                ("--tensor-parallel-size", compat.tensor_parallel_size),
-            ],
-        )?;
+        self.model.fold_spellings(compat.model.clone())?;
         // So is data parallelism (replicas in one process): every spelling folds into --dp-size.
         merge(
             &mut self.dp_size,
@@ -309,7 +259,7 @@ impl ServeArgs {
             &[("--disable-log-stats", compat.disable_log_stats.then_some(0))],
         )?;
         self.skip_canary |= compat.skip_server_warmup;
-        self.disable_cuda_graph |= compat.enforce_eager;
+        self.model.disable_cuda_graph |= compat.enforce_eager;
         Ok(())
     }
 
@@ -366,13 +316,13 @@ impl ServeArgs {
                 )))
             }
         };
-        match self.backend {
-            BackendKind::Auto => self.backend = backend,
+        match self.model.backend {
+            BackendKind::Auto => self.model.backend = backend,
             current if backend == BackendKind::Auto || current == backend => {}
             _ => {
                 return Err(ArgsError(format!(
                     "--backend {} and --device {device} set the same thing differently; give one of them",
-                    self.backend_name()
+                    self.model.backend.name()
                 )))
             }
         }
@@ -413,7 +363,7 @@ impl ServeArgs {
     /// GPU attention kernels named by SGLang or vLLM select nothing here: deltaserve has one proven
     /// attention implementation per backend.
     fn attention_backend_note(&mut self, notes: &mut Vec<CompatNote>) {
-        let Some(name) = &self.attention_backend else {
+        let Some(name) = &self.model.attention_backend else {
             return;
         };
         if FOREIGN_ATTENTION_BACKENDS.contains(&name.to_ascii_lowercase().as_str()) {
@@ -424,7 +374,7 @@ impl ServeArgs {
                        implementation (one per --backend)"
                         .into(),
             });
-            self.attention_backend = None;
+            self.model.attention_backend = None;
         }
     }
 
@@ -499,7 +449,7 @@ mod tests {
         );
         assert!(notes.is_empty(), "{notes:?}");
         assert_eq!(args.model_path(), PathBuf::from("/models/q"));
-        assert_eq!(args.tp_size, Some(1));
+        assert_eq!(args.model.tp_size, Some(1));
         assert_eq!(args.mem_fraction_static, Some(0.9));
         assert_eq!(args.context_length, Some(32_000));
         assert_eq!(args.max_running_requests, Some(64));
@@ -516,7 +466,7 @@ mod tests {
     #[test]
     fn same_value_in_two_spellings_is_fine_different_values_name_both_flags() {
         let (args, _) = resolved("--tp 1 --tp-size 1 --tensor-parallel-size 1");
-        assert_eq!(args.tp_size, Some(1));
+        assert_eq!(args.model.tp_size, Some(1));
         let e = refused("--context-length 4096 --max-model-len 8192");
         assert!(
             e.contains("--context-length 4096") && e.contains("--max-model-len 8192"),
@@ -540,7 +490,7 @@ mod tests {
             "{e}"
         );
         let (args, _) = resolved("--tensor-parallel-size 8");
-        assert_eq!(args.tp_size, Some(8));
+        assert_eq!(args.model.tp_size, Some(8));
         let (args, _) = resolved("--dp 2");
         assert_eq!(args.dp_size, Some(2));
         let e = refused("--random-seed 1 --seed 2");
@@ -567,7 +517,7 @@ mod tests {
         // Tensor and data parallelism are accepted under every spelling.
         for flags in ["--tp 2", "--tensor-parallel-size 2", "--tp-size 2"] {
             let (args, _) = resolved(flags);
-            assert_eq!(args.tp_size, Some(2), "{flags}");
+            assert_eq!(args.model.tp_size, Some(2), "{flags}");
         }
         for flags in ["--dp 2", "--data-parallel-size 2", "--dp-size 2"] {
             let (args, _) = resolved(flags);
@@ -630,8 +580,8 @@ mod tests {
             !args.disable_radix_cache,
             "the prefix cache is on by default"
         );
-        assert_eq!(args.attention_backend, None);
-        assert_eq!(args.kv_cache_dtype, KvCacheDtype::BFloat16);
+        assert_eq!(args.model.attention_backend, None);
+        assert_eq!(args.model.kv_cache_dtype, KvCacheDtype::BFloat16);
         assert!(args.validate().is_ok());
         let (args, notes) = resolved("--attention-backend warp-drive");
         assert!(notes.is_empty());

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::{ids, tokenizer, FakeEngine, Script, TestServer};
 use deltaserve_api::DegenerationAction;
-use deltaserve_client::{run_smoke, SmokeArgs};
+use deltaserve_client::{run_smoke, SmokeConfig};
 use deltaserve_engine::GenerationRequest;
 use deltaserve_health::DegenerationKind;
 use serde_json::{json, Value};
@@ -284,11 +284,10 @@ fn smoke_engine(correct: bool) -> std::sync::Arc<FakeEngine> {
     })
 }
 
-fn smoke_args(server: &TestServer) -> SmokeArgs {
-    SmokeArgs {
+fn smoke_args(server: &TestServer) -> SmokeConfig {
+    SmokeConfig {
         url: format!("http://{}/v1", server.addr),
         model: None,
-        json: true,
         max_tokens: 200,
         timeout: 30,
     }

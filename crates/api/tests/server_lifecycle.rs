@@ -347,7 +347,7 @@ async fn official_openai_client_against_fake_engine() {
 
 #[tokio::test]
 async fn bench_serve_drives_the_server() {
-    use deltaserve_client::{run_bench_serve, BenchEndpoint, BenchServeArgs};
+    use deltaserve_client::{run_bench_serve, BenchEndpoint, BenchServeConfig};
     let engine = FakeEngine::new(|_: &GenerationRequest| Script {
         delay: Duration::from_millis(2),
         repeat: true,
@@ -358,7 +358,7 @@ async fn bench_serve_drives_the_server() {
         (BenchEndpoint::Completions, true),
         (BenchEndpoint::Chat, false),
     ] {
-        let args = BenchServeArgs {
+        let args = BenchServeConfig {
             url: format!("http://{}/v1", server.addr),
             concurrency: 3,
             num_prompts: 7,
@@ -374,7 +374,6 @@ async fn bench_serve_drives_the_server() {
             request_timeout: 30,
             multi_turn: 1,
             shared_prefix_len: 0,
-            output_file: None,
         };
         let report = run_bench_serve(&args).await.unwrap();
         assert_eq!(report.model, "test-model");
@@ -414,14 +413,14 @@ async fn bench_serve_drives_the_server() {
 
 #[tokio::test]
 async fn bench_serve_multi_turn_resends_the_history() {
-    use deltaserve_client::{run_bench_serve, BenchEndpoint, BenchServeArgs};
+    use deltaserve_client::{run_bench_serve, BenchEndpoint, BenchServeConfig};
     let engine = FakeEngine::new(|_: &GenerationRequest| Script {
         delay: Duration::from_millis(1),
         repeat: true,
         ..Script::text("reply ")
     });
     let server = TestServer::start(engine).await;
-    let args = BenchServeArgs {
+    let args = BenchServeConfig {
         url: format!("http://{}", server.addr),
         concurrency: 2,
         num_prompts: 3,
@@ -437,7 +436,6 @@ async fn bench_serve_multi_turn_resends_the_history() {
         request_timeout: 30,
         multi_turn: 3,
         shared_prefix_len: 40,
-        output_file: None,
     };
     let report = run_bench_serve(&args).await.unwrap();
     assert_eq!(
@@ -463,7 +461,7 @@ async fn bench_serve_multi_turn_resends_the_history() {
     assert!(lengths[0] >= 40, "{lengths:?}");
     assert!(lengths[8] > lengths[0] + 2 * 10, "{lengths:?}");
     assert!(args.multi_turn > 1);
-    let chat_only = run_bench_serve(&BenchServeArgs {
+    let chat_only = run_bench_serve(&BenchServeConfig {
         endpoint: BenchEndpoint::Completions,
         ..args
     })

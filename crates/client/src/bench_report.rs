@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::bench_serve::{BenchServeArgs, RequestResult};
+use crate::bench_serve::{BenchServeConfig, RequestResult};
 
 /// Percentile summary of one latency metric, in seconds.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -66,7 +66,7 @@ pub struct BenchServeReport {
 
 impl BenchServeReport {
     pub(crate) fn from_results(
-        args: &BenchServeArgs,
+        config: &BenchServeConfig,
         model: String,
         results: &[RequestResult],
         duration: Duration,
@@ -100,10 +100,10 @@ impl BenchServeReport {
             tpot: Distribution::of(&tpot),
             itl: Distribution::of(&itl),
             e2e: Distribution::of(&ok.iter().map(|r| r.e2e).collect::<Vec<_>>()),
-            streamed: args.stream,
-            concurrency: args.concurrency,
+            streamed: config.stream,
+            concurrency: config.concurrency,
             cached_tokens: ok.iter().map(|r| r.cached_tokens).sum(),
-            ttft_by_turn: (0..args.multi_turn.max(1))
+            ttft_by_turn: (0..config.multi_turn.max(1))
                 .map(|t| {
                     Distribution::of(
                         &ok.iter()

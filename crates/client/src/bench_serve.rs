@@ -13,71 +13,52 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use clap::{Args, ValueEnum};
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
 
 pub use crate::bench_report::{BenchServeReport, Distribution};
 use crate::http_client::{body_text, drain_sse_payloads, Connection, Target, UrlError};
 
-/// Flags of `deltaserve bench serve`.
-#[derive(Args, Debug, Clone, PartialEq)]
-pub struct BenchServeArgs {
+/// What `bench serve` sends and how (the binary's `bench serve` flags build it).
+#[derive(Debug, Clone, PartialEq)]
+pub struct BenchServeConfig {
     /// Server root, e.g. http://127.0.0.1:30000 (a trailing /v1 is accepted). Plain HTTP only.
-    #[arg(long)]
     pub url: String,
     /// Requests in flight at once.
-    #[arg(long, default_value_t = 8)]
     pub concurrency: usize,
     /// Requests sent in total.
-    #[arg(long, default_value_t = 64)]
     pub num_prompts: usize,
-    /// Prompt length in words (about one token each for common English words).
-    #[arg(long, default_value_t = 256)]
+    /// Prompt length in words.
     pub input_len: usize,
     /// Tokens to generate per request (`max_tokens`, with `ignore_eos`).
-    #[arg(long, default_value_t = 128)]
     pub output_len: usize,
-    /// Model name to send (default: the first model of GET /v1/models).
-    #[arg(long)]
+    /// Model name to send; `None`: the first model of GET /v1/models.
     pub model: Option<String>,
     /// Stream responses (needed for TTFT, TPOT and ITL).
-    #[arg(long)]
     pub stream: bool,
-    /// Which API to drive.
-    #[arg(long, value_enum, default_value_t = BenchEndpoint::Completions)]
     pub endpoint: BenchEndpoint,
     /// Sampling temperature sent with every request.
-    #[arg(long, default_value_t = 0.0)]
     pub temperature: f32,
-    /// Also send `min_tokens = --output-len` (vLLM, SGLang); deltaserve refuses it.
-    #[arg(long)]
+    /// Also send `min_tokens = output_len`.
     pub min_tokens: bool,
-    /// Do not send `ignore_eos: true` (for servers that reject unknown fields).
-    #[arg(long)]
+    /// Do not send `ignore_eos: true`.
     pub no_ignore_eos: bool,
     /// Seed of the random prompts.
-    #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Per-request timeout in seconds.
-    #[arg(long, default_value_t = 600)]
     pub request_timeout: u64,
-    /// Multi-turn mode (chat endpoint): each of the --num-prompts conversations sends this many
-    /// turns one after the other, each resending the history; 1 = single requests.
-    #[arg(long, default_value_t = 1)]
+    /// Turns per conversation (chat endpoint), each resending the history; 1 = single requests.
     pub multi_turn: usize,
-    /// Shared-prefix mode: every prompt (or conversation) starts with the same system prompt of
-    /// this many words; 0 = none.
-    #[arg(long, default_value_t = 0)]
+    /// Words of the system prompt every prompt starts with; 0 = none.
     pub shared_prefix_len: usize,
-    /// Also write the report as JSON to this file.
-    #[arg(long, value_name = "PATH")]
-    pub output_file: Option<std::path::PathBuf>,
 }
 
-#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+/// Which API `bench serve` drives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BenchEndpoint {
+    /// `/v1/completions`
     Completions,
+    /// `/v1/chat/completions`
     Chat,
 }
 
@@ -156,19 +137,19 @@ struct Conversation {
 
 /// The request of turn `turn`, given the replies so far.
 fn turn_body(
-    args: &BenchServeArgs,
+    config: &BenchServeConfig,
     model: &str,
     conversation: &Conversation,
     replies: &[String],
 ) -> Value {
     let turn = replies.len();
-    match args.endpoint {
+    match config.endpoint {
         BenchEndpoint::Completions => {
             let prompt = match &conversation.system {
                 Some(system) => format!("{system}\n{}", conversation.turns[turn]),
                 None => conversation.turns[turn].clone(),
             };
-            request_body(args, model, json!({"prompt": prompt}))
+            request_body(config, model, json!({"prompt": prompt}))
         }
         BenchEndpoint::Chat => {
             let mut messages = Vec::new();
@@ -180,23 +161,23 @@ fn turn_body(
                 messages.push(json!({"role": "assistant", "content": reply}));
             }
             messages.push(json!({"role": "user", "content": conversation.turns[turn]}));
-            request_body(args, model, json!({"messages": messages}))
+            request_body(config, model, json!({"messages": messages}))
         }
     }
 }
 
-fn request_body(args: &BenchServeArgs, model: &str, input: Value) -> Value {
+fn request_body(config: &BenchServeConfig, model: &str, input: Value) -> Value {
     let mut body = input;
     body["model"] = json!(model);
-    body["max_tokens"] = json!(args.output_len);
-    body["temperature"] = json!(args.temperature);
-    if !args.no_ignore_eos {
+    body["max_tokens"] = json!(config.output_len);
+    body["temperature"] = json!(config.temperature);
+    if !config.no_ignore_eos {
         body["ignore_eos"] = json!(true);
     }
-    if args.min_tokens {
-        body["min_tokens"] = json!(args.output_len);
+    if config.min_tokens {
+        body["min_tokens"] = json!(config.output_len);
     }
-    if args.stream {
+    if config.stream {
         body["stream"] = json!(true);
         body["stream_options"] = json!({"include_usage": true});
     }
@@ -262,13 +243,13 @@ fn push_content(value: &Value, out: &mut String) {
 
 async fn run_one(
     connection: &mut Connection,
-    args: &BenchServeArgs,
+    config: &BenchServeConfig,
     body: &Value,
 ) -> RequestResult {
     let started = Instant::now();
     let mut result = RequestResult::default();
     let (status, mut response) = match connection
-        .send("POST", endpoint_path(args.endpoint), Some(body))
+        .send("POST", endpoint_path(config.endpoint), Some(body))
         .await
     {
         Ok(answer) => answer,
@@ -285,7 +266,7 @@ async fn run_one(
         ));
         return result;
     }
-    if !args.stream {
+    if !config.stream {
         match body_text(response)
             .await
             .map(|t| serde_json::from_str::<Value>(&t))
@@ -375,53 +356,55 @@ async fn first_model(target: &Target) -> Result<String, BenchServeError> {
         .ok_or_else(|| BenchServeError::Models(format!("no model id in {text}")))
 }
 
-/// Runs the benchmark described by `args` against a running server.
-pub async fn run_bench_serve(args: &BenchServeArgs) -> Result<BenchServeReport, BenchServeError> {
-    if args.concurrency == 0 {
+/// Runs the benchmark described by `config` against a running server.
+pub async fn run_bench_serve(
+    config: &BenchServeConfig,
+) -> Result<BenchServeReport, BenchServeError> {
+    if config.concurrency == 0 {
         return Err(BenchServeError::Zero {
             flag: "--concurrency",
         });
     }
-    if args.num_prompts == 0 {
+    if config.num_prompts == 0 {
         return Err(BenchServeError::Zero {
             flag: "--num-prompts",
         });
     }
-    if args.output_len == 0 {
+    if config.output_len == 0 {
         return Err(BenchServeError::Zero {
             flag: "--output-len",
         });
     }
-    if args.multi_turn == 0 {
+    if config.multi_turn == 0 {
         return Err(BenchServeError::Zero {
             flag: "--multi-turn",
         });
     }
-    if args.multi_turn > 1 && args.endpoint != BenchEndpoint::Chat {
+    if config.multi_turn > 1 && config.endpoint != BenchEndpoint::Chat {
         return Err(BenchServeError::MultiTurnNeedsChat);
     }
-    let target = Target::parse(&args.url)?;
-    let model = match &args.model {
+    let target = Target::parse(&config.url)?;
+    let model = match &config.model {
         Some(model) => model.clone(),
         None => first_model(&target).await?,
     };
-    let mut rng = SplitMix(args.seed);
-    let system = (args.shared_prefix_len > 0).then(|| {
-        let mut shared = SplitMix(args.seed ^ 0x5EED);
-        random_prompt(&mut shared, usize::MAX, args.shared_prefix_len).replacen(
+    let mut rng = SplitMix(config.seed);
+    let system = (config.shared_prefix_len > 0).then(|| {
+        let mut shared = SplitMix(config.seed ^ 0x5EED);
+        random_prompt(&mut shared, usize::MAX, config.shared_prefix_len).replacen(
             &format!("Request {}:", usize::MAX),
             "Shared context:",
             1,
         )
     });
     let conversations: Arc<Vec<Conversation>> = Arc::new(
-        (0..args.num_prompts)
+        (0..config.num_prompts)
             .map(|i| Conversation {
                 system: system.clone(),
-                turns: (0..args.multi_turn)
+                turns: (0..config.multi_turn)
                     .map(|t| {
-                        let prompt = random_prompt(&mut rng, i, args.input_len);
-                        if args.multi_turn > 1 {
+                        let prompt = random_prompt(&mut rng, i, config.input_len);
+                        if config.multi_turn > 1 {
                             prompt.replacen(
                                 &format!("Request {i}:"),
                                 &format!("Conversation {i}, turn {}:", t + 1),
@@ -437,22 +420,22 @@ pub async fn run_bench_serve(args: &BenchServeArgs) -> Result<BenchServeReport, 
     );
     let next = Arc::new(AtomicUsize::new(0));
     let results = Arc::new(Mutex::new(Vec::with_capacity(
-        args.num_prompts * args.multi_turn,
+        config.num_prompts * config.multi_turn,
     )));
     let started = Instant::now();
-    let workers: Vec<_> = (0..args.concurrency.min(args.num_prompts))
+    let workers: Vec<_> = (0..config.concurrency.min(config.num_prompts))
         .map(|_| {
-            let (conversations, next, results, target, args, model) = (
+            let (conversations, next, results, target, config, model) = (
                 Arc::clone(&conversations),
                 Arc::clone(&next),
                 Arc::clone(&results),
                 target.clone(),
-                args.clone(),
+                config.clone(),
                 model.clone(),
             );
             tokio::spawn(async move {
                 let mut connection = Connection::new(target);
-                let timeout = Duration::from_secs(args.request_timeout);
+                let timeout = Duration::from_secs(config.request_timeout);
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some(conversation) = conversations.get(i) else {
@@ -460,10 +443,10 @@ pub async fn run_bench_serve(args: &BenchServeArgs) -> Result<BenchServeReport, 
                     };
                     let mut replies = Vec::new();
                     for turn in 0..conversation.turns.len() {
-                        let body = turn_body(&args, &model, conversation, &replies);
+                        let body = turn_body(&config, &model, conversation, &replies);
                         let mut result = match tokio::time::timeout(
                             timeout,
-                            run_one(&mut connection, &args, &body),
+                            run_one(&mut connection, &config, &body),
                         )
                         .await
                         {
@@ -499,19 +482,19 @@ pub async fn run_bench_serve(args: &BenchServeArgs) -> Result<BenchServeReport, 
     let duration = started.elapsed();
     let results = results.lock().unwrap_or_else(|p| p.into_inner()).clone();
     Ok(BenchServeReport::from_results(
-        args, model, &results, duration,
+        config, model, &results, duration,
     ))
 }
 
 /// `run_bench_serve` on its own runtime, for a synchronous caller (the CLI).
 pub fn run_bench_serve_blocking(
-    args: &BenchServeArgs,
+    config: &BenchServeConfig,
 ) -> Result<BenchServeReport, BenchServeError> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .map_err(BenchServeError::Runtime)?
-        .block_on(run_bench_serve(args))
+        .block_on(run_bench_serve(config))
 }
 
 #[cfg(test)]

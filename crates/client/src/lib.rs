@@ -10,7 +10,7 @@ mod smoke_checks;
 mod smoke_report;
 
 pub use bench_serve::{
-    run_bench_serve, run_bench_serve_blocking, BenchEndpoint, BenchServeArgs, BenchServeError,
+    run_bench_serve, run_bench_serve_blocking, BenchEndpoint, BenchServeConfig, BenchServeError,
     BenchServeReport,
 };
-pub use smoke::{run_smoke, run_smoke_blocking, SmokeArgs, SmokeError, SmokeReport};
+pub use smoke::{run_smoke, run_smoke_blocking, SmokeConfig, SmokeError, SmokeReport};

@@ -6,7 +6,6 @@
 
 use std::time::{Duration, Instant};
 
-use clap::Args;
 use deltaserve_health::Config;
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
@@ -15,23 +14,16 @@ use crate::http_client::{body_text, drain_sse_payloads, Connection, Target, UrlE
 use crate::smoke_checks::{self, Reply, StreamMerge, ARITHMETIC_PROMPT, PRIME_PROMPT};
 pub use crate::smoke_report::{CheckResult, CheckRow, SmokeReport};
 
-/// Flags of `deltaserve smoke`.
-#[derive(Args, Debug, Clone, PartialEq)]
-pub struct SmokeArgs {
+/// Where the suite runs and how long it may take (the binary's `smoke` flags build it).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SmokeConfig {
     /// Server root, e.g. http://127.0.0.1:30000 (a trailing /v1 is accepted). Plain HTTP only.
-    #[arg(long)]
     pub url: String,
-    /// Model name to send (default: the first model of GET /v1/models).
-    #[arg(long)]
+    /// Model name to send; `None`: the first model of GET /v1/models.
     pub model: Option<String>,
-    /// Print the report as JSON instead of a table.
-    #[arg(long)]
-    pub json: bool,
-    /// `max_tokens` of every request: room for a reasoning model to think and answer.
-    #[arg(long, default_value_t = 2048)]
+    /// `max_tokens` of every request.
     pub max_tokens: usize,
     /// Per-request timeout in seconds.
-    #[arg(long, default_value_t = 300)]
     pub timeout: u64,
 }
 
@@ -187,17 +179,17 @@ fn timed_out(connection: &mut Connection, label: &str, timeout: Duration) -> Rep
     Reply::failed(label, format!("timed out after {} s", timeout.as_secs()))
 }
 
-/// Runs the suite against the server at `args.url`.
-pub async fn run_smoke(args: &SmokeArgs) -> Result<SmokeReport, SmokeError> {
-    if args.max_tokens == 0 {
+/// Runs the suite against the server at `config.url`.
+pub async fn run_smoke(config: &SmokeConfig) -> Result<SmokeReport, SmokeError> {
+    if config.max_tokens == 0 {
         return Err(SmokeError::ZeroMaxTokens);
     }
     let started = Instant::now();
-    let target = Target::parse(&args.url)?;
+    let target = Target::parse(&config.url)?;
     let mut connection = Connection::new(target);
     let mut checks = Vec::new();
-    let timeout = Duration::from_secs(args.timeout);
-    let model = match &args.model {
+    let timeout = Duration::from_secs(config.timeout);
+    let model = match &config.model {
         Some(model) => {
             checks.push(CheckRow::new(
                 "model",
@@ -233,9 +225,9 @@ pub async fn run_smoke(args: &SmokeArgs) -> Result<SmokeReport, SmokeError> {
             ));
         }
     }
-    let arithmetic_body = chat_body(&model, ARITHMETIC_PROMPT, args.max_tokens, false);
-    let prime_body = chat_body(&model, PRIME_PROMPT, args.max_tokens, false);
-    let stream_body = chat_body(&model, PRIME_PROMPT, args.max_tokens, true);
+    let arithmetic_body = chat_body(&model, ARITHMETIC_PROMPT, config.max_tokens, false);
+    let prime_body = chat_body(&model, PRIME_PROMPT, config.max_tokens, false);
+    let stream_body = chat_body(&model, PRIME_PROMPT, config.max_tokens, true);
     let arithmetic =
         match tokio::time::timeout(timeout, ask(&mut connection, "2+2", &arithmetic_body)).await {
             Ok(reply) => reply,
@@ -261,13 +253,13 @@ pub async fn run_smoke(args: &SmokeArgs) -> Result<SmokeReport, SmokeError> {
         smoke_checks::prime_function(&prime, &detector),
         smoke_checks::content_present(&replies),
         smoke_checks::reasoning_split(&replies),
-        smoke_checks::finish_reasons(&replies, args.max_tokens),
+        smoke_checks::finish_reasons(&replies, config.max_tokens),
         smoke_checks::usage_consistency(&replies),
         smoke_checks::stream_matches(&prime, &streamed),
         smoke_checks::degeneration(&replies, &detector),
     ]);
     Ok(SmokeReport {
-        url: args.url.clone(),
+        url: config.url.clone(),
         model,
         checks,
         elapsed_s: started.elapsed().as_secs_f64(),
@@ -275,10 +267,10 @@ pub async fn run_smoke(args: &SmokeArgs) -> Result<SmokeReport, SmokeError> {
 }
 
 /// `run_smoke` on its own runtime, for a synchronous caller (the CLI).
-pub fn run_smoke_blocking(args: &SmokeArgs) -> Result<SmokeReport, SmokeError> {
+pub fn run_smoke_blocking(config: &SmokeConfig) -> Result<SmokeReport, SmokeError> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(SmokeError::Runtime)?
-        .block_on(run_smoke(args))
+        .block_on(run_smoke(config))
 }

@@ -155,7 +155,7 @@ impl TensorSource for Perturbed {
         let values: Vec<f32> = t
             .to_f32_vec()
             .iter()
-            .map(|w| w * (1.0 + WEIGHT_PERTURBATION * rng.next()))
+            .map(|w| w * (1.0 + WEIGHT_PERTURBATION * rng.next_f32()))
             .collect();
         Ok(match t.dtype {
             DType::BF16 => HostTensor::from_f32_as_bf16(t.name.clone(), t.shape.clone(), &values),

@@ -22,6 +22,7 @@ mod common;
 
 use common::{check, cuda, cuda_chunked_gdn, round_bf16, Rng};
 use deltaserve_cuda::{CudaBackend, GemmPrecision};
+use deltaserve_tensor::op_check;
 use deltaserve_tensor::reference::ReferenceBackend;
 use deltaserve_tensor::{
     AttnShape, Backend, BatchLayout, GdnShape, HostTensor, KvDtype, KvLayerPool, SeqLayout,
@@ -68,13 +69,10 @@ fn matmul_f32_matches_reference() {
             let w_ref = ReferenceBackend.load_mat(&t).unwrap();
             for tokens in [1, 2, 3, 8, 65, 130] {
                 let x = rng.vec(tokens * k, 1.0);
-                let mut want = vec![0.0; tokens * n];
-                ReferenceBackend.matmul(&x, &w_ref, &mut want, tokens);
-                let mut out = be.zeros(tokens * n);
-                be.matmul(&be.upload(&x), &w, &mut out, tokens);
+                let (got, want) = op_check::matmul(be, &w, &w_ref, &x, tokens);
                 check(
                     &format!("matmul f32 bf16-weights={bf16} [{tokens}x{k}] @ [{n}x{k}]^T"),
-                    &be.to_host(&out),
+                    &got,
                     &want,
                     TOL_MATMUL,
                 );
@@ -353,28 +351,12 @@ fn norms_and_elementwise_ops_match_reference() {
         let x = rng.vec(rows * dim, 3.0);
         let z = rng.vec(rows * dim, 3.0);
         let w = rng.vec(dim, 0.5);
-        let mut want = vec![0.0; rows * dim];
-        r.rms_norm(&x, &w, 1e-6, dim, &mut want);
-        let mut out = be.zeros(rows * dim);
-        be.rms_norm(&be.upload(&x), &be.upload(&w), 1e-6, dim, &mut out);
-        check(
-            &format!("rms_norm [{rows}x{dim}]"),
-            &be.to_host(&out),
-            &want,
-            TOL_DENSE,
-        );
-        r.gated_rms_norm(&x, &z, &w, 1e-6, dim, &mut want);
-        be.gated_rms_norm(
-            &be.upload(&x),
-            &be.upload(&z),
-            &be.upload(&w),
-            1e-6,
-            dim,
-            &mut out,
-        );
+        let (got, want) = op_check::rms_norm(be, &be.upload(&w), &w, &x, 1e-6);
+        check(&format!("rms_norm [{rows}x{dim}]"), &got, &want, TOL_DENSE);
+        let (got, want) = op_check::gated_rms_norm(be, &be.upload(&w), &w, &x, &z, 1e-6);
         check(
             &format!("gated_rms_norm [{rows}x{dim}]"),
-            &be.to_host(&out),
+            &got,
             &want,
             TOL_DENSE,
         );
@@ -382,34 +364,20 @@ fn norms_and_elementwise_ops_match_reference() {
 
     let n = 100_003;
     let (a, b) = (rng.vec(n, 4.0), rng.vec(n, 4.0));
-    let mut acc = a.clone();
-    r.add_inplace(&mut acc, &b);
-    let mut acc_dev = be.upload(&a);
-    be.add_inplace(&mut acc_dev, &be.upload(&b));
-    check("add_inplace", &be.to_host(&acc_dev), &acc, TOL_DENSE);
-
-    let mut want = vec![0.0; n];
-    r.silu_mul(&a, &b, &mut want);
-    let mut out = be.zeros(n);
-    be.silu_mul(&be.upload(&a), &be.upload(&b), &mut out);
-    check("silu_mul", &be.to_host(&out), &want, TOL_DENSE);
-
-    let mut want = a.clone();
-    r.sigmoid_mul_inplace(&mut want, &b);
-    let mut x_dev = be.upload(&a);
-    be.sigmoid_mul_inplace(&mut x_dev, &be.upload(&b));
-    check("sigmoid_mul_inplace", &be.to_host(&x_dev), &want, TOL_DENSE);
+    let (got, want) = op_check::add_inplace(be, &a, &b);
+    check("add_inplace", &got, &want, TOL_DENSE);
+    let (got, want) = op_check::silu_mul(be, &a, &b);
+    check("silu_mul", &got, &want, TOL_DENSE);
+    let (got, want) = op_check::sigmoid_mul_inplace(be, &a, &b);
+    check("sigmoid_mul_inplace", &got, &want, TOL_DENSE);
 
     for (rows, dim) in [(1, 64), (77, 96)] {
         let x = rng.vec(rows * dim, 2.0);
         let gate = rng.vec(rows, 3.0);
-        let mut want = x.clone();
-        r.sigmoid_scale_rows(&mut want, &gate, dim);
-        let mut x_dev = be.upload(&x);
-        be.sigmoid_scale_rows(&mut x_dev, &be.upload(&gate), dim);
+        let (got, want) = op_check::sigmoid_scale_rows(be, &x, &gate, dim);
         check(
             &format!("sigmoid_scale_rows [{rows}x{dim}]"),
-            &be.to_host(&x_dev),
+            &got,
             &want,
             TOL_DENSE,
         );
@@ -479,13 +447,10 @@ fn rope_matches_reference() {
     ] {
         let positions = [0u32, 1, 2, 63, 64, 65, 1000, 100_000, 262_143];
         let x = rng.vec(positions.len() * heads * head_dim, 2.0);
-        let mut want = x.clone();
-        ReferenceBackend.rope(&mut want, &positions, heads, head_dim, rotary_dim, theta);
-        let mut x_dev = be.upload(&x);
-        be.rope(&mut x_dev, &positions, heads, head_dim, rotary_dim, theta);
+        let (got, want) = op_check::rope(be, &x, &positions, heads, head_dim, rotary_dim, theta);
         check(
             &format!("rope heads={heads} head_dim={head_dim} rotary={rotary_dim} theta={theta}"),
-            &be.to_host(&x_dev),
+            &got,
             &want,
             TOL_DENSE,
         );

@@ -135,7 +135,7 @@ fn sampled_tokens_are_the_host_distribution_walked_in_id_order() {
                     let u = match i {
                         0 => 0.0,
                         1 => 1.0 - 1e-12,
-                        _ => (uniforms.next() as f64 + 1.0) / 2.0,
+                        _ => (uniforms.next_f32() as f64 + 1.0) / 2.0,
                     };
                     requests.push(row_sampling(row, &params, u));
                 }

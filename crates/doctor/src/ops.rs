@@ -1,11 +1,13 @@
 //! Every op of a backend against `reference`, one at a time, on the real weights and shapes of a
 //! model: the first linear-attention (GDN) layer, the first full-attention layer, MoE blocks, the
-//! MTP head and the output head. Inputs are deterministic pseudo-random activations.
+//! MTP head and the output head. Inputs are deterministic pseudo-random activations. The ops that
+//! stand alone run through the op harness the backends' tests use (`deltaserve_tensor::op_check`).
 
 use crate::inputs::{token_ids, uniform};
 use crate::report::{CheckRow, Comparison};
 use deltaserve_model::weights::{Layer, Mixer, Mlp};
 use deltaserve_model::Model;
+use deltaserve_tensor::op_check;
 use deltaserve_tensor::reference::ReferenceBackend;
 use deltaserve_tensor::{Backend, BatchLayout, KvLayerPool, MoeRouting, StateLayerPool};
 
@@ -60,12 +62,9 @@ impl<B: Backend> Checker<'_, B> {
         seed: u64,
     ) {
         let (rows, cols) = (wr.rows, wr.cols);
-        let (xr, xt) = self.both(&uniform(tokens * cols, seed, 1.0));
-        let mut or = vec![0.0; tokens * rows];
-        self.r.backend.matmul(&xr, wr, &mut or, tokens);
-        let mut ot = self.t.backend.zeros(tokens * rows);
-        self.t.backend.matmul(&xt, wt, &mut ot, tokens);
-        let c = self.compare(&ot, &or);
+        let x = uniform(tokens * cols, seed, 1.0);
+        let (ours, reference) = op_check::matmul(&self.t.backend, wt, wr, &x, tokens);
+        let c = Comparison::of(&ours, &reference);
         self.push(
             format!("matmul {what} [{tokens} x {cols}] -> {rows}"),
             layer,
@@ -80,19 +79,15 @@ impl<B: Backend> Checker<'_, B> {
         what: &str,
         layer: Option<usize>,
         kind: &'static str,
-        wr: &Vec<f32>,
+        wr: &[f32],
         wt: &B::Buf,
         rows: usize,
         seed: u64,
     ) {
-        let dim = wr.len();
-        let (xr, xt) = self.both(&uniform(rows * dim, seed, 2.0));
+        let x = uniform(rows * wr.len(), seed, 2.0);
         let eps = self.r.config.rms_norm_eps;
-        let mut or = vec![0.0; rows * dim];
-        self.r.backend.rms_norm(&xr, wr, eps, dim, &mut or);
-        let mut ot = self.t.backend.zeros(rows * dim);
-        self.t.backend.rms_norm(&xt, wt, eps, dim, &mut ot);
-        let c = self.compare(&ot, &or);
+        let (ours, reference) = op_check::rms_norm(&self.t.backend, wt, wr, &x, eps);
+        let c = Comparison::of(&ours, &reference);
         self.push(format!("rms_norm {what}"), layer, kind, c);
     }
 
@@ -187,11 +182,10 @@ impl<B: Backend> Checker<'_, B> {
             self.push(what, l, kind, c);
         }
 
-        let (gr, gt) = self.both(&uniform(PREFILL * 64, 22, 3.0));
-        let (mut xr, mut xt) = self.both(&uniform(PREFILL * 64, 23, 1.0));
-        self.r.backend.sigmoid_mul_inplace(&mut xr, &gr);
-        self.t.backend.sigmoid_mul_inplace(&mut xt, &gt);
-        let c = self.compare(&xt, &xr);
+        let gate = uniform(PREFILL * 64, 22, 3.0);
+        let x = uniform(PREFILL * 64, 23, 1.0);
+        let (ours, reference) = op_check::sigmoid_mul_inplace(&self.t.backend, &x, &gate);
+        let c = Comparison::of(&ours, &reference);
         self.push("sigmoid gate", l, kind, c);
     }
 
@@ -430,11 +424,8 @@ impl<B: Backend> Checker<'_, B> {
         let n = PREFILL * 64;
         let (gr, gt) = self.both(&uniform(n, 70, 4.0));
         let (ur, ut) = self.both(&uniform(n, 71, 2.0));
-        let mut or = vec![0.0; n];
-        let mut ot = self.t.backend.zeros(n);
-        self.r.backend.silu_mul(&gr, &ur, &mut or);
-        self.t.backend.silu_mul(&gt, &ut, &mut ot);
-        let c = self.compare(&ot, &or);
+        let (ours, reference) = op_check::silu_mul(&self.t.backend, &gr, &ur);
+        let c = Comparison::of(&ours, &reference);
         self.push("silu_mul", None, kind, c);
         let (mut ar, mut at) = self.both(&uniform(n, 72, 2.0));
         self.r.backend.add_inplace(&mut ar, &ur);

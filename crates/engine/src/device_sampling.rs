@@ -39,9 +39,9 @@ impl<B: Backend> Worker<B> {
         if !self.model.backend.samples_on_device() {
             return None;
         }
-        let running = &self.scheduler.running;
+        let scheduler = &self.scheduler;
         if work.iter().any(|w| {
-            let seq = &running[w.index];
+            let seq = scheduler.seq(w.index);
             // A constrained request's row is masked by its grammar on the host (no device mask yet).
             (w.samples && seq.constrained) || needs_host_logits(&seq.request.sampling, w.drafts > 0)
         }) {
@@ -49,7 +49,7 @@ impl<B: Backend> Worker<B> {
         }
         let mut rows = Vec::new();
         for (w, &first) in work.iter().zip(first_logits) {
-            let seq = &mut self.scheduler.running[w.index];
+            let seq = self.scheduler.seq_mut(w.index);
             if w.drafts > 0 {
                 // Greedy verification needs only each row's argmax.
                 rows.extend((first..first + w.len).map(|r| RowSampling::greedy(r as u32)));
@@ -77,7 +77,7 @@ impl<B: Backend> Worker<B> {
         let backend = &self.model.backend;
         // A constrained drafter checks its draft against its grammar, which may need the whole row.
         let greedy = drafters.iter().all(|&index| {
-            let seq = &self.scheduler.running[index];
+            let seq = self.scheduler.seq(index);
             let p = &seq.request.sampling;
             p.temperature == 0.0 && !needs_host_logits(p, true) && !seq.constrained
         });

@@ -21,7 +21,7 @@ enum DraftLogits {
 
 /// One sequence taking part in this round's MTP work.
 struct Participant {
-    /// Index into `Scheduler::running`.
+    /// The running sequence's index (`Scheduler::seq`).
     index: usize,
     /// Whether it drafts for the next step (else it only refreshes the MTP cache).
     drafting: bool,
@@ -38,18 +38,13 @@ impl<B: Backend> Worker<B> {
         let k = spec.num_steps;
         let allow = spec
             .disable_batch_size
-            .is_none_or(|n| self.scheduler.running.len() <= n);
+            .is_none_or(|n| self.scheduler.running_count() <= n);
         let mut participants = Vec::with_capacity(extends.len());
         for extend in &extends {
-            let Some(index) = self
-                .scheduler
-                .running
-                .iter()
-                .position(|s| s.id == extend.id)
-            else {
+            let Some(index) = self.scheduler.index_of(extend.id) else {
                 continue;
             };
-            let seq = &self.scheduler.running[index];
+            let seq = self.scheduler.seq(index);
             // Drafts are verified at positions computed..=computed+k: reserve their blocks now, since
             // the MTP cache writes up to computed+k-2 while drafting.
             let decoding = seq.pending() == 1 && seq.computed >= seq.prompt_len;
@@ -68,7 +63,7 @@ impl<B: Backend> Worker<B> {
         let mut seqs = Vec::new();
         let mut last_rows = Vec::new();
         for (p, extend) in participants.iter().zip(&extends) {
-            let seq = &self.scheduler.running[p.index];
+            let seq = self.scheduler.seq(p.index);
             let start = next_tokens.len();
             hidden.extend_from_slice(&extend.hidden);
             next_tokens.extend_from_slice(&extend.next_tokens);
@@ -101,7 +96,7 @@ impl<B: Backend> Worker<B> {
             let mut tokens = Vec::with_capacity(drafters.len());
             let mut seqs = Vec::with_capacity(drafters.len());
             for (row, &index) in drafters.iter().enumerate() {
-                let seq = &self.scheduler.running[index];
+                let seq = self.scheduler.seq(index);
                 let spec_state = seq.spec.as_ref().expect("drafters speculate");
                 tokens.push(
                     *spec_state
@@ -123,7 +118,7 @@ impl<B: Backend> Worker<B> {
     }
 
     fn mtp_layout(&self, index: usize, start: usize, len: usize, pos: usize) -> SeqLayout {
-        let seq = &self.scheduler.running[index];
+        let seq = self.scheduler.seq(index);
         SeqLayout {
             start,
             len,
@@ -146,7 +141,7 @@ impl<B: Backend> Worker<B> {
     ) -> Option<(DraftLogits, Vec<f32>)> {
         let batch = BatchLayout {
             seqs,
-            block_size: self.scheduler.limits.block_size,
+            block_size: self.scheduler.block_size(),
         };
         let input = MtpInput {
             hidden,
@@ -172,7 +167,7 @@ impl<B: Backend> Worker<B> {
             .as_ref()
             .map_or(DraftFault::None, |s| s.fault.clone());
         for (row, &index) in drafters.iter().enumerate() {
-            let seq = &mut self.scheduler.running[index];
+            let seq = self.scheduler.seq_mut(index);
             let spec = seq.spec.as_mut().expect("drafters speculate");
             let mut history = seq.history.clone();
             for &d in &spec.drafts {

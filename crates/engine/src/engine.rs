@@ -5,10 +5,9 @@
 use crate::api::*;
 use crate::metrics::EngineMetrics;
 use crate::prefix_cache::{PrefixCacheConfig, SnapshotGrid};
-use crate::sampler;
 use crate::scheduler::{Scheduled, Scheduler, SchedulerLimits};
 use crate::sequence::{Sequence, SpecState};
-use crate::speculative::{self, SpecConfig};
+use crate::speculative::SpecConfig;
 use deltaserve_model::{CacheGeometry, ForwardInput, HybridCache, Model};
 use deltaserve_tensor::{Backend, BatchLayout, SeqLayout};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -305,7 +304,7 @@ impl<B: Backend> Worker<B> {
                 if self.speculative.is_some() && !seq.request.disable_speculation {
                     seq.spec = Some(SpecState::default());
                 }
-                self.scheduler.waiting.push_back(*seq)
+                self.scheduler.submit(*seq)
             }
             Command::Abort(id) => self.finish_by_id(id, FinishReason::Abort),
             Command::FlushCache => self.scheduler.flush_cache(),
@@ -313,21 +312,12 @@ impl<B: Backend> Worker<B> {
     }
 
     fn publish_stats(&self) {
-        let s = &self.scheduler;
-        self.queued.store(s.waiting.len(), Ordering::Relaxed);
+        let now = self.scheduler.stats();
+        self.queued.store(now.queued, Ordering::Relaxed);
         if let Ok(mut stats) = self.stats.lock() {
-            *stats = EngineStats {
-                running: s.running.len(),
-                queued: s.waiting.len(),
-                kv_blocks_used: s.kv.used(),
-                kv_blocks_total: s.kv.total(),
-                state_slots_used: s.slots.used(),
-                state_slots_total: s.slots.total(),
-                cached_kv_blocks: s.evictable_blocks(),
-                cached_snapshots: s.tree.as_ref().map_or(0, |t| t.snapshots_held()),
-            };
+            *stats = now;
         }
-        let c = &s.cache_counters;
+        let c = self.scheduler.cache_counters();
         let m = &self.metrics;
         for (gauge, value) in [
             (&m.prefix_cache_queried_tokens, c.queried_tokens),
@@ -343,17 +333,13 @@ impl<B: Backend> Worker<B> {
     /// After a failed step: every running request ends with an error event and frees its blocks
     /// and slot (their cached state may be half-written); queued requests run in later steps.
     fn fail_running(&mut self, cause: &str) {
-        let running = std::mem::take(&mut self.scheduler.running);
         eprintln!(
             "engine: a step failed ({cause}); ending its {} running request(s) with an error and serving on",
-            running.len()
+            self.scheduler.running_count()
         );
         self.model.backend.recover_after_failure();
         EngineMetrics::add(&self.metrics.failed_steps, 1);
-        // The failed step may have left cached pages or snapshots half-written.
-        self.scheduler.flush_cache();
-        for mut seq in running {
-            self.scheduler.release(&mut seq);
+        for seq in self.scheduler.fail_running() {
             seq.send(EngineEvent::Error {
                 message: format!("the engine step running this request failed: {cause}"),
             });
@@ -361,10 +347,8 @@ impl<B: Backend> Worker<B> {
     }
 
     /// Ends a running request with an error event (its constraint failed) and frees what it holds.
-    fn fail_by_id(&mut self, id: RequestId, message: &str) {
-        if let Some(i) = self.scheduler.running.iter().position(|s| s.id == id) {
-            let mut seq = self.scheduler.running.remove(i);
-            self.scheduler.release(&mut seq);
+    pub(crate) fn fail_by_id(&mut self, id: RequestId, message: &str) {
+        if let Some(seq) = self.scheduler.finish(id) {
             seq.send(EngineEvent::Error {
                 message: format!("constrained decoding failed: {message}"),
             });
@@ -379,10 +363,13 @@ impl<B: Backend> Worker<B> {
     /// Ends these requests and frees what they hold. The statistics are published once, after
     /// every release and before any client hears of its end, so whatever a client asks next
     /// (/metrics, the pool gauges) already counts its request as gone.
-    fn finish_all(&mut self, ended: impl IntoIterator<Item = (RequestId, FinishReason)>) {
+    pub(crate) fn finish_all(
+        &mut self,
+        ended: impl IntoIterator<Item = (RequestId, FinishReason)>,
+    ) {
         let ended: Vec<(Sequence, FinishReason)> = ended
             .into_iter()
-            .filter_map(|(id, reason)| self.take_and_release(id).map(|seq| (seq, reason)))
+            .filter_map(|(id, reason)| self.scheduler.finish(id).map(|seq| (seq, reason)))
             .collect();
         if ended.is_empty() {
             return;
@@ -396,21 +383,10 @@ impl<B: Backend> Worker<B> {
         }
     }
 
-    /// Takes a request out of the queue or the running set, its blocks and slots freed.
-    fn take_and_release(&mut self, id: RequestId) -> Option<Sequence> {
-        if let Some(i) = self.scheduler.waiting.iter().position(|s| s.id == id) {
-            return self.scheduler.waiting.remove(i);
-        }
-        let i = self.scheduler.running.iter().position(|s| s.id == id)?;
-        let mut seq = self.scheduler.running.remove(i);
-        self.scheduler.release(&mut seq);
-        Some(seq)
-    }
-
     fn step(&mut self) {
-        let before = self.scheduler.cache_counters;
-        let (work, events) = self.scheduler.plan();
-        let after = self.scheduler.cache_counters;
+        let before = self.scheduler.cache_counters();
+        let (work, events) = self.scheduler.schedule();
+        let after = self.scheduler.cache_counters();
         self.window.cache_queried += after.queried_tokens - before.queried_tokens;
         self.window.cache_hits += after.hit_tokens - before.hit_tokens;
         EngineMetrics::add(&self.metrics.preemptions, events.preempted as u64);
@@ -418,7 +394,7 @@ impl<B: Backend> Worker<B> {
             seq.send(EngineEvent::Error {
                 message: format!(
                     "the request needs more KV blocks than the whole pool holds ({} blocks)",
-                    self.scheduler.kv.total()
+                    self.scheduler.kv_blocks_total()
                 ),
             });
         }
@@ -445,7 +421,7 @@ impl<B: Backend> Worker<B> {
     fn forward_with_masks(&mut self, work: &[Scheduled]) -> StepOutput {
         let mut ahead: Vec<(usize, Box<dyn TokenConstraint>)> = Vec::new();
         for w in work.iter().filter(|w| w.samples && w.drafts == 0) {
-            if let Some(constraint) = self.scheduler.running[w.index].constraint.take() {
+            if let Some(constraint) = self.scheduler.seq_mut(w.index).constraint.take() {
                 ahead.push((w.index, constraint));
             }
         }
@@ -467,7 +443,7 @@ impl<B: Backend> Worker<B> {
                 .join()
                 .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
             for (index, constraint, mask) in masks {
-                let seq = &mut self.scheduler.running[index];
+                let seq = self.scheduler.seq_mut(index);
                 seq.constraint = Some(constraint);
                 seq.mask_ahead = Some(mask);
             }
@@ -477,14 +453,13 @@ impl<B: Backend> Worker<B> {
 
     /// Runs one ragged forward over the scheduled work.
     fn forward(&mut self, work: &[Scheduled]) -> StepOutput {
-        let running = &self.scheduler.running;
         let mut tokens = Vec::new();
         let mut seqs = Vec::with_capacity(work.len());
         let mut logit_rows = Vec::new();
         let mut hidden_rows = Vec::new();
         let mut rows = Vec::with_capacity(work.len());
         for w in work {
-            let seq = &running[w.index];
+            let seq = self.scheduler.seq(w.index);
             let start = tokens.len();
             let real = w.len - w.drafts;
             tokens.extend_from_slice(&seq.tokens[seq.computed..seq.computed + real]);
@@ -520,7 +495,7 @@ impl<B: Backend> Worker<B> {
         }
         let batch = BatchLayout {
             seqs,
-            block_size: self.scheduler.limits.block_size,
+            block_size: self.scheduler.block_size(),
         };
         EngineMetrics::add(&self.metrics.forward_steps, 1);
         EngineMetrics::add(&self.metrics.batch_tokens, tokens.len() as u64);
@@ -546,185 +521,7 @@ impl<B: Backend> Worker<B> {
         }
     }
 
-    /// Advances every scheduled sequence: samples where a step reached the end of its tokens,
-    /// verifies drafts, streams tokens and finishes sequences that hit a stop condition. Returns the
-    /// MTP extend work of speculating sequences that go on.
-    fn commit(&mut self, work: &[Scheduled], out: &StepOutput) -> Vec<Extend> {
-        let vocab = self.model.config.vocab_size;
-        let hidden_size = self.model.config.hidden_size;
-        let context = self.context_length;
-        let mut finished = Vec::new();
-        let mut failed: Vec<(RequestId, String)> = Vec::new();
-        let mut extends = Vec::new();
-        let mut decoded = 0;
-        let mut snapshot_at = Vec::new();
-        for (w, rows) in work.iter().zip(&out.rows) {
-            let seq = &mut self.scheduler.running[w.index];
-            let old_computed = seq.computed;
-            if seq.computed < seq.prompt_len {
-                EngineMetrics::add(
-                    &self.metrics.prompt_tokens_computed,
-                    w.len.min(seq.prompt_len - seq.computed) as u64,
-                );
-            }
-            let emitted: Vec<(u32, Option<TokenLogprob>)> = if w.drafts > 0 {
-                // What the request may still generate: verification emits no more.
-                let budget = (seq.request.max_new_tokens.saturating_sub(seq.generated()))
-                    .min(context.saturating_sub(seq.tokens.len()));
-                let spec = seq
-                    .spec
-                    .as_mut()
-                    .expect("verify work belongs to a speculating sequence");
-                let target: Vec<&[f32]> = match out.sampled {
-                    Some(_) => Vec::new(),
-                    None => (0..w.len)
-                        .map(|i| &out.logits[(rows.first_logit + i) * vocab..][..vocab])
-                        .collect(),
-                };
-                let drafts = std::mem::take(&mut spec.drafts);
-                let dists = std::mem::take(&mut spec.draft_dists);
-                let v = match &out.sampled {
-                    Some(argmaxes) => speculative::verify_greedy(
-                        &argmaxes[rows.first_logit..][..w.len],
-                        &drafts,
-                        &mut seq.history,
-                    ),
-                    None => match speculative::verify_constrained(
-                        &target,
-                        &drafts,
-                        &dists,
-                        &seq.request.sampling,
-                        &mut seq.history,
-                        &mut seq.rng,
-                        seq.constraint.as_deref_mut(),
-                        budget,
-                    ) {
-                        Ok(v) => v,
-                        Err(message) => {
-                            failed.push((seq.id, message));
-                            continue;
-                        }
-                    },
-                };
-                // Roll the GDN state back to just after the last accepted token.
-                let snapshot = spec.snapshot_slots[v.accepted] as usize;
-                self.cache.copy_slot(
-                    &self.model.backend,
-                    snapshot,
-                    seq.slot.expect("running sequences hold a slot") as usize,
-                );
-                seq.computed += 1 + v.accepted;
-                // Drafts past the request's end were never verified: they count as neither.
-                let verified = drafts.len().min(v.emitted.len());
-                seq.usage.draft_tokens += verified;
-                seq.usage.accepted_draft_tokens += v.accepted;
-                record_verify(&self.metrics, &mut self.window, verified, v.accepted);
-                let k = seq.request.sampling.logprobs;
-                v.emitted
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &t)| (t, k.map(|k| crate::sampler::logprobs(target[i], t, k))))
-                    .collect()
-            } else {
-                seq.computed += w.len;
-                if seq.snapshot_points.contains(&seq.computed) {
-                    snapshot_at.push(w.index);
-                }
-                if let (true, Some(tokens)) = (w.samples, &out.sampled) {
-                    let token = tokens[rows.first_logit];
-                    seq.history.record(token);
-                    vec![(token, None)]
-                } else if w.samples {
-                    let row_logits = &out.logits[rows.first_logit * vocab..][..vocab];
-                    let mask = match seq.mask_ahead.take() {
-                        Some(mask) => mask,
-                        None => seq.constraint.as_mut().map_or(Ok(None), |c| c.allowed()),
-                    };
-                    let sampled = mask
-                        .and_then(|mask| sampler::apply_mask(row_logits, mask))
-                        .map(|row| {
-                            sampler::sample(&row, &seq.request.sampling, &seq.history, &mut seq.rng)
-                        })
-                        .and_then(|token| match seq.constraint.as_mut() {
-                            Some(c) => c.commit(token).map(|()| token),
-                            None => Ok(token),
-                        });
-                    let token = match sampled {
-                        Ok(token) => token,
-                        Err(message) => {
-                            failed.push((seq.id, message));
-                            continue;
-                        }
-                    };
-                    seq.history.record(token);
-                    vec![(
-                        token,
-                        seq.request
-                            .sampling
-                            .logprobs
-                            .map(|k| sampler::logprobs(row_logits, token, k)),
-                    )]
-                } else {
-                    Vec::new()
-                }
-            };
-            let mut reason = None;
-            for (token, logprob) in emitted {
-                seq.tokens.push(token);
-                seq.usage.completion_tokens += 1;
-                seq.first_token_at.get_or_insert_with(Instant::now);
-                decoded += 1;
-                reason = if !seq.send(EngineEvent::Token { id: token, logprob }) {
-                    Some(FinishReason::Abort)
-                } else if seq.request.stop_token_ids.contains(&token) {
-                    Some(FinishReason::Stop)
-                } else if seq.generated() >= seq.request.max_new_tokens
-                    || seq.tokens.len() >= context
-                {
-                    Some(FinishReason::Length)
-                } else {
-                    None
-                };
-                if reason.is_some() {
-                    break;
-                }
-            }
-            match reason {
-                Some(reason) => finished.push((seq.id, reason)),
-                None if seq.spec.is_some() => {
-                    // Pairs (hidden of t, token t+1) for every newly computed position t.
-                    let positions = seq.computed - old_computed;
-                    let hidden = out.hidden[rows.first_hidden * hidden_size
-                        ..(rows.first_hidden + positions) * hidden_size]
-                        .to_vec();
-                    let next_tokens = seq.tokens[old_computed + 1..=seq.computed].to_vec();
-                    extends.push(Extend {
-                        id: seq.id,
-                        pos: old_computed,
-                        hidden,
-                        next_tokens,
-                    });
-                }
-                None => {}
-            }
-        }
-        EngineMetrics::add(&self.metrics.generated_tokens, decoded as u64);
-        // Snapshots of prefill states only: a step that ended at a snapshot point did not sample.
-        for index in snapshot_at {
-            if let Some((own, snapshot)) = self.scheduler.insert_prefix(index) {
-                self.cache
-                    .copy_slot(&self.model.backend, own as usize, snapshot as usize);
-            }
-        }
-        self.finish_all(finished);
-        for (id, message) in failed {
-            self.fail_by_id(id, &message);
-        }
-        self.log_decode(decoded);
-        extends
-    }
-
-    fn log_decode(&mut self, decoded: usize) {
+    pub(crate) fn log_decode(&mut self, decoded: usize) {
         if decoded == 0 || self.log_interval == 0 {
             return;
         }
@@ -733,7 +530,7 @@ impl<B: Backend> Worker<B> {
         if self.window.decode_steps < self.log_interval {
             return;
         }
-        let s = &self.scheduler;
+        let s = self.scheduler.stats();
         let secs = self.window.since.elapsed().as_secs_f64().max(1e-9);
         let w = &self.window;
         let (accept_len, draft_accept) = if w.verify_steps > 0 {
@@ -747,51 +544,39 @@ impl<B: Backend> Worker<B> {
         } else {
             ("-".to_string(), "-".to_string())
         };
-        let hit_rate = match &s.tree {
-            Some(_) if w.cache_queried > 0 => {
+        let hit_rate = match self.scheduler.prefix_cache_enabled() {
+            true if w.cache_queried > 0 => {
                 format!("{:.2}", w.cache_hits as f64 / w.cache_queried as f64)
             }
             _ => "-".to_string(),
         };
         eprintln!(
             "decode: running={} queued={} kv_usage={:.2} state_slots={}/{} cache_hit_rate={hit_rate} accept_len={accept_len} draft_accept={draft_accept} gen_tok/s={:.1}",
-            s.running.len(),
-            s.waiting.len(),
-            s.kv.used() as f64 / s.kv.total().max(1) as f64,
-            s.slots.used(),
-            s.slots.total(),
+            s.running,
+            s.queued,
+            s.kv_blocks_used as f64 / s.kv_blocks_total.max(1) as f64,
+            s.state_slots_used,
+            s.state_slots_total,
             w.generated as f64 / secs
         );
         self.window = LogWindow::new();
     }
 }
 
-fn record_verify(m: &EngineMetrics, window: &mut LogWindow, drafted: usize, accepted: usize) {
-    EngineMetrics::add(&m.spec_verify_steps, 1);
-    EngineMetrics::add(&m.spec_draft_tokens, drafted as u64);
-    EngineMetrics::add(&m.spec_accepted_tokens, accepted as u64);
-    for counter in m.spec_accepted_at.iter().take(accepted) {
-        EngineMetrics::add(counter, 1);
-    }
-    window.verify_steps += 1;
-    window.drafted += drafted;
-    window.accepted += accepted;
-}
-
 /// Where a work item's rows landed in the step's logits and hidden outputs.
-struct WorkRows {
-    first_logit: usize,
-    first_hidden: usize,
+pub(crate) struct WorkRows {
+    pub(crate) first_logit: usize,
+    pub(crate) first_hidden: usize,
 }
 
-struct StepOutput {
+pub(crate) struct StepOutput {
     /// `[logit rows, vocab]` on the host; empty when the device sampled.
-    logits: Vec<f32>,
+    pub(crate) logits: Vec<f32>,
     /// One token per logit row, when the device sampled the whole step.
-    sampled: Option<Vec<u32>>,
+    pub(crate) sampled: Option<Vec<u32>>,
     /// `[hidden rows, hidden]` on the host: post-norm hidden states of speculating sequences.
-    hidden: Vec<f32>,
-    rows: Vec<WorkRows>,
+    pub(crate) hidden: Vec<f32>,
+    pub(crate) rows: Vec<WorkRows>,
 }
 
 /// MTP work for one speculating sequence after a step: pairs (hidden of position `pos + i`,

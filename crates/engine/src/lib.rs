@@ -3,6 +3,7 @@
 //! metrics. It runs on its own thread and talks to the outside only through `EngineHandle`.
 
 pub mod api;
+mod commit;
 mod device_sampling;
 pub mod drafting;
 pub mod engine;

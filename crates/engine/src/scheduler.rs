@@ -14,6 +14,7 @@
 //! it owns. Whenever a pool is short, the cache yields first (LRU eviction), before any waiting or
 //! preemption.
 
+use crate::api::{EngineStats, RequestId};
 use crate::pools::{blocks_for, IdPool};
 use crate::prefix_cache::{snapshot_points, PrefixCacheConfig, PrefixTree, Released, SnapshotGrid};
 use crate::sequence::Sequence;
@@ -34,7 +35,7 @@ pub struct SchedulerLimits {
 /// `drafts` of which are speculative drafts to verify (they are not in `Sequence::tokens`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Scheduled {
-    /// Index into `Scheduler::running`.
+    /// The running sequence's index (`Scheduler::seq`).
     pub index: usize,
     pub len: usize,
     pub drafts: usize,
@@ -42,23 +43,27 @@ pub struct Scheduled {
     pub samples: bool,
 }
 
+/// Owns every request from submission to its end: the queue, the running set, both pools and the
+/// prefix cache. The engine submits and finishes requests, asks for a step's schedule and reads the
+/// statistics; what it changes in a running sequence (its tokens, its sampler) goes through `seq_mut`.
 pub struct Scheduler {
-    pub limits: SchedulerLimits,
-    pub waiting: VecDeque<Sequence>,
-    pub running: Vec<Sequence>,
-    pub kv: IdPool,
-    pub slots: IdPool,
+    limits: SchedulerLimits,
+    waiting: VecDeque<Sequence>,
+    /// Running sequences, oldest first (`Scheduled::index` points here).
+    running: Vec<Sequence>,
+    kv: IdPool,
+    slots: IdPool,
     /// References on each KV block (sequences holding it in their table, plus the tree).
     refs: Vec<u32>,
     /// The prefix cache; None with `--disable-radix-cache`.
-    pub tree: Option<PrefixTree>,
+    tree: Option<PrefixTree>,
     cache_config: PrefixCacheConfig,
     grid: SnapshotGrid,
     /// Whether the engine speculates with MTP: then only speculating sequences (whose pages hold
     /// the MTP layer's KV too) insert into the tree.
     mtp: bool,
     /// Prefix-cache events since start.
-    pub cache_counters: CacheCounters,
+    cache_counters: CacheCounters,
 }
 
 /// Prefix-cache counters since start.
@@ -123,6 +128,92 @@ impl Scheduler {
 
     pub fn is_idle(&self) -> bool {
         self.waiting.is_empty() && self.running.is_empty()
+    }
+
+    /// Queues a new request; it is admitted by a later `schedule`.
+    pub fn submit(&mut self, seq: Sequence) {
+        self.waiting.push_back(seq);
+    }
+
+    /// Takes a request out wherever it is (queued or running), its blocks and slots freed: it
+    /// finished, was aborted or failed. None when no such request is here.
+    pub fn finish(&mut self, id: RequestId) -> Option<Sequence> {
+        if let Some(i) = self.waiting.iter().position(|s| s.id == id) {
+            return self.waiting.remove(i);
+        }
+        let i = self.index_of(id)?;
+        let mut seq = self.running.remove(i);
+        self.release(&mut seq);
+        Some(seq)
+    }
+
+    /// After a failed step: takes every running sequence out, frees what they hold and lets the
+    /// prefix cache go (the step may have left cached pages or snapshots half-written). Queued
+    /// requests stay queued.
+    pub fn fail_running(&mut self) -> Vec<Sequence> {
+        let mut running = std::mem::take(&mut self.running);
+        self.flush_cache();
+        for seq in &mut running {
+            self.release(seq);
+        }
+        running
+    }
+
+    /// The running sequence `Scheduled::index` points at.
+    pub fn seq(&self, index: usize) -> &Sequence {
+        &self.running[index]
+    }
+
+    /// The running sequence `Scheduled::index` points at, for the engine to record what a step
+    /// computed and sampled.
+    pub fn seq_mut(&mut self, index: usize) -> &mut Sequence {
+        &mut self.running[index]
+    }
+
+    /// Where the running request `id` is in the running set.
+    pub fn index_of(&self, id: RequestId) -> Option<usize> {
+        self.running.iter().position(|s| s.id == id)
+    }
+
+    pub fn running_count(&self) -> usize {
+        self.running.len()
+    }
+
+    pub fn queued_count(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Tokens per KV block.
+    pub fn block_size(&self) -> usize {
+        self.limits.block_size
+    }
+
+    /// KV blocks in the whole pool.
+    pub fn kv_blocks_total(&self) -> usize {
+        self.kv.total()
+    }
+
+    pub fn prefix_cache_enabled(&self) -> bool {
+        self.tree.is_some()
+    }
+
+    /// Prefix-cache events since start.
+    pub fn cache_counters(&self) -> CacheCounters {
+        self.cache_counters
+    }
+
+    /// Requests and pool occupancy now. Walks the prefix tree's pages (`evictable_blocks`).
+    pub fn stats(&self) -> EngineStats {
+        EngineStats {
+            running: self.running.len(),
+            queued: self.waiting.len(),
+            kv_blocks_used: self.kv.used(),
+            kv_blocks_total: self.kv.total(),
+            state_slots_used: self.slots.used(),
+            state_slots_total: self.slots.total(),
+            cached_kv_blocks: self.evictable_blocks(),
+            cached_snapshots: self.tree.as_ref().map_or(0, |t| t.snapshots_held()),
+        }
     }
 
     /// Where the step of a sequence at `from` ends: the next multiple of the chunk size, or the
@@ -205,7 +296,7 @@ impl Scheduler {
 
     /// KV blocks only the prefix cache holds (no running sequence shares them): what eviction can
     /// free at once.
-    pub fn evictable_blocks(&self) -> usize {
+    fn evictable_blocks(&self) -> usize {
         self.tree.as_ref().map_or(0, |t| {
             t.pages().filter(|&b| self.refs[b as usize] == 1).count()
         })
@@ -254,7 +345,7 @@ impl Scheduler {
     }
 
     /// Gives a sequence's blocks and slots back to the pools.
-    pub fn release(&mut self, seq: &mut Sequence) {
+    fn release(&mut self, seq: &mut Sequence) {
         let blocks: Vec<u32> = seq.blocks.drain(..).collect();
         self.unref_blocks(blocks);
         if let Some(slot) = seq.slot.take() {
@@ -311,7 +402,7 @@ impl Scheduler {
     }
 
     /// Plans one step. Running sequences first (oldest first), then admissions in arrival order.
-    pub fn plan(&mut self) -> (Vec<Scheduled>, PlanEvents) {
+    pub fn schedule(&mut self) -> (Vec<Scheduled>, PlanEvents) {
         let mut events = PlanEvents::default();
         let mut work = Vec::new();
         let mut prefill_budget = self.limits.chunk_size;

@@ -15,6 +15,7 @@ pub mod generated;
 pub mod host;
 pub mod kv_dtype;
 pub mod moe;
+pub mod op_check;
 pub mod op_profile;
 pub mod reference;
 pub mod step_graph;

@@ -1,6 +1,7 @@
 //! Helpers shared by the GPU tests: one backend per (GEMM precision, KV dtype) for the whole test
-//! binary (or a printed reason to skip), deterministic random inputs and the error measure.
-#![allow(dead_code)]
+//! binary (or a printed reason to skip); deterministic random inputs and the error measure come
+//! from the op harness (`deltaserve_tensor::op_check`).
+#![allow(dead_code, unused_imports)]
 
 use deltaserve_cuda::{CudaBackend, CudaOptions, GdnPrefill, GemmPrecision};
 use deltaserve_tensor::KvDtype;
@@ -65,45 +66,8 @@ fn shared_backend(
     }
 }
 
-/// Deterministic values in [-scale, scale).
-pub struct Rng(pub u64);
-
-impl Rng {
-    pub fn next(&mut self) -> f32 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-
-    pub fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n).map(|_| self.next() * scale).collect()
-    }
-}
-
-/// Max |got - want| relative to max(1, max |want|); panics above `tol`. Returns the error.
-pub fn check(label: &str, got: &[f32], want: &[f32], tol: f32) -> f32 {
-    assert_eq!(got.len(), want.len(), "{label}: length");
-    let scale = want.iter().fold(1.0f32, |m, v| m.max(v.abs()));
-    let mut worst = 0.0f32;
-    let mut at = 0;
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        let e = (g - w).abs() / scale;
-        if e > worst || e.is_nan() {
-            worst = if e.is_nan() { f32::INFINITY } else { e };
-            at = i;
-        }
-    }
-    println!("{label}: max relative error {worst:.2e}");
-    assert!(
-        worst <= tol,
-        "{label}: error {worst:e} at {at} ({} vs {}) above {tol:e}",
-        got[at],
-        want[at]
-    );
-    worst
-}
+/// The op harness's inputs and error measure, shared with the cpu backend's tests and doctor.
+pub use deltaserve_tensor::op_check::{check, Rng};
 
 /// Rounds every value to bf16 (nearest even) and back.
 pub fn round_bf16(x: &[f32]) -> Vec<f32> {

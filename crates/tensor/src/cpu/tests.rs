@@ -13,6 +13,7 @@ use crate::backend::{AttnShape, Backend, GdnShape};
 use crate::batch::BatchLayout;
 use crate::cache::{KvLayerPool, StateLayerPool};
 use crate::host::HostTensor;
+use crate::op_check::{self, check, Rng};
 use crate::reference::ReferenceBackend;
 
 /// Matrix products with K up to 1000 (measured worst: 1.7e-6, K = 1000).
@@ -23,23 +24,6 @@ const TOL_DENSE: f32 = 2e-6;
 const TOL_ATTENTION: f32 = 2e-6;
 /// GDN outputs and states after up to 220 tokens from a non-zero state (measured worst: 1.2e-7).
 const TOL_GDN: f32 = 2e-6;
-
-/// Deterministic values in [-scale, scale).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> f32 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-
-    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n).map(|_| self.next() * scale).collect()
-    }
-}
 
 /// One backend per kernel level this CPU runs (scalar, AVX2, AVX-512), forced with `with_isa`
 /// whatever `DELTASERVE_CPU_LEVEL` says; thread counts differ so work splits differ too.
@@ -59,29 +43,6 @@ fn backends() -> Vec<(&'static str, CpuBackend)> {
         .collect()
 }
 
-/// Max |got - want| relative to max(1, max |want|); panics above `tol`. Returns the error.
-fn check(label: &str, got: &[f32], want: &[f32], tol: f32) -> f32 {
-    assert_eq!(got.len(), want.len(), "{label}: length");
-    let scale = want.iter().fold(1.0f32, |m, v| m.max(v.abs()));
-    let mut worst = 0.0f32;
-    let mut at = 0;
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        let e = (g - w).abs() / scale;
-        if e > worst || e.is_nan() {
-            worst = if e.is_nan() { f32::INFINITY } else { e };
-            at = i;
-        }
-    }
-    println!("{label}: max relative error {worst:.2e}");
-    assert!(
-        worst <= tol,
-        "{label}: error {worst:e} at {at} ({} vs {}) above {tol:e}",
-        got[at],
-        want[at]
-    );
-    worst
-}
-
 #[test]
 fn matmul_matches_reference_for_every_kernel_and_dtype() {
     let mut rng = Rng(1);
@@ -98,11 +59,8 @@ fn matmul_matches_reference_for_every_kernel_and_dtype() {
                 let w_ref = ReferenceBackend.load_mat(&t).unwrap();
                 for tokens in [1, 2, 3, 4, 5, 9, 17, 65, 130] {
                     let x = rng.vec(tokens * k, 1.0);
-                    let mut want = vec![0.0; tokens * n];
-                    ReferenceBackend.matmul(&x, &w_ref, &mut want, tokens);
+                    let (got, want) = op_check::matmul(&be, &w, &w_ref, &x, tokens);
                     let label = format!("matmul {name} bf16={bf16} [{tokens}x{k}] @ [{n}x{k}]^T");
-                    let mut got = vec![f32::NAN; tokens * n];
-                    be.matmul(&x, &w, &mut got, tokens);
                     check(&label, &got, &want, TOL_MATMUL);
                     let mut got = vec![f32::NAN; tokens * n];
                     be.matmul_gemv(&x, &w, &mut got, tokens);
@@ -280,17 +238,14 @@ fn norms_and_activations_match_reference() {
             let x = rng.vec(rows * dim, 3.0);
             let z = rng.vec(rows * dim, 6.0);
             let w = rng.vec(dim, 0.5);
-            let (mut got, mut want) = (vec![0.0; rows * dim], vec![0.0; rows * dim]);
-            be.rms_norm(&x, &w, 1e-6, dim, &mut got);
-            ReferenceBackend.rms_norm(&x, &w, 1e-6, dim, &mut want);
+            let (got, want) = op_check::rms_norm(&be, &w, &w, &x, 1e-6);
             check(
                 &format!("rms_norm {name} [{rows}x{dim}]"),
                 &got,
                 &want,
                 TOL_DENSE,
             );
-            be.gated_rms_norm(&x, &z, &w, 1e-6, dim, &mut got);
-            ReferenceBackend.gated_rms_norm(&x, &z, &w, 1e-6, dim, &mut want);
+            let (got, want) = op_check::gated_rms_norm(&be, &w, &w, &x, &z, 1e-6);
             check(
                 &format!("gated_rms_norm {name} [{rows}x{dim}]"),
                 &got,
@@ -302,23 +257,15 @@ fn norms_and_activations_match_reference() {
         for n in [1000, 100_003] {
             let a = rng.vec(n, 30.0);
             let b = rng.vec(n, 2.0);
-            let (mut got, mut want) = (a.clone(), a.clone());
-            be.add_inplace(&mut got, &b);
-            ReferenceBackend.add_inplace(&mut want, &b);
+            let (got, want) = op_check::add_inplace(&be, &a, &b);
             check(&format!("add {name} {n}"), &got, &want, TOL_DENSE);
-            let (mut got, mut want) = (vec![0.0; n], vec![0.0; n]);
-            be.silu_mul(&a, &b, &mut got);
-            ReferenceBackend.silu_mul(&a, &b, &mut want);
+            let (got, want) = op_check::silu_mul(&be, &a, &b);
             check(&format!("silu_mul {name} {n}"), &got, &want, TOL_DENSE);
-            let (mut got, mut want) = (b.clone(), b.clone());
-            be.sigmoid_mul_inplace(&mut got, &a);
-            ReferenceBackend.sigmoid_mul_inplace(&mut want, &a);
+            let (got, want) = op_check::sigmoid_mul_inplace(&be, &b, &a);
             check(&format!("sigmoid_mul {name} {n}"), &got, &want, TOL_DENSE);
             let dim = 7;
             let gate = rng.vec(n / dim, 20.0);
-            let (mut got, mut want) = (a[..n / dim * dim].to_vec(), a[..n / dim * dim].to_vec());
-            be.sigmoid_scale_rows(&mut got, &gate, dim);
-            ReferenceBackend.sigmoid_scale_rows(&mut want, &gate, dim);
+            let (got, want) = op_check::sigmoid_scale_rows(&be, &a[..n / dim * dim], &gate, dim);
             check(
                 &format!("sigmoid_scale_rows {name} {n}"),
                 &got,
@@ -336,9 +283,8 @@ fn rope_matches_reference() {
         for (tokens, heads, head_dim, rotary) in [(5, 3, 32, 16), (70, 2, 256, 64)] {
             let x = rng.vec(tokens * heads * head_dim, 2.0);
             let positions: Vec<u32> = (0..tokens).map(|i| (i as u32 * 7919) % 100_000).collect();
-            let (mut got, mut want) = (x.clone(), x.clone());
-            be.rope(&mut got, &positions, heads, head_dim, rotary, 10_000_000.0);
-            ReferenceBackend.rope(&mut want, &positions, heads, head_dim, rotary, 10_000_000.0);
+            let (got, want) =
+                op_check::rope(&be, &x, &positions, heads, head_dim, rotary, 10_000_000.0);
             check(&format!("rope {name} T={tokens}"), &got, &want, TOL_DENSE);
         }
     }
