@@ -29,6 +29,11 @@
 #define GDN_MAX_VALUE_DIM 128
 #define PREP_WARPS 8
 #define SCAN_WARPS 16
+// The warp layouts below: in the prepare kernel warp w takes row block w % 4 and half w / 4 of the
+// column tiles; in the scan warp w takes row block w % 4 and column tiles 2 (w / 4), 2 (w / 4) + 1.
+static_assert(GDN_CHUNK / 16 == 4, "four 16-row blocks a chunk");
+static_assert(PREP_WARPS == 2 * (GDN_CHUNK / 16), "prepare: two warps a row block");
+static_assert(SCAN_WARPS * 2 == (GDN_CHUNK / 16) * (GDN_SLICE / 8), "scan: two column tiles a warp");
 
 __device__ __forceinline__ unsigned int to_tf32(float x) {
     unsigned int r;
