@@ -262,6 +262,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
     };
     let measured = with_model!(&model, m => measure(m, &plan))?;
     let cpu_kernels = model.cpu_kernels();
+    let kv_cache_dtype =
+        with_model!(&model, m => deltaserve_tensor::Backend::kv_dtype(&m.backend)).name();
     drop(model);
     let backend = measured.backend;
     let threads = if settings.threads == 0 {
@@ -364,6 +366,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
         "batch": 1,
         "tp_size": settings.tp_size,
         "cpu_kernels": cpu_kernels,
+        "kv_cache_dtype": kv_cache_dtype,
+        "kernel_overrides": kernel_overrides(),
         "threads": threads,
         "load_seconds": load_s,
         "timings": "un-profiled run after the warm-up; profile numbers come from a separate run",
@@ -412,8 +416,10 @@ fn print_table(
         .as_str()
         .map_or(String::new(), |k| format!(", {k} kernels"));
     println!(
-        "backend         {} ({threads} threads{kernels}); timings from an un-profiled run after {} warm-up run(s)",
-        measured.backend, args.warmup
+        "backend         {} ({threads} threads{kernels}, KV cache {}); timings from an un-profiled run after {} warm-up run(s)",
+        measured.backend,
+        r["kv_cache_dtype"].as_str().unwrap_or("?"),
+        args.warmup
     );
     println!(
         "prefill         {:.1} tok/s ({} tokens in {:.1} ms)",
@@ -509,4 +515,19 @@ fn print_table(
             }
         }
     }
+}
+
+/// The environment variables that change which kernels run (for measuring variants), as set for
+/// this run: recorded in the JSON so that a figure says what produced it.
+fn kernel_overrides() -> Value {
+    let set: serde_json::Map<String, Value> = [
+        "DELTASERVE_CUDA_PDL",
+        "DELTASERVE_CUDA_DEFINES",
+        "DELTASERVE_GDN_PREFILL",
+        deltaserve_tensor::cpu::CPU_LEVEL_ENV,
+    ]
+    .into_iter()
+    .filter_map(|name| Some((name.to_string(), Value::from(std::env::var(name).ok()?))))
+    .collect();
+    Value::Object(set)
 }
