@@ -167,7 +167,7 @@ fn demo_generate_split_equals_whole_and_bad_splits_name_the_field() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("--tp-size 4") && stderr.contains("`num_key_value_heads`"),
+        stderr.contains("--tp-size 4") && stderr.contains("`linear_num_key_heads`"),
         "{stderr}"
     );
 }

@@ -44,6 +44,17 @@ impl Shard {
         let n = total / self.size;
         (self.rank * n, (self.rank + 1) * n)
     }
+
+    /// This rank's KV heads of `total`: an even share, or with fewer KV heads than ranks (`size`
+    /// a multiple of `total`, checked by `rank_config`) a copy of the one KV head its query heads
+    /// read: consecutive ranks hold consecutive query heads, so `size / total` of them share it.
+    pub fn kv_range(&self, total: usize) -> (usize, usize) {
+        if total >= self.size {
+            return self.range(total);
+        }
+        let head = self.rank / (self.size / total);
+        (head, head + 1)
+    }
 }
 
 /// The config one rank of `tp_size` sees: attention heads, KV heads, GDN key and value heads and
@@ -71,11 +82,6 @@ pub fn rank_config(config: &ModelConfig, tp_size: usize) -> Result<ModelConfig, 
             "num_attention_heads",
             config.num_attention_heads,
             "each rank owns whole query heads",
-        ),
-        (
-            "num_key_value_heads",
-            config.num_key_value_heads,
-            "each rank owns whole KV heads; KV-head replication is not implemented",
         ),
         (
             "vocab_size",
@@ -116,6 +122,17 @@ pub fn rank_config(config: &ModelConfig, tp_size: usize) -> Result<ModelConfig, 
             ));
         }
     }
+    let kv_heads = config.num_key_value_heads;
+    if kv_heads == 0 || (kv_heads % tp_size != 0 && tp_size % kv_heads != 0) {
+        return Err(LoadError::TensorParallel {
+            tp_size,
+            field: "num_key_value_heads".into(),
+            value: kv_heads,
+            message: "each rank owns whole KV heads, or with fewer KV heads than ranks a copy of \
+                      one, which needs the number of ranks to be a multiple of them"
+                .into(),
+        });
+    }
     for (field, value, why) in checks {
         if value % tp_size != 0 || value < tp_size {
             return Err(LoadError::TensorParallel {
@@ -128,7 +145,8 @@ pub fn rank_config(config: &ModelConfig, tp_size: usize) -> Result<ModelConfig, 
     }
     let mut local = config.clone();
     local.num_attention_heads /= tp_size;
-    local.num_key_value_heads /= tp_size;
+    // Fewer KV heads than ranks: each rank keeps a copy of the one its query heads read.
+    local.num_key_value_heads = (kv_heads / tp_size).max(1);
     local.intermediate_size /= tp_size;
     if has_gdn {
         local.linear_num_key_heads /= tp_size;
@@ -533,16 +551,41 @@ mod tests {
 
     #[test]
     fn unsupported_split_names_the_field() {
-        // The demo model has 2 KV heads: 4 ranks cannot each own one.
+        // The demo model has 2 KV heads (4 ranks would each copy one) but 2 GDN key heads, which
+        // are never copied.
         let err = rank_config(&demo_like(), 4).unwrap_err().to_string();
         assert!(
-            err.contains("`num_key_value_heads`") && err.contains("--tp-size 4"),
+            err.contains("`linear_num_key_heads`") && err.contains("--tp-size 4"),
+            "{err}"
+        );
+        // 2 KV heads neither split 3 ways nor share out evenly over 3 ranks.
+        let mut c = demo_like();
+        c.num_attention_heads = 6;
+        let err = rank_config(&c, 3).unwrap_err().to_string();
+        assert!(
+            err.contains("`num_key_value_heads`") && err.contains("--tp-size 3"),
             "{err}"
         );
         let mut c = demo_like();
         c.vocab_size = 3585;
         let err = rank_config(&c, 2).unwrap_err().to_string();
         assert!(err.contains("`vocab_size`"), "{err}");
+    }
+
+    #[test]
+    fn fewer_kv_heads_than_ranks_are_copied_to_the_ranks_that_read_them() {
+        let mut c = demo_like();
+        c.num_attention_heads = 8;
+        c.linear_num_key_heads = 4;
+        c.linear_num_value_heads = 12;
+        assert_eq!(c.num_key_value_heads, 2);
+        assert_eq!(rank_config(&c, 4).unwrap().num_key_value_heads, 1);
+        // 8 query heads, 2 per rank; KV head 0 serves query heads 0-3 (ranks 0, 1), head 1 4-7.
+        let heads: Vec<_> = (0..4)
+            .map(|rank| Shard { rank, size: 4 }.kv_range(2))
+            .collect();
+        assert_eq!(heads, [(0, 1), (0, 1), (1, 2), (1, 2)]);
+        assert_eq!(Shard { rank: 1, size: 2 }.kv_range(4), (2, 4));
     }
 
     #[test]

@@ -227,10 +227,11 @@ impl<B: Backend> Builder<'_, B> {
         let c = self.config;
         let (h, d) = (c.hidden_size, c.head_dim);
         let (nq, nkv) = (c.num_attention_heads, c.num_key_value_heads);
-        // Column-parallel by heads: this rank's query heads (with their gates) and KV heads;
-        // o_proj row-parallel over the same query heads.
+        // Column-parallel by heads: this rank's query heads (with their gates) and KV heads (a
+        // copy of the one they read when there are fewer KV heads than ranks); o_proj
+        // row-parallel over the same query heads.
         let (q_from, q_to) = self.shard.range(nq);
-        let (kv_from, kv_to) = self.shard.range(nkv);
+        let (kv_from, kv_to) = self.shard.kv_range(nkv);
         let kv_rows = [(kv_from * d, kv_to * d)];
         // q_proj rows are interleaved per head: [q_h0 | gate_h0 | q_h1 | gate_h1 | ...].
         let q_and_gate = self.host(&format!("{prefix}.q_proj.weight"), &[nq * d * 2, h])?;

@@ -2,7 +2,8 @@
 //! head ratios 1, 2 and 3) split over 2 ranks of the in-process communicator computes the logits
 //! the whole model computes (prefill, step-by-step decode with the cache and state pools, the MTP
 //! head); a synthetic shape that divides 4 ways (dummy weights, MoE, MTP) does the same over 2 and
-//! 4 ranks; and a split that does not divide is refused naming the config field.
+//! 4 ranks, also with fewer KV heads than ranks (copied); and a split that does not divide is
+//! refused naming the config field.
 
 #[path = "support/fixtures.rs"]
 mod fixtures;
@@ -139,12 +140,17 @@ fn every_fixture_split_over_two_ranks_matches_the_whole_model() {
 /// A config whose heads and widths divide by 4: GDN with 3 value heads per key head, gated
 /// attention with 2 query heads per KV head, MoE with a shared expert, an MTP head, untied head.
 fn four_way_config() -> ModelConfig {
+    four_way_config_with_kv_heads(4)
+}
+
+/// `four_way_config` with `kv_heads` KV heads (2: four ranks each keep a copy of one).
+fn four_way_config_with_kv_heads(kv_heads: usize) -> ModelConfig {
     let json = r#"{
         "model_type": "qwen3_5_moe",
         "text_config": {
             "model_type": "qwen3_5_moe_text",
             "vocab_size": 512, "hidden_size": 64, "num_hidden_layers": 4,
-            "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 32,
+            "num_attention_heads": 8, "num_key_value_heads": KV_HEADS, "head_dim": 32,
             "linear_num_key_heads": 4, "linear_num_value_heads": 12,
             "linear_key_head_dim": 16, "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4,
             "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
@@ -156,7 +162,8 @@ fn four_way_config() -> ModelConfig {
             "eos_token_id": 0, "dtype": "float32"
         }
     }"#;
-    ModelConfig::from_json_str(json, Path::new("four_way/config.json")).unwrap()
+    let json = json.replace("KV_HEADS", &kv_heads.to_string());
+    ModelConfig::from_json_str(&json, Path::new("four_way/config.json")).unwrap()
 }
 
 #[test]
@@ -172,6 +179,19 @@ fn dummy_weights_split_two_and_four_ways_match_the_whole_model() {
         let split = run(&load_tp(&config, &source, tp), &prompt, &decode);
         assert_same("four-way shape", tp, &whole, &split);
     }
+}
+
+/// Fewer KV heads than ranks: with 2 KV heads over 4 ranks each rank keeps a copy of the KV head
+/// its two query heads read (as SGLang and vLLM replicate them); the logits stay the whole model's.
+#[test]
+fn copied_kv_heads_split_four_ways_match_the_whole_model() {
+    let config = four_way_config_with_kv_heads(2);
+    let source = DummySource::new(DType::F32, 6).with_tied_embeddings(false);
+    let prompt: Vec<u32> = (0..33u32).map(|i| (i * 61 + 5) % 512).collect();
+    let decode = [3u32, 200, 17];
+    let whole = run(&load_tp(&config, &source, 1), &prompt, &decode);
+    let split = run(&load_tp(&config, &source, 4), &prompt, &decode);
+    assert_same("copied KV heads", 4, &whole, &split);
 }
 
 #[test]
@@ -210,10 +230,10 @@ fn unsupported_split_is_refused_naming_the_field() {
     let backends = (0..4).map(|_| cpu()).collect();
     let err = load_tensor_parallel(backends, comms, &config, &source, true, &mut |_, _| {})
         .err()
-        .expect("2 KV heads do not split 4 ways")
+        .expect("2 GDN key heads do not split 4 ways")
         .to_string();
     assert!(
-        err.contains("--tp-size 4") && err.contains("`num_key_value_heads`"),
+        err.contains("--tp-size 4") && err.contains("`linear_num_key_heads`"),
         "{err}"
     );
 }
