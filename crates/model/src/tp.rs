@@ -123,7 +123,7 @@ pub fn rank_config(config: &ModelConfig, tp_size: usize) -> Result<ModelConfig, 
         }
     }
     let kv_heads = config.num_key_value_heads;
-    if kv_heads == 0 || (kv_heads % tp_size != 0 && tp_size % kv_heads != 0) {
+    if kv_heads == 0 || (!kv_heads.is_multiple_of(tp_size) && !tp_size.is_multiple_of(kv_heads)) {
         return Err(LoadError::TensorParallel {
             tp_size,
             field: "num_key_value_heads".into(),
