@@ -205,18 +205,8 @@ impl EventWriter {
     fn open_reasoning(&mut self) {
         self.close();
         let id = self.ids.reasoning();
-        let index = self.open_index();
-        let mut item = reasoning_item(&id, "", "in_progress");
-        item["content"] = json!([]);
-        self.event(
-            "response.output_item.added",
-            json!({"output_index": index, "item": item}),
-        );
-        self.event(
-            "response.content_part.added",
-            json!({"item_id": id, "output_index": index, "content_index": 0,
-                "part": reasoning_part("")}),
-        );
+        let item = reasoning_item(&id, "", "in_progress");
+        self.announce_text_item(&id, item, reasoning_part(""));
         self.open = Some(OpenItem::Reasoning {
             id,
             text: String::new(),
@@ -226,8 +216,18 @@ impl EventWriter {
     fn open_message(&mut self) {
         self.close();
         let id = self.ids.message();
+        let item = message_item(&id, "", "in_progress");
+        self.announce_text_item(&id, item, output_text_part(""));
+        self.open = Some(OpenItem::Message {
+            id,
+            text: String::new(),
+        });
+    }
+
+    /// The events that open a text item (reasoning or message): the item, still without content,
+    /// then its one content part.
+    fn announce_text_item(&mut self, id: &str, mut item: Value, part: Value) {
         let index = self.open_index();
-        let mut item = message_item(&id, "", "in_progress");
         item["content"] = json!([]);
         self.event(
             "response.output_item.added",
@@ -235,13 +235,8 @@ impl EventWriter {
         );
         self.event(
             "response.content_part.added",
-            json!({"item_id": id, "output_index": index, "content_index": 0,
-                "part": output_text_part("")}),
+            json!({"item_id": id, "output_index": index, "content_index": 0, "part": part}),
         );
-        self.open = Some(OpenItem::Message {
-            id,
-            text: String::new(),
-        });
     }
 
     fn open_call(&mut self, call_id: &str, name: &str) {
@@ -262,30 +257,42 @@ impl EventWriter {
         });
     }
 
+    /// The events that finish a text item: `done_event` with the fields of `done` (its text), then
+    /// the finished content part.
+    fn finish_text_item(
+        &mut self,
+        id: &str,
+        index: usize,
+        done_event: &str,
+        done: Value,
+        part: Value,
+    ) {
+        let at = json!({"item_id": id, "output_index": index, "content_index": 0});
+        let mut event = at.clone();
+        if let (Some(event), Value::Object(fields)) = (event.as_object_mut(), done) {
+            event.extend(fields);
+        }
+        self.event(done_event, event);
+        let mut finished = at;
+        finished["part"] = part;
+        self.event("response.content_part.done", finished);
+    }
+
     /// Finishes the open item: its `.done` events, and it joins the output.
     fn close(&mut self) {
         let index = self.open_index();
         let item = match self.open.take() {
             None => return,
             Some(OpenItem::Reasoning { id, text }) => {
-                let at = json!({"item_id": id, "output_index": index, "content_index": 0});
-                let mut done = at.clone();
-                done["text"] = json!(text);
-                self.event("response.reasoning_text.done", done);
-                let mut part = at;
-                part["part"] = reasoning_part(&text);
-                self.event("response.content_part.done", part);
+                let done = json!({"text": text});
+                let part = reasoning_part(&text);
+                self.finish_text_item(&id, index, "response.reasoning_text.done", done, part);
                 reasoning_item(&id, &text, "completed")
             }
             Some(OpenItem::Message { id, text }) => {
-                let at = json!({"item_id": id, "output_index": index, "content_index": 0});
-                let mut done = at.clone();
-                done["text"] = json!(text);
-                done["logprobs"] = json!([]);
-                self.event("response.output_text.done", done);
-                let mut part = at;
-                part["part"] = output_text_part(&text);
-                self.event("response.content_part.done", part);
+                let done = json!({"text": text, "logprobs": []});
+                let part = output_text_part(&text);
+                self.finish_text_item(&id, index, "response.output_text.done", done, part);
                 message_item(&id, &text, "completed")
             }
             Some(OpenItem::Call {
