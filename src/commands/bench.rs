@@ -520,14 +520,10 @@ fn print_table(
 /// The environment variables that change which kernels run (for measuring variants), as set for
 /// this run: recorded in the JSON so that a figure says what produced it.
 fn kernel_overrides() -> Value {
-    let set: serde_json::Map<String, Value> = [
-        "DELTASERVE_CUDA_PDL",
-        "DELTASERVE_CUDA_DEFINES",
-        "DELTASERVE_GDN_PREFILL",
-        deltaserve_tensor::cpu::CPU_LEVEL_ENV,
-    ]
-    .into_iter()
-    .filter_map(|name| Some((name.to_string(), Value::from(std::env::var(name).ok()?))))
-    .collect();
+    let set: serde_json::Map<String, Value> = deltaserve_cuda::KERNEL_VARIANT_ENV
+        .into_iter()
+        .chain([deltaserve_tensor::cpu::CPU_LEVEL_ENV])
+        .filter_map(|name| Some((name.to_string(), Value::from(std::env::var(name).ok()?))))
+        .collect();
     Value::Object(set)
 }

@@ -274,9 +274,6 @@ impl CudaBackend {
         if batch.seqs.is_empty() || value_heads == 0 || key_dim == 0 || value_dim == 0 {
             return;
         }
-        let table = seq_table(batch);
-        let seqs = self.upload_cached(table::SEQUENCES, &table.seqs);
-        let snaps = self.upload_cached(table::SNAPSHOT_SLOTS, &table.snaps);
         let chunked = match self.gdn_prefill {
             GdnPrefill::Auto => self.gemm_precision == GemmPrecision::Bf16,
             GdnPrefill::Recurrent => false,
@@ -288,6 +285,9 @@ impl CudaBackend {
             self.chunked_delta_rule(mixed, g, beta, pool, batch, shape, out);
             return;
         }
+        let table = seq_table(batch);
+        let seqs = self.upload_cached(table::SEQUENCES, &table.seqs);
+        let snaps = self.upload_cached(table::SNAPSHOT_SLOTS, &table.snaps);
         let (hk, hv, dv) = (key_heads as i32, value_heads as i32, value_dim as i32);
         let grid = |columns_per_block: usize| {
             (

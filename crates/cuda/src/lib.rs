@@ -37,4 +37,4 @@ pub use flash::FLASH_MIN_TOKENS;
 pub use launcher::waits_for_previous_grid;
 pub use mat::CudaMat;
 pub use nccl::NcclCommunicator;
-pub use options::{CudaOptions, GdnPrefill, GemmPrecision};
+pub use options::{CudaOptions, GdnPrefill, GemmPrecision, KERNEL_VARIANT_ENV};

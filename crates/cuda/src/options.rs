@@ -42,6 +42,14 @@ pub enum GdnPrefill {
 }
 // `DELTASERVE_GDN_PREFILL=recurrent|chunked` picks one for the defaults (to measure the two).
 
+/// Environment variables that pick kernel variants in `CudaOptions::default()` (for measuring them;
+/// `bench` records the ones set): early starts off (`0`), extra kernel macro definitions, the
+/// delta-rule prefill form.
+pub const PDL_ENV: &str = "DELTASERVE_CUDA_PDL";
+pub const DEFINES_ENV: &str = "DELTASERVE_CUDA_DEFINES";
+pub const GDN_PREFILL_ENV: &str = "DELTASERVE_GDN_PREFILL";
+pub const KERNEL_VARIANT_ENV: [&str; 3] = [PDL_ENV, DEFINES_ENV, GDN_PREFILL_ENV];
+
 /// Everything `CudaBackend::with_options` needs.
 #[derive(Clone, Debug)]
 pub struct CudaOptions {
@@ -123,7 +131,7 @@ impl Default for CudaOptions {
         Self {
             gemm_precision: GemmPrecision::default(),
             kv_dtype: None,
-            gdn_prefill: match std::env::var("DELTASERVE_GDN_PREFILL").as_deref() {
+            gdn_prefill: match std::env::var(GDN_PREFILL_ENV).as_deref() {
                 Ok("recurrent") => GdnPrefill::Recurrent,
                 Ok("chunked") => GdnPrefill::Chunked,
                 _ => GdnPrefill::default(),
@@ -131,8 +139,8 @@ impl Default for CudaOptions {
             library_dirs,
             include_dirs,
             ptx_cache_dir,
-            dependent_launch: std::env::var("DELTASERVE_CUDA_PDL").map_or(true, |v| v != "0"),
-            defines: std::env::var("DELTASERVE_CUDA_DEFINES")
+            dependent_launch: std::env::var(PDL_ENV).map_or(true, |v| v != "0"),
+            defines: std::env::var(DEFINES_ENV)
                 .map(|v| parse_defines(&v))
                 .unwrap_or_default(),
         }
