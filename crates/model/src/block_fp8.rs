@@ -10,9 +10,7 @@ use deltaserve_tensor::e4m3::{e4m3_to_f32, f32_to_e4m3, E4M3_MAX};
 use rayon::prelude::*;
 
 /// The scale grid of a `[rows, cols]` matrix in `block` tiles.
-pub fn scale_grid(rows: usize, cols: usize, block: [usize; 2]) -> [usize; 2] {
-    [rows.div_ceil(block[0]), cols.div_ceil(block[1])]
-}
+pub use deltaserve_tensor::block_fp8_matrix::scale_grid;
 
 /// Dequantizes `matrices` stacked `[rows, cols]` FP8 matrices with their stacked scale grids.
 /// Panics on lengths that disagree with the shapes (callers check shapes first, with names).

@@ -234,6 +234,7 @@ impl TensorSource for DummySource {
             chunk_seeds: (0..chunks)
                 .map(|c| stream_seed(self.seed, name, c))
                 .collect(),
+            block_fp8: None,
         })
     }
 

@@ -8,7 +8,7 @@ use crate::block_fp8;
 use crate::error::LoadError;
 use crate::quantization::Fp8Quantization;
 use crate::source::TensorSource;
-use deltaserve_tensor::{GeneratedMatrix, HostTensor};
+use deltaserve_tensor::{BlockFp8Matrix, GeneratedMatrix, HostTensor};
 
 pub struct Fp8QuantizingSource {
     inner: Box<dyn TensorSource>,
@@ -49,22 +49,31 @@ impl TensorSource for Fp8QuantizingSource {
         let (codes, scales) =
             block_fp8::quantize(&tensor.to_f32_vec(), matrices, [rows, cols], block);
         let values = block_fp8::dequantize(&codes, &scales, matrices, [rows, cols], block);
-        Ok(HostTensor::from_f32(tensor.name, shape.to_vec(), &values))
+        let stored = BlockFp8Matrix {
+            codes,
+            scales,
+            block,
+        };
+        Ok(HostTensor::from_f32(tensor.name, shape.to_vec(), &values).with_block_fp8(stored))
     }
 
     fn contains(&self, name: &str) -> bool {
         self.inner.contains(name)
     }
 
-    /// Weights generated on a device never pass through the quantizer, so converted ones are read
-    /// (generated on the host) instead.
+    /// A converted matrix is offered for generation with the quantizer's block shape, so that a
+    /// backend that keeps FP8 weights quantizes it on its device as `get` would on the host (one
+    /// that cannot declines, and `get` runs). Packed experts are generated as one `[E * out, in]`
+    /// matrix, whose tiles would straddle experts: those are always read.
     fn generated_matrix(&self, name: &str, shape: [usize; 2]) -> Option<GeneratedMatrix> {
-        // Packed experts are generated as one `[E * out, in]` matrix.
-        let linear = name.ends_with(".weight") || is_packed_experts(name);
-        if linear && !self.scheme.keeps_unconverted(name) {
+        if is_packed_experts(name) && !self.scheme.keeps_unconverted(name) {
             return None;
         }
-        self.inner.generated_matrix(name, shape)
+        let spec = self.inner.generated_matrix(name, shape)?;
+        Some(GeneratedMatrix {
+            block_fp8: self.converts(name, &shape).then_some(self.scheme.block),
+            ..spec
+        })
     }
 
     fn describe(&self) -> String {
@@ -106,9 +115,13 @@ mod tests {
                 assert_eq!(ours.bytes(), theirs.bytes(), "{name} must stay as stored");
                 continue;
             }
-            assert!(source
+            // A converted matrix is offered for generation only with the quantizer's blocks
+            // (packed experts never: their tiles would straddle experts).
+            let offered = source
                 .generated_matrix(name, [shape[0], shape[1]])
-                .is_none());
+                .map(|spec| spec.block_fp8);
+            let expected = (shape.len() == 2).then_some(Some([128, 128]));
+            assert_eq!(offered, expected, "{name}");
             let (w, q) = (theirs.to_f32_vec(), ours.to_f32_vec());
             // Each value moves by at most half an e4m3 step: 2^-4 of itself, or 2^-10 of its
             // tile's scale (at most the tensor's amax / 448) below the normal range.

@@ -9,7 +9,7 @@ use crate::config::quantization_from_dir;
 use crate::error::LoadError;
 use crate::quantization::Fp8Quantization;
 use crate::source::{checkpoint_names, TensorSource};
-use deltaserve_tensor::{ByteOwner, DType, HostTensor};
+use deltaserve_tensor::{BlockFp8Matrix, ByteOwner, DType, HostTensor};
 use memmap2::Mmap;
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
@@ -192,7 +192,12 @@ impl SafetensorsFile {
         let codes = &self.owner.bytes()[entry.start..entry.end];
         let matrices = stacked.iter().product();
         let values = block_fp8::dequantize(codes, &scales, matrices, [rows, cols], scheme.block);
-        Ok(HostTensor::from_f32(key, shape.to_vec(), &values))
+        let stored = BlockFp8Matrix {
+            codes: codes.to_vec(),
+            scales,
+            block: scheme.block,
+        };
+        Ok(HostTensor::from_f32(key, shape.to_vec(), &values).with_block_fp8(stored))
     }
 }
 

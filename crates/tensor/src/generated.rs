@@ -16,4 +16,8 @@ pub struct GeneratedMatrix {
     pub hi: f32,
     pub chunk_elems: usize,
     pub chunk_seeds: Vec<u64>,
+    /// Quantize the values to block FP8 with these block sizes (`--quantization fp8`), as the host
+    /// quantizer would; a backend that cannot keep FP8 weights declines the spec and the host
+    /// generates and quantizes instead.
+    pub block_fp8: Option<[usize; 2]>,
 }

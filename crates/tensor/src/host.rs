@@ -1,6 +1,7 @@
 //! Host tensors: a dtype, a shape and little-endian bytes that are either owned or borrowed from a
 //! memory-mapped checkpoint file. Backends turn them into their own storage.
 
+use crate::block_fp8_matrix::BlockFp8Matrix;
 use crate::dtype::{decode_to_f32, DType};
 use std::sync::Arc;
 
@@ -36,6 +37,9 @@ pub struct HostTensor {
     owner: Arc<dyn ByteOwner>,
     start: usize,
     end: usize,
+    /// The block-FP8 form of these values when they were read from (or quantized to) one; kept by
+    /// `gather_rows` of whole scale blocks, dropped by every other operation that moves values.
+    block_fp8: Option<Arc<BlockFp8Matrix>>,
 }
 
 impl std::fmt::Debug for HostTensor {
@@ -84,6 +88,7 @@ impl HostTensor {
             owner,
             start,
             end,
+            block_fp8: None,
         })
     }
 
@@ -112,7 +117,18 @@ impl HostTensor {
             owner: Arc::new(bytes),
             start: 0,
             end,
+            block_fp8: None,
         }
+    }
+
+    /// These values with the block-FP8 form they were dequantized from.
+    pub fn with_block_fp8(mut self, matrix: BlockFp8Matrix) -> Self {
+        self.block_fp8 = Some(Arc::new(matrix));
+        self
+    }
+
+    pub fn block_fp8(&self) -> Option<&BlockFp8Matrix> {
+        self.block_fp8.as_deref()
     }
 
     pub fn numel(&self) -> usize {
@@ -159,6 +175,7 @@ impl HostTensor {
             owner: self.owner.clone(),
             start: self.start + from * row_bytes,
             end: self.start + to * row_bytes,
+            block_fp8: None,
         }
     }
 
@@ -176,7 +193,42 @@ impl HostTensor {
         }
         let mut shape = self.shape.clone();
         shape[0] = rows;
-        Self::owned(self.name.clone(), self.dtype, shape, bytes)
+        let gathered = Self::owned(self.name.clone(), self.dtype, shape, bytes);
+        match self.block_fp8_rows(ranges) {
+            Some(fp8) => gathered.with_block_fp8(fp8),
+            None => gathered,
+        }
+    }
+
+    /// The FP8 parts of `gather_rows(ranges)` of a 2-D tensor: codes gathered alike and the scale
+    /// rows with them, when every range covers whole scale blocks (the per-head query/gate split
+    /// of attention, 128-row heads in every released checkpoint); `None` otherwise.
+    fn block_fp8_rows(&self, ranges: &[(usize, usize)]) -> Option<BlockFp8Matrix> {
+        let fp8 = self.block_fp8()?;
+        let [_, cols] = self.shape[..] else {
+            return None;
+        };
+        let block_rows = fp8.block[0];
+        let whole_blocks = ranges
+            .iter()
+            .all(|&(from, to)| from % block_rows == 0 && to % block_rows == 0);
+        if !whole_blocks {
+            return None;
+        }
+        let grid_cols = cols.div_ceil(fp8.block[1]);
+        let mut codes = Vec::new();
+        let mut scales = Vec::new();
+        for &(from, to) in ranges {
+            codes.extend_from_slice(&fp8.codes[from * cols..to * cols]);
+            scales.extend_from_slice(
+                &fp8.scales[from / block_rows * grid_cols..to / block_rows * grid_cols],
+            );
+        }
+        Some(BlockFp8Matrix {
+            codes,
+            scales,
+            block: fp8.block,
+        })
     }
 
     /// Columns `[from, to)` of a 2-D tensor, as a new owned tensor (a row-parallel shard of an
@@ -211,8 +263,15 @@ impl HostTensor {
             self.numel(),
             "reshape changes numel"
         );
+        // The FP8 parts describe the old shape's scale grid.
+        let block_fp8 = if shape == self.shape {
+            self.block_fp8.clone()
+        } else {
+            None
+        };
         Self {
             shape,
+            block_fp8,
             ..self.clone()
         }
     }
@@ -231,6 +290,30 @@ mod tests {
             vec![4., 5., 0., 1.]
         );
         assert!(t.expect_shape(&[2, 3]).is_err());
+    }
+
+    #[test]
+    fn block_fp8_parts_follow_whole_block_gathers_only() {
+        let (rows, cols) = (384, 32);
+        let codes: Vec<u8> = (0..rows * cols).map(|i| (i % 251) as u8).collect();
+        let scales = vec![1.0, 2.0, 3.0];
+        let t = HostTensor::from_f32("w", vec![rows, cols], &vec![0.0; rows * cols])
+            .with_block_fp8(BlockFp8Matrix {
+                codes: codes.clone(),
+                scales,
+                block: [128, 128],
+            });
+        let swapped = t.gather_rows(&[(256, 384), (0, 128)]);
+        let fp8 = swapped
+            .block_fp8()
+            .expect("whole blocks keep their FP8 form");
+        assert_eq!(fp8.scales, vec![3.0, 1.0]);
+        assert_eq!(fp8.codes[..128 * cols], codes[256 * cols..]);
+        assert_eq!(fp8.codes[128 * cols..], codes[..128 * cols]);
+        assert!(t.gather_rows(&[(0, 64)]).block_fp8().is_none());
+        assert!(t.rows(0, 128).block_fp8().is_none());
+        assert!(t.reshaped(vec![rows * 2, cols / 2]).block_fp8().is_none());
+        assert!(t.reshaped(vec![rows, cols]).block_fp8().is_some());
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 pub mod backend;
 pub mod batch;
+pub mod block_fp8_matrix;
 pub mod cache;
 pub mod comm;
 pub mod cpu;
@@ -22,6 +23,7 @@ pub mod step_graph;
 
 pub use backend::{AttnShape, Backend, GdnShape, RouteChoice};
 pub use batch::{BatchLayout, SeqLayout};
+pub use block_fp8_matrix::BlockFp8Matrix;
 pub use cache::{kv_offset, KvLayerPool, StateLayerPool};
 pub use comm::{Communicator, InProcessGroup};
 pub use cpu::CpuBackend;
