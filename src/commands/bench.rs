@@ -367,6 +367,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         "tp_size": settings.tp_size,
         "cpu_kernels": cpu_kernels,
         "kv_cache_dtype": kv_cache_dtype,
+        "quantization": settings.quantization.map(|q| format!("{q:?}").to_lowercase()),
         "kernel_overrides": kernel_overrides(),
         "threads": threads,
         "load_seconds": load_s,

@@ -111,12 +111,28 @@ __device__ __forceinline__ void let_next_kernel_start() {
 #endif
 }
 
-// The first statement of a kernel that reads its inputs right away.
-#define AFTER_PREVIOUS_KERNEL() \
-    do {                        \
+// The first statement of a kernel that reads its inputs right away. With PDL_TRIGGER_FIRST the next
+// kernel may start before this one waits: all of this grid's blocks have started by then, so the
+// early blocks of the next one can only take slots this grid does not need, and they do their
+// independent part (a GEMV's first weight loads) while this one waits and runs.
+// Measured on the H200 (decode tok/s, one call): 27B 63.9 -> 64.2 with the pipelined GEMV, 35B-A3B
+// 253.6 -> 255.2; alone, within noise.
+#ifndef PDL_TRIGGER_FIRST
+#define PDL_TRIGGER_FIRST 1
+#endif
+#if PDL_TRIGGER_FIRST
+#define AFTER_PREVIOUS_KERNEL()     \
+    do {                            \
+        let_next_kernel_start();    \
+        wait_for_previous_kernel(); \
+    } while (0)
+#else
+#define AFTER_PREVIOUS_KERNEL()     \
+    do {                            \
         wait_for_previous_kernel(); \
         let_next_kernel_start();    \
     } while (0)
+#endif
 
 // Grid-stride loop over `n` elements.
 #define FOR_EACH(i, n) for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (i64)(n); i += (i64)gridDim.x * blockDim.x)

@@ -8,7 +8,7 @@ use crate::detect::{open_device, OpenDevice};
 use crate::error::CudaError;
 use crate::launcher;
 use crate::libraries;
-use crate::mat::CudaMat;
+use crate::mat::{CudaMat, FP8_BLOCK};
 use crate::options::{CudaOptions, GdnPrefill, GemmPrecision};
 use crate::profile::OpProfiler;
 use crate::upload_cache::UploadCache;
@@ -44,6 +44,8 @@ pub struct CudaBackend {
     pub(crate) dependent_launch: bool,
     pub(crate) gemv_lane_shape: crate::gemv::LaneShape,
     pub(crate) gemm_precision: GemmPrecision,
+    /// `CudaOptions::keep_fp8_weights` under bf16 precision.
+    pub(crate) keep_fp8_weights: bool,
     /// The element type of the KV pools this backend makes (its attention reads both).
     pub(crate) kv_dtype: KvDtype,
     pub(crate) gdn_prefill: GdnPrefill,
@@ -176,6 +178,8 @@ impl CudaBackend {
             dependent_launch: options.dependent_launch,
             gemv_lane_shape: crate::gemv::LaneShape::from_options(options),
             gemm_precision: options.gemm_precision,
+            keep_fp8_weights: options.keep_fp8_weights
+                && options.gemm_precision == GemmPrecision::Bf16,
             kv_dtype: options
                 .kv_dtype
                 .unwrap_or(options.gemm_precision.default_kv_dtype()),
@@ -339,7 +343,7 @@ impl Backend for CudaBackend {
     }
 
     fn load_mat(&self, t: &HostTensor) -> Result<CudaMat, TensorError> {
-        CudaMat::upload(&self.stream, t, self.gemm_precision)
+        CudaMat::upload(&self.stream, t, self.gemm_precision, self.keep_fp8_weights)
     }
 
     fn mat_shape(&self, m: &CudaMat) -> (usize, usize) {
@@ -606,6 +610,15 @@ impl Backend for CudaBackend {
     }
 
     fn generate_mat(&self, spec: &GeneratedMatrix) -> Option<Result<CudaMat, TensorError>> {
+        // Block-FP8 weights are quantized here under bf16 precision only (f32 keeps the exact
+        // dequantized values, which the host computes), in the block shape and rows the kernels
+        // read (as `load_mat`); they stay FP8 or are widened to bf16 (generate.rs).
+        let quantized_here = self.gemm_precision == GemmPrecision::Bf16
+            && spec.block_fp8 == Some(FP8_BLOCK)
+            && spec.cols.is_multiple_of(16);
+        if spec.block_fp8.is_some() && !quantized_here {
+            return None;
+        }
         Some(self.timed(|| "generate_mat".to_string(), || self.generate_mat_op(spec)))
     }
 

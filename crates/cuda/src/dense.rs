@@ -56,6 +56,20 @@ impl CudaBackend {
                 &n64,
                 &hidden32
             ),
+            MatData::Fp8 { codes, scales } => {
+                // Checkpoints keep their embedding unquantized; widened whole if one does not.
+                let t = self.dequantize_block_fp8(codes, scales, table.rows, table.cols);
+                launch!(
+                    self,
+                    "embedding_bf16",
+                    cfg,
+                    &t,
+                    ids_dev.as_ref(),
+                    &mut out.data,
+                    &n64,
+                    &hidden32
+                )
+            }
             MatData::F32(t) => launch!(
                 self,
                 "embedding_f32",

@@ -1,7 +1,7 @@
-//! `matmul` (`out [T, N] = x [T, K] @ w[N, K]^T`): a few rows of bf16 weights go to the GEMV kernel
-//! (`gemv`), everything else through cuBLAS `gemmEx`: bf16 weights with
-//! activations cast to bf16 (tensor cores, f32 accumulation and output), or f32 weights in pedantic
-//! f32. Row-major `out^T = w x^T` is cuBLAS's column-major `C [N, T] = op(A) B` with A = w transposed.
+//! `matmul` (`out [T, N] = x [T, K] @ w[N, K]^T`): a few rows of bf16 or block-FP8 weights go to the
+//! GEMV kernel (`gemv`), everything else through cuBLAS `gemmEx`: bf16 weights (block-FP8 ones
+//! widened to bf16 first) with activations cast to bf16 (tensor cores, f32 accumulation and
+//! output), or f32 weights in pedantic f32. Row-major `out^T = w x^T` is cuBLAS's column-major `C [N, T] = op(A) B` with A = w transposed.
 
 use crate::backend::{device_failure, launch, CudaBackend};
 use crate::buffer::CudaBuf;
@@ -53,6 +53,22 @@ impl CudaBackend {
         if tokens == 0 || ws.is_empty() {
             return;
         }
+        let is_fp8 = |w: &CudaMat| matches!(w.data, MatData::Fp8 { .. });
+        let fp8_members = ws.iter().filter(|w| is_fp8(w)).count();
+        if fp8_members > 0 && fp8_members < ws.len() {
+            // A checkpoint keeps some matrices of a group unquantized (GDN in_proj_a/b beside
+            // in_proj_qkv/z): each format is a group of its own, so both can take the GEMV.
+            for fp8 in [true, false] {
+                let (sub_ws, mut sub_outs): (Vec<&CudaMat>, Vec<&mut CudaBuf>) = ws
+                    .iter()
+                    .zip(outs.iter_mut())
+                    .filter(|(w, _)| is_fp8(w) == fp8)
+                    .map(|(w, out)| (*w, &mut **out))
+                    .unzip();
+                self.matmul_group_op(x, &sub_ws, &mut sub_outs, tokens);
+            }
+            return;
+        }
         if Self::gemv_applies(ws, tokens) {
             self.gemv_op(x, ws, outs, tokens);
             return;
@@ -89,6 +105,23 @@ impl CudaBackend {
                 let x_bf16 = x_bf16.get_or_insert_with(|| self.cast_to_bf16(x, tokens * k));
                 self.gemm_ex(
                     weights,
+                    x_bf16,
+                    cudaDataType_t::CUDA_R_16BF,
+                    out,
+                    n,
+                    tokens,
+                    k,
+                    cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                );
+            }
+            MatData::Fp8 { codes, scales } => {
+                // Prefill and batches past the FP8 GEMV: widened to bf16 for cuBLAS, matrix by
+                // matrix (a scratch of one matrix; the widening reads 1 and writes 2 bytes a
+                // weight, small against the product at these token counts).
+                let weights = self.dequantize_block_fp8(codes, scales, n, k);
+                let x_bf16 = x_bf16.get_or_insert_with(|| self.cast_to_bf16(x, tokens * k));
+                self.gemm_ex(
+                    &weights,
                     x_bf16,
                     cudaDataType_t::CUDA_R_16BF,
                     out,

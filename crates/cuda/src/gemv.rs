@@ -1,5 +1,7 @@
 //! The skinny-GEMM path of `matmul` for decode and verify (gemv.cu): up to `GEMV_MAX_TOKENS` rows
-//! against up to `GEMV_MATRICES` bf16 weight matrices that share their input, in one launch. cuBLAS
+//! against up to `GEMV_MATRICES` bf16 weight matrices that share their input, in one launch, or up
+//! to `LANE_TOKENS` rows against block-FP8 matrices (W8A16: the codes are read, one scale a
+//! 16-code vector, and multiply the f32 activations; half the bytes of bf16). cuBLAS
 //! picks GEMM tilings that leave bandwidth unused on these shapes and needs a separate cast of the
 //! activations per matrix; this path rounds the activations once per group and streams each weight
 //! byte once with 16-byte loads into tensor-core multiply-adds, K split over a block's warps.
@@ -59,6 +61,7 @@ impl LaneShape {
 struct GemvGroup {
     w: [u64; GEMV_MATRICES],
     out: [u64; GEMV_MATRICES],
+    scale: [u64; GEMV_MATRICES],
     first_row: [i32; GEMV_MATRICES + 1],
     count: i32,
 }
@@ -68,20 +71,26 @@ struct GemvGroup {
 unsafe impl ValueArg for GemvGroup {}
 
 impl CudaBackend {
-    /// Whether `matmul_group` can take the GEMV path for these matrices and this many rows: bf16
-    /// weights whose rows are whole 16-byte vectors, one shared input width, few rows.
+    /// Whether `matmul_group` can take the GEMV path for these matrices and this many rows: one
+    /// shared input width, few rows, and either bf16 weights whose rows are whole 16-byte vectors
+    /// or block-FP8 ones whose rows are whole 16-code vectors (at most `LANE_TOKENS` rows).
     pub(crate) fn gemv_applies(ws: &[&CudaMat], tokens: usize) -> bool {
         let Some(first) = ws.first() else {
             return false;
         };
         let k = first.cols;
-        (1..=GEMV_MAX_TOKENS).contains(&tokens)
-            && k > 0
+        let fits = |w: &&CudaMat| w.cols == k && w.rows > 0;
+        let bf16 = (1..=GEMV_MAX_TOKENS).contains(&tokens)
             && k % 8 == 0
             && ws
                 .iter()
-                .all(|w| w.cols == k && w.rows > 0 && matches!(w.data, MatData::Bf16(_)))
-            && ws.iter().map(|w| w.rows).sum::<usize>() < i32::MAX as usize
+                .all(|w| fits(w) && matches!(w.data, MatData::Bf16(_)));
+        let fp8 = (1..=LANE_TOKENS).contains(&tokens)
+            && k % 16 == 0
+            && ws
+                .iter()
+                .all(|w| fits(w) && matches!(w.data, MatData::Fp8 { .. }));
+        k > 0 && (bf16 || fp8) && ws.iter().map(|w| w.rows).sum::<usize>() < i32::MAX as usize
     }
 
     /// `outs[i] [tokens, rows_i] = bf16(x) @ ws[i]^T`; the caller checked `gemv_applies` and the
@@ -98,7 +107,9 @@ impl CudaBackend {
         // path does), except the one-token kernel, which rounds the f32 values itself the same way
         // and so saves the cast's launch (with more tokens the rounding costs more than the launch).
         let lanes = tokens <= LANE_TOKENS;
-        let x_bf16 = (tokens > 1).then(|| self.cast_to_bf16(x, tokens * k));
+        let fp8 = matches!(ws[0].data, MatData::Fp8 { .. });
+        // The FP8 kernels multiply the f32 activations as they are.
+        let x_bf16 = (tokens > 1 && !fp8).then(|| self.cast_to_bf16(x, tokens * k));
         for (chunk_w, chunk_out) in ws.chunks(GEMV_MATRICES).zip(outs.chunks_mut(GEMV_MATRICES)) {
             let mut group = GemvGroup {
                 count: chunk_w.len() as i32,
@@ -107,10 +118,18 @@ impl CudaBackend {
             let mut guards = Vec::with_capacity(2 * chunk_w.len());
             let mut rows = 0usize;
             for (m, (w, out)) in chunk_w.iter().zip(chunk_out.iter_mut()).enumerate() {
-                let MatData::Bf16(data) = &w.data else {
-                    unreachable!("gemv_applies admits bf16 matrices only")
+                let (w_ptr, w_guard) = match &w.data {
+                    MatData::Bf16(data) => data.device_ptr(&self.stream),
+                    MatData::Fp8 { codes, scales } => {
+                        let (scale_ptr, scale_guard) = scales.device_ptr(&self.stream);
+                        group.scale[m] = scale_ptr;
+                        guards.push(scale_guard);
+                        codes.device_ptr(&self.stream)
+                    }
+                    MatData::F32(_) => {
+                        unreachable!("gemv_applies admits bf16 and fp8 matrices only")
+                    }
                 };
-                let (w_ptr, w_guard) = data.device_ptr(&self.stream);
                 let (out_ptr, out_guard) = out.data.device_ptr_mut(&self.stream);
                 guards.push(w_guard);
                 guards.push(out_guard);
@@ -132,17 +151,22 @@ impl CudaBackend {
                 shared_mem_bytes: 0,
             };
             let (t32, k32) = (tokens as i32, k as i32);
-            // Contract: every matrix is bf16 [rows_m, k] with k % 8 == 0 (gemv_applies), so each
+            // Contract: every matrix is bf16 [rows_m, k] with k % 8 == 0, or block-FP8 codes
+            // [rows_m, k] with k % 16 == 0 and their 128 x 128 scale grid (gemv_applies), so each
             // row starts 16-byte aligned (and each x_bf16 or f32 x row too); tokens <=
-            // GEMV_MAX_TOKENS; x (f32 for one token, x_bf16 for more) holds tokens * k
-            // values and each out tokens * rows_m f32
+            // GEMV_MAX_TOKENS (LANE_TOKENS for FP8); x (f32 for one token and for FP8, x_bf16
+            // otherwise) holds tokens * k values and each out tokens * rows_m f32
             // (checked by the callers); first_row partitions the grid's rows among the matrices.
-            let kernel = match tokens {
-                1 => "gemv_bf16_lanes_t1",
-                2 => "gemv_bf16_lanes_t2",
-                3 => "gemv_bf16_lanes_t3",
-                4 => "gemv_bf16_lanes_t4",
-                _ => "gemv_bf16_t1",
+            let kernel = match (fp8, tokens) {
+                (true, 1) => "gemv_fp8_lanes_t1",
+                (true, 2) => "gemv_fp8_lanes_t2",
+                (true, 3) => "gemv_fp8_lanes_t3",
+                (true, _) => "gemv_fp8_lanes_t4",
+                (false, 1) => "gemv_bf16_lanes_t1",
+                (false, 2) => "gemv_bf16_lanes_t2",
+                (false, 3) => "gemv_bf16_lanes_t3",
+                (false, 4) => "gemv_bf16_lanes_t4",
+                (false, _) => "gemv_bf16_t1",
             };
             match &x_bf16 {
                 Some(xb) => launch!(self, kernel, cfg, &group, xb, &t32, &k32),

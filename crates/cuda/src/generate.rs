@@ -75,6 +75,21 @@ impl CudaBackend {
                 MatData::F32(values)
             }
         };
+        // `generate_mat` offers block-FP8 specs only under bf16 precision with 128 x 128 blocks:
+        // quantized as the host would, then kept, or widened back to the bf16 bits the host path
+        // uploads.
+        let data = match (spec.block_fp8, data) {
+            (Some(_), MatData::Bf16(values)) => {
+                let fp8 = self.quantize_block_fp8(&values, spec.rows, spec.cols);
+                match fp8 {
+                    MatData::Fp8 { codes, scales } if !self.keep_fp8_weights => MatData::Bf16(
+                        self.dequantize_block_fp8(&codes, &scales, spec.rows, spec.cols),
+                    ),
+                    kept => kept,
+                }
+            }
+            (_, data) => data,
+        };
         Ok(CudaMat {
             rows: spec.rows,
             cols: spec.cols,

@@ -12,7 +12,7 @@ pub struct KernelFile {
 /// Helpers prepended to every file (`#line` keeps NVRTC's line numbers those of the file).
 pub const COMMON: &str = include_str!("../kernels/common.cuh");
 
-pub const FILES: [KernelFile; 13] = [
+pub const FILES: [KernelFile; 14] = [
     KernelFile {
         name: "elementwise.cu",
         source: include_str!("../kernels/elementwise.cu"),
@@ -38,6 +38,10 @@ pub const FILES: [KernelFile; 13] = [
             "gemv_bf16_lanes_t2",
             "gemv_bf16_lanes_t3",
             "gemv_bf16_lanes_t4",
+            "gemv_fp8_lanes_t1",
+            "gemv_fp8_lanes_t2",
+            "gemv_fp8_lanes_t3",
+            "gemv_fp8_lanes_t4",
         ],
     },
     KernelFile {
@@ -143,6 +147,11 @@ pub const FILES: [KernelFile; 13] = [
         name: "sampling.cu",
         source: include_str!("../kernels/sampling.cu"),
         functions: &["sample_rows"],
+    },
+    KernelFile {
+        name: "block_fp8.cu",
+        source: include_str!("../kernels/block_fp8.cu"),
+        functions: &["quantize_block_fp8", "dequantize_block_fp8_bf16"],
     },
     KernelFile {
         name: "dummy.cu",

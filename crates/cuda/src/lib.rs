@@ -11,6 +11,7 @@ mod dense;
 mod detect;
 mod error;
 mod flash;
+mod fp8;
 mod gdn;
 mod gdn_chunked;
 mod gemm;

@@ -1,5 +1,7 @@
 //! The backend's `Mat`: a weight matrix `[rows, cols]` on the device, row-major as in the checkpoint,
-//! stored as bf16 bits or f32 according to `GemmPrecision`. Owns loading only; `gemm` multiplies.
+//! stored as bf16 bits or f32 according to `GemmPrecision`, or as block-FP8 codes and scales when
+//! the host tensor carries them and the precision is bf16 (fp8.rs). Owns loading only; `gemm`
+//! multiplies.
 
 use crate::options::GemmPrecision;
 use cudarc::driver::{CudaSlice, CudaStream};
@@ -11,7 +13,16 @@ pub(crate) enum MatData {
     /// Raw bf16 bit patterns.
     Bf16(CudaSlice<u16>),
     F32(CudaSlice<f32>),
+    /// e4m3fn codes `[rows, cols]` and f32 scales `[ceil(rows / 128), ceil(cols / 128)]`.
+    Fp8 {
+        codes: CudaSlice<u8>,
+        scales: CudaSlice<f32>,
+    },
 }
+
+/// The only block shape the FP8 kernels read (that of every released checkpoint); other block
+/// shapes, and rows that are not whole 16-code vectors, load as bf16.
+pub(crate) const FP8_BLOCK: [usize; 2] = [128, 128];
 
 /// A weight matrix on the device.
 pub struct CudaMat {
@@ -22,11 +33,13 @@ pub struct CudaMat {
 
 impl CudaMat {
     /// Uploads a 2-D host tensor: bf16 checkpoints keep their bits under `Bf16`; every other case
-    /// goes through f32 (rounded to bf16 nearest-even under `Bf16`, kept under `F32`).
+    /// goes through f32 (rounded to bf16 nearest-even under `Bf16`, kept under `F32`). With
+    /// `keep_fp8` (bf16 precision only) a tensor that carries its block-FP8 form is stored in it.
     pub(crate) fn upload(
         stream: &Arc<CudaStream>,
         t: &HostTensor,
         precision: GemmPrecision,
+        keep_fp8: bool,
     ) -> Result<Self, TensorError> {
         let (rows, cols) = match t.shape.as_slice() {
             [rows, cols] => (*rows, *cols),
@@ -45,6 +58,20 @@ impl CudaMat {
             ),
         };
         // One element at least: CUDA refuses zero-byte allocations.
+        if let (GemmPrecision::Bf16, true, Some(fp8)) = (precision, keep_fp8, t.block_fp8()) {
+            // Rows of whole 16-code vectors, as the FP8 kernels read them.
+            if fp8.block == FP8_BLOCK && fp8.codes.len() == rows * cols && cols.is_multiple_of(16) {
+                let mut codes = fp8.codes.clone();
+                codes.resize(codes.len().max(1), 0);
+                let mut scales = fp8.scales.clone();
+                scales.resize(scales.len().max(1), 1.0);
+                let data = MatData::Fp8 {
+                    codes: stream.clone_htod(&codes).map_err(device_error)?,
+                    scales: stream.clone_htod(&scales).map_err(device_error)?,
+                };
+                return Ok(Self { rows, cols, data });
+            }
+        }
         let data = match (precision, t.dtype) {
             (GemmPrecision::Bf16, DType::BF16) => {
                 let mut bits: Vec<u16> = t

@@ -48,7 +48,8 @@ pub enum GdnPrefill {
 pub const PDL_ENV: &str = "DELTASERVE_CUDA_PDL";
 pub const DEFINES_ENV: &str = "DELTASERVE_CUDA_DEFINES";
 pub const GDN_PREFILL_ENV: &str = "DELTASERVE_GDN_PREFILL";
-pub const KERNEL_VARIANT_ENV: [&str; 3] = [PDL_ENV, DEFINES_ENV, GDN_PREFILL_ENV];
+pub const FP8_WEIGHTS_ENV: &str = "DELTASERVE_CUDA_FP8_WEIGHTS";
+pub const KERNEL_VARIANT_ENV: [&str; 4] = [PDL_ENV, DEFINES_ENV, GDN_PREFILL_ENV, FP8_WEIGHTS_ENV];
 
 /// Everything `CudaBackend::with_options` needs.
 #[derive(Clone, Debug)]
@@ -73,6 +74,11 @@ pub struct CudaOptions {
     /// for measuring kernel variants without rebuilding. Launchers whose grids depend on such a
     /// constant read it back with `CudaOptions::define`.
     pub defines: Vec<(String, String)>,
+    /// Keep block-FP8 weights as FP8 on the device (W8A16 GEMV for one to four rows, widened to
+    /// bf16 per product beyond) instead of widening them to bf16 at load. Off by default until
+    /// the multi-row FP8 paths beat bf16 (docs/fp8.md has the figures);
+    /// `DELTASERVE_CUDA_FP8_WEIGHTS=1` turns it on.
+    pub keep_fp8_weights: bool,
 }
 
 impl CudaOptions {
@@ -143,6 +149,7 @@ impl Default for CudaOptions {
             defines: std::env::var(DEFINES_ENV)
                 .map(|v| parse_defines(&v))
                 .unwrap_or_default(),
+            keep_fp8_weights: std::env::var(FP8_WEIGHTS_ENV).is_ok_and(|v| v == "1"),
         }
     }
 }

@@ -12,6 +12,16 @@ static F32_BF16_KV_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::ne
 static BF16_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static BF16_F32_KV_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static CHUNKED_GDN_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
+static FP8_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
+
+/// The bf16 backend that keeps block-FP8 weights as FP8, or `None` after printing why not.
+pub fn cuda_fp8(test: &str) -> Option<&'static CudaBackend> {
+    let options = CudaOptions {
+        keep_fp8_weights: true,
+        ..CudaOptions::default()
+    };
+    shared_backend(&FP8_BACKEND, options, test)
+}
 
 /// The f32 backend with the chunked delta rule for prefill, or `None` after printing why not.
 pub fn cuda_chunked_gdn(test: &str) -> Option<&'static CudaBackend> {

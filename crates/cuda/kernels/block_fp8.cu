@@ -1,0 +1,84 @@
+// Block-FP8 weights on the GPU (fp8.rs): quantizing generated weights as the host quantizer does
+// (`--load-format dummy --quantization fp8`), and widening a matrix to bf16 for the cuBLAS path
+// (prefill and batches the FP8 GEMV kernels do not take). Blocks are 128 x 128 (the launcher checks).
+
+#define FP8_BLOCK 128
+#define E4M3_MAX 448.0f
+
+// The e4m3fn code nearest to x, ties to even, finite magnitudes from 448 up saturating to 448:
+// crates/tensor/src/e4m3.rs `f32_to_e4m3`, step for step.
+__device__ __forceinline__ unsigned char f32_to_e4m3(float x) {
+    if (x != x) return 0x7f;
+    const unsigned int sign = (__float_as_uint(x) >> 24) & 0x80u;
+    const float a = fabsf(x);
+    if (a >= E4M3_MAX) return (unsigned char)(sign | 0x7eu);
+    // Below the smallest normal (2^-6) the step is 2^-9.
+    if (a < 0.015625f) return (unsigned char)(sign | (unsigned int)rintf(a * 512.0f));
+    // a is a normal f32 here: its exponent field is floor(log2 a).
+    int e = (int)((__float_as_uint(a) >> 23) & 0xffu) - 127;
+    // a * 2^(3 - e) in [8, 16), exactly (a power-of-two scale).
+    int significand = (int)rintf(a * __uint_as_float((unsigned int)(127 + 3 - e) << 23));
+    if (significand == 16) {
+        significand = 8;
+        e += 1;
+    }
+    const int biased = e + 7;
+    if (biased > 15 || (biased == 15 && significand > 14)) return (unsigned char)(sign | 0x7eu);
+    return (unsigned char)(sign | ((unsigned int)biased << 3) | (unsigned int)(significand - 8));
+}
+
+// The exact value of an e4m3fn code (NaN codes are never written by the quantizer).
+__device__ __forceinline__ float e4m3_to_f32(unsigned char code) {
+    const unsigned int e = (code >> 3) & 0xfu, m = code & 7u;
+    const float magnitude = e == 0 ? (float)m * 0.001953125f  // m * 2^-9
+                                   : __uint_as_float((e + 120u) << 23) * (1.0f + (float)m * 0.125f);
+    return (code & 0x80u) ? -magnitude : magnitude;
+}
+
+// One block per 128 x 128 tile (grid: tile columns x tile rows): scale = amax / 448 (1 for an
+// all-zero tile), code = e4m3(value / scale). `values` are bf16 bits [rows, cols].
+extern "C" __global__ void quantize_block_fp8(const bf16_bits* __restrict__ values, unsigned char* __restrict__ codes,
+                                              float* __restrict__ scales, int rows, int cols) {
+    AFTER_PREVIOUS_KERNEL();
+    __shared__ float scratch[32];
+    const int r0 = blockIdx.y * FP8_BLOCK, c0 = blockIdx.x * FP8_BLOCK;
+    const int tile_rows = min(FP8_BLOCK, rows - r0), tile_cols = min(FP8_BLOCK, cols - c0);
+    float amax = 0.0f;
+    for (int i = threadIdx.x; i < tile_rows * tile_cols; i += blockDim.x) {
+        const i64 at = (i64)(r0 + i / tile_cols) * cols + c0 + i % tile_cols;
+        amax = fmaxf(amax, fabsf(bf16_to_f32(values[at])));
+    }
+    amax = block_max(amax, scratch);
+    const float scale = amax > 0.0f ? __fdiv_rn(amax, E4M3_MAX) : 1.0f;
+    if (threadIdx.x == 0) scales[(i64)blockIdx.y * gridDim.x + blockIdx.x] = scale;
+    for (int i = threadIdx.x; i < tile_rows * tile_cols; i += blockDim.x) {
+        const i64 at = (i64)(r0 + i / tile_cols) * cols + c0 + i % tile_cols;
+        codes[at] = f32_to_e4m3(__fdiv_rn(bf16_to_f32(values[at]), scale));
+    }
+}
+
+// out[r][c] = bf16(e4m3(codes[r][c]) * scales[r / 128][c / 128]): the bits the host path gives
+// (dequantized to f32 there, then rounded to bf16 on upload). A thread widens 8 codes of one row
+// (cols % 8 == 0, checked by the launcher: 8 divides 128, so one scale covers them).
+extern "C" __global__ void dequantize_block_fp8_bf16(const unsigned char* __restrict__ codes,
+                                                     const float* __restrict__ scales, bf16_bits* __restrict__ out,
+                                                     int rows, int cols) {
+    AFTER_PREVIOUS_KERNEL();
+    const int scale_cols = (cols + FP8_BLOCK - 1) / FP8_BLOCK;
+    const int vectors_per_row = cols / 8;
+    FOR_EACH(v, (i64)rows * vectors_per_row) {
+        const int r = (int)(v / vectors_per_row), c = (int)(v - (i64)r * vectors_per_row) * 8;
+        const float scale = scales[(i64)(r / FP8_BLOCK) * scale_cols + c / FP8_BLOCK];
+        const uint2 packed = *(const uint2*)(codes + v * 8);
+        const unsigned int words[2] = {packed.x, packed.y};
+        unsigned int pairs[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const unsigned int word = words[j / 2], shift = 16 * (j % 2);
+            const bf16_bits lo = f32_to_bf16(__fmul_rn(e4m3_to_f32((word >> shift) & 0xffu), scale));
+            const bf16_bits hi = f32_to_bf16(__fmul_rn(e4m3_to_f32((word >> (shift + 8)) & 0xffu), scale));
+            pairs[j] = (unsigned int)lo | ((unsigned int)hi << 16);
+        }
+        *(uint4*)(out + v * 8) = make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
+    }
+}

@@ -1,0 +1,176 @@
+//! Block-FP8 weights on the GPU (W8A16): the FP8 GEMV (1-4 rows) against the reference on the exactly
+//! dequantized weights, its rows batch-invariant bit for bit, the bf16 widening behind cuBLAS (more
+//! rows) within the bf16 GEMM tolerance, and the device quantizer of `--load-format dummy
+//! --quantization fp8` equal to the host's, with the weights kept as FP8
+//! (`CudaOptions::keep_fp8_weights`) and widened to bf16 at load (the default). Skipped without a
+//! GPU.
+//!
+//! Tolerances: the FP8 GEMV multiplies the exact FP8 values with the f32 activations and sums in f32
+//! (a vector's 16 products, then its block scale), so it differs from the reference only by the
+//! order of f32 sums over K: `TOL_FP8_GEMV` is `TOL_MATMUL` of ops.rs (K up to 5120 here). The
+//! widened path rounds weights and activations to bf16 as any bf16 GEMM: `TOL_BF16_GEMM`, as in
+//! golden.rs.
+
+mod common;
+
+use common::{cuda, cuda_fp8};
+use deltaserve_cuda::GemmPrecision;
+use deltaserve_model::dummy::DummySource;
+use deltaserve_model::online_fp8::Fp8QuantizingSource;
+use deltaserve_model::quantization::Fp8Quantization;
+use deltaserve_model::source::TensorSource;
+use deltaserve_tensor::e4m3::e4m3_to_f32;
+use deltaserve_tensor::op_check::{check, matmul, Rng};
+use deltaserve_tensor::reference::ReferenceBackend;
+use deltaserve_tensor::{Backend, BlockFp8Matrix, DType, HostTensor};
+
+const TOL_FP8_GEMV: f32 = 1e-5;
+const TOL_BF16_GEMM: f32 = 2e-2;
+
+/// A random `[rows, cols]` block-FP8 matrix (every finite code, scales of several magnitudes) as a
+/// checkpoint hands it on: the exact f32 values carrying their FP8 parts.
+fn random_fp8(rng: &mut Rng, rows: usize, cols: usize) -> HostTensor {
+    let grid = [rows.div_ceil(128), cols.div_ceil(128)];
+    let codes: Vec<u8> = (0..rows * cols)
+        .map(|_| {
+            let code = ((rng.next_f32() + 1.0) * 128.0) as u8;
+            if code & 0x7f == 0x7f {
+                code - 1 // NaN codes never occur in a checkpoint
+            } else {
+                code
+            }
+        })
+        .collect();
+    let scales: Vec<f32> = (0..grid[0] * grid[1])
+        .map(|i| (1.0 + rng.next_f32().abs()) * 2f32.powi(-12 + (i % 5) as i32))
+        .collect();
+    let values: Vec<f32> = (0..rows * cols)
+        .map(|i| {
+            let (r, c) = (i / cols, i % cols);
+            e4m3_to_f32(codes[i]) * scales[(r / 128) * grid[1] + c / 128]
+        })
+        .collect();
+    HostTensor::from_f32("w", vec![rows, cols], &values).with_block_fp8(BlockFp8Matrix {
+        codes,
+        scales,
+        block: [128, 128],
+    })
+}
+
+#[test]
+fn fp8_gemv_matches_reference_and_is_batch_invariant() {
+    let Some(be) = cuda_fp8("fp8_gemv_matches_reference_and_is_batch_invariant") else {
+        return;
+    };
+    let mut rng = Rng(31);
+    // Partial tiles in both dimensions (300 rows, 16 * 9 columns), the 27B down shape's width.
+    for (rows, cols) in [(300, 144), (1030, 5120), (64, 17408)] {
+        let t = random_fp8(&mut rng, rows, cols);
+        let w = be.load_mat(&t).unwrap();
+        let w_ref = ReferenceBackend.load_mat(&t).unwrap();
+        let x = rng.vec(9 * cols, 1.0);
+        let mut four = Vec::new();
+        for tokens in [4, 1, 2, 3] {
+            let (got, want) = matmul(be, &w, &w_ref, &x[..tokens * cols], tokens);
+            check(
+                &format!("fp8 gemv [{rows}x{cols}] x {tokens} rows"),
+                &got,
+                &want,
+                TOL_FP8_GEMV,
+            );
+            if tokens == 4 {
+                four = got;
+            } else {
+                assert_eq!(
+                    got,
+                    four[..tokens * rows],
+                    "fp8 gemv [{rows}x{cols}]: {tokens} rows differ from the same rows among 4"
+                );
+            }
+        }
+        let (got, want) = matmul(be, &w, &w_ref, &x, 9);
+        check(
+            &format!("fp8 widened to bf16 [{rows}x{cols}] x 9 rows"),
+            &got,
+            &want,
+            TOL_BF16_GEMM,
+        );
+    }
+}
+
+/// The device quantizer gives the host's codes and scales: the products of the two matrices (the
+/// identity reads a matrix back through the FP8 GEMV one column at a time) are equal bit for bit.
+#[test]
+fn device_quantized_dummy_matrices_equal_host_quantized() {
+    // Kept as FP8 (read back through the FP8 GEMV) and widened at load (through the bf16 one).
+    let kept = cuda_fp8("device_quantized_dummy_matrices_equal_host_quantized");
+    let widened = cuda(
+        GemmPrecision::Bf16,
+        "device_quantized_dummy_matrices_equal_host_quantized",
+    );
+    for be in kept.into_iter().chain(widened) {
+        device_quantized_equal_host_quantized(be);
+    }
+}
+
+fn device_quantized_equal_host_quantized(be: &deltaserve_cuda::CudaBackend) {
+    let source = Fp8QuantizingSource::new(
+        Box::new(DummySource::new(DType::BF16, 11)),
+        Fp8Quantization::qwen_default(),
+    );
+    for (name, rows, cols) in [
+        ("layers.0.mlp.gate_proj.weight", 300, 272),
+        ("layers.3.linear_attn.out_proj.weight", 128, 16),
+    ] {
+        let spec = source
+            .generated_matrix(name, [rows, cols])
+            .expect("converted matrices are offered for generation");
+        assert_eq!(spec.block_fp8, Some([128, 128]));
+        let on_device = be
+            .generate_mat(&spec)
+            .expect("the cuda backend quantizes on the device under bf16")
+            .expect("generation succeeds");
+        let host = source.get(name, &[rows, cols]).expect("host quantization");
+        assert!(
+            host.block_fp8().is_some(),
+            "{name}: host tensor without FP8 parts"
+        );
+        let uploaded = be.load_mat(&host).expect("upload");
+        for (token, column) in [(0usize, 0usize), (1, cols / 2), (2, cols - 1)] {
+            let mut x = vec![0.0f32; 3 * cols];
+            x[token * cols + column] = 1.0;
+            let x = be.upload(&x);
+            let (mut a, mut b) = (be.zeros(3 * rows), be.zeros(3 * rows));
+            be.matmul(&x, &on_device, &mut a, 3);
+            be.matmul(&x, &uploaded, &mut b, 3);
+            let (a, b) = (be.to_host(&a), be.to_host(&b));
+            let differing = a
+                .iter()
+                .zip(&b)
+                .filter(|(p, q)| p.to_bits() != q.to_bits())
+                .count();
+            assert_eq!(
+                differing, 0,
+                "{name}: column {column}: {differing} values differ"
+            );
+        }
+        // And the values are the host's dequantized weights (exactly, through the FP8 GEMV; to
+        // bf16 when widened, as the host tensor is on upload).
+        let mut x = vec![0.0f32; cols];
+        x[0] = 1.0;
+        let mut out = be.zeros(rows);
+        be.matmul(&be.upload(&x), &on_device, &mut out, 1);
+        let want: Vec<f32> = host.to_f32_vec().chunks(cols).map(|row| row[0]).collect();
+        let got = be.to_host(&out);
+        let widened_want: Vec<f32> = want
+            .iter()
+            .map(|&v| {
+                deltaserve_tensor::dtype::bf16_to_f32(deltaserve_tensor::dtype::f32_to_bf16(v))
+            })
+            .collect();
+        assert!(
+            got == want || got == widened_want,
+            "{name}: column 0 is neither the FP8 values nor their bf16 rounding"
+        );
+    }
+}
