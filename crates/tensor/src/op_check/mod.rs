@@ -3,21 +3,105 @@
 //! backend's tests, the cuda backend's tests and `doctor` call it, so an op is exercised the same way
 //! everywhere; they differ only in inputs (random shapes at the edges of the kernels, or a model's
 //! real weights) and in tolerance. The weights come in both forms (the backend's, the reference's)
-//! because doctor holds them loaded. Also here: the deterministic inputs and the error measure of the
-//! tests.
+//! because doctor holds them loaded. Outputs start as NaN, so an element an op leaves unwritten
+//! fails (the model hands ops `Backend::scratch` buffers, which they must overwrite completely).
+//! The ops that read and write cache pools (attention, the conv window, the delta rule's state)
+//! keep a pool pair from step to step: `AttentionPools`, `StatePools`. Also here: the deterministic
+//! inputs and the error measure of the tests.
 
-use crate::backend::Backend;
+mod attention;
+mod gdn;
+
+pub use attention::AttentionPools;
+pub use gdn::StatePools;
+
+use crate::backend::{Backend, RouteChoice};
+use crate::dtype::{bf16_to_f32, f32_to_bf16};
+use crate::moe::{Experts, MoeRouting};
 use crate::reference::{RefMat, ReferenceBackend};
 
 /// `(ours, reference)`, both on the host.
 pub type Outputs = (Vec<f32>, Vec<f32>);
 
-/// `out = x @ w^T` for `tokens` rows of `x`.
-pub fn matmul<B: Backend>(be: &B, w: &B::Mat, w_ref: &RefMat, x: &[f32], tokens: usize) -> Outputs {
+/// What the reference sees of the activations a backend rounds before its products (a bf16 GEMM,
+/// the flash attention kernel): the exact values, or the values rounded as the backend rounds them,
+/// so that the comparison measures the op's arithmetic and not the rounding the backend chose.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Operands {
+    #[default]
+    Exact,
+    /// Rounded to bf16, nearest even.
+    Bf16,
+}
+
+impl Operands {
+    /// `x` as the reference sees it.
+    pub fn seen(self, x: &[f32]) -> Vec<f32> {
+        match self {
+            Self::Exact => x.to_vec(),
+            Self::Bf16 => x.iter().map(|&v| bf16_to_f32(f32_to_bf16(v))).collect(),
+        }
+    }
+}
+
+/// A backend buffer of `len` NaNs, for an op's output.
+fn poisoned<B: Backend>(be: &B, len: usize) -> B::Buf {
+    be.upload(&vec![f32::NAN; len])
+}
+
+/// `out = x @ w^T` for `tokens` rows of `x`; the reference multiplies `x` as `operands` says.
+pub fn matmul<B: Backend>(
+    be: &B,
+    w: &B::Mat,
+    w_ref: &RefMat,
+    x: &[f32],
+    tokens: usize,
+    operands: Operands,
+) -> Outputs {
     let mut want = vec![0.0; tokens * w_ref.rows];
-    ReferenceBackend.matmul(&x.to_vec(), w_ref, &mut want, tokens);
-    let mut out = be.zeros(tokens * w_ref.rows);
+    ReferenceBackend.matmul(&operands.seen(x), w_ref, &mut want, tokens);
+    let mut out = poisoned(be, tokens * w_ref.rows);
     be.matmul(&be.upload(x), w, &mut out, tokens);
+    (be.to_host(&out), want)
+}
+
+/// `matmul_group`: one `(ours, reference)` per matrix of the group, which shares the input `x`.
+pub fn matmul_group<B: Backend>(
+    be: &B,
+    ws: &[&B::Mat],
+    w_refs: &[&RefMat],
+    x: &[f32],
+    tokens: usize,
+    operands: Operands,
+) -> Vec<Outputs> {
+    assert_eq!(
+        ws.len(),
+        w_refs.len(),
+        "matmul_group: one reference per matrix"
+    );
+    let mut outs: Vec<B::Buf> = w_refs
+        .iter()
+        .map(|w| poisoned(be, tokens * w.rows))
+        .collect();
+    let mut out_list: Vec<&mut B::Buf> = outs.iter_mut().collect();
+    be.matmul_group(&be.upload(x), ws, &mut out_list, tokens);
+    let seen = operands.seen(x);
+    outs.iter()
+        .zip(w_refs)
+        .map(|(out, w_ref)| {
+            let mut want = vec![0.0; tokens * w_ref.rows];
+            ReferenceBackend.matmul(&seen, w_ref, &mut want, tokens);
+            (be.to_host(out), want)
+        })
+        .collect()
+}
+
+/// `out[t] = table[ids[t]]`.
+pub fn embedding<B: Backend>(be: &B, table: &B::Mat, table_ref: &RefMat, ids: &[u32]) -> Outputs {
+    let mut want = vec![0.0; ids.len() * table_ref.cols];
+    ReferenceBackend.embedding(table_ref, ids, &mut want);
+    let mut out = poisoned(be, want.len());
+    be.embedding(table, ids, &mut out);
     (be.to_host(&out), want)
 }
 
@@ -26,9 +110,35 @@ pub fn rms_norm<B: Backend>(be: &B, w: &B::Buf, w_ref: &[f32], x: &[f32], eps: f
     let dim = w_ref.len();
     let mut want = vec![0.0; x.len()];
     ReferenceBackend.rms_norm(&x.to_vec(), &w_ref.to_vec(), eps, dim, &mut want);
-    let mut out = be.zeros(x.len());
+    let mut out = poisoned(be, x.len());
     be.rms_norm(&be.upload(x), w, eps, dim, &mut out);
     (be.to_host(&out), want)
+}
+
+/// The fused residual add and norm: `acc + x`, then its RMSNorm; returns `(residual, normed)`.
+pub fn add_rms_norm<B: Backend>(
+    be: &B,
+    w: &B::Buf,
+    w_ref: &[f32],
+    acc: &[f32],
+    x: &[f32],
+    eps: f32,
+) -> (Outputs, Outputs) {
+    let dim = w_ref.len();
+    let mut acc_ref = acc.to_vec();
+    let mut want = vec![0.0; acc.len()];
+    ReferenceBackend.add_rms_norm(
+        &mut acc_ref,
+        &x.to_vec(),
+        &w_ref.to_vec(),
+        eps,
+        dim,
+        &mut want,
+    );
+    let mut acc_ours = be.upload(acc);
+    let mut out = poisoned(be, acc.len());
+    be.add_rms_norm(&mut acc_ours, &be.upload(x), w, eps, dim, &mut out);
+    ((be.to_host(&acc_ours), acc_ref), (be.to_host(&out), want))
 }
 
 /// Gated RMSNorm over rows of `dim`, gate `z`.
@@ -50,7 +160,7 @@ pub fn gated_rms_norm<B: Backend>(
         dim,
         &mut want,
     );
-    let mut out = be.zeros(x.len());
+    let mut out = poisoned(be, x.len());
     be.gated_rms_norm(&be.upload(x), &be.upload(z), w, eps, dim, &mut out);
     (be.to_host(&out), want)
 }
@@ -68,7 +178,7 @@ pub fn add_inplace<B: Backend>(be: &B, acc: &[f32], x: &[f32]) -> Outputs {
 pub fn silu_mul<B: Backend>(be: &B, gate: &[f32], up: &[f32]) -> Outputs {
     let mut want = vec![0.0; gate.len()];
     ReferenceBackend.silu_mul(&gate.to_vec(), &up.to_vec(), &mut want);
-    let mut out = be.zeros(gate.len());
+    let mut out = poisoned(be, gate.len());
     be.silu_mul(&be.upload(gate), &be.upload(up), &mut out);
     (be.to_host(&out), want)
 }
@@ -106,6 +216,120 @@ pub fn rope<B: Backend>(
     let mut got = be.upload(x);
     be.rope(&mut got, positions, heads, head_dim, rotary_dim, theta);
     (be.to_host(&got), want)
+}
+
+/// `concat(a [T, a_dim], b [T, b_dim])` along columns.
+pub fn concat_cols<B: Backend>(
+    be: &B,
+    a: &[f32],
+    b: &[f32],
+    a_dim: usize,
+    b_dim: usize,
+) -> Outputs {
+    let rows = if a_dim == 0 { 0 } else { a.len() / a_dim };
+    let mut want = vec![0.0; rows * (a_dim + b_dim)];
+    ReferenceBackend.concat_cols(&a.to_vec(), &b.to_vec(), a_dim, b_dim, &mut want);
+    let mut out = poisoned(be, want.len());
+    be.concat_cols(&be.upload(a), &be.upload(b), a_dim, b_dim, &mut out);
+    (be.to_host(&out), want)
+}
+
+/// `src[rows]`, rows of `dim`.
+pub fn gather_rows<B: Backend>(be: &B, src: &[f32], dim: usize, rows: &[u32]) -> Outputs {
+    let want = ReferenceBackend.gather_rows(&src.to_vec(), dim, rows);
+    let got = be.gather_rows(&be.upload(src), dim, rows);
+    (be.to_host(&got), want)
+}
+
+/// `acc[rows[i]] += weights[i] * src[i]`, rows of `dim` (a repeated row adds in list order).
+pub fn scatter_add_rows<B: Backend>(
+    be: &B,
+    acc: &[f32],
+    src: &[f32],
+    dim: usize,
+    rows: &[u32],
+    weights: &[f32],
+) -> Outputs {
+    let mut want = acc.to_vec();
+    ReferenceBackend.scatter_add_rows(&mut want, &src.to_vec(), dim, rows, weights);
+    let mut got = be.upload(acc);
+    be.scatter_add_rows(&mut got, &be.upload(src), dim, rows, weights);
+    (be.to_host(&got), want)
+}
+
+/// The MoE router's softmax top-`k` over `logits [T, experts]`: `(ours, reference)` choices.
+pub fn route_top_k<B: Backend>(
+    be: &B,
+    logits: &[f32],
+    experts: usize,
+    top_k: usize,
+    renormalize: bool,
+) -> (Vec<RouteChoice>, Vec<RouteChoice>) {
+    let want = ReferenceBackend.route_top_k(&logits.to_vec(), experts, top_k, renormalize);
+    let got = be.route_top_k(&be.upload(logits), experts, top_k, renormalize);
+    (got, want)
+}
+
+/// The routed experts' output `[T, h]` for `x [T, h]` and the router's `logits [T, E]` (no shared
+/// expert); the reference multiplies `x` as `operands` says.
+pub fn moe_experts<B: Backend>(
+    be: &B,
+    experts: &Experts<B::Mat>,
+    experts_ref: &Experts<RefMat>,
+    x: &[f32],
+    logits: &[f32],
+    routing: MoeRouting,
+    operands: Operands,
+) -> Outputs {
+    let tokens = x.len() / experts_ref.shape.hidden;
+    let want = ReferenceBackend.moe_experts(
+        &operands.seen(x),
+        &logits.to_vec(),
+        experts_ref,
+        routing,
+        tokens,
+        None,
+    );
+    let got = be.moe_experts(
+        &be.upload(x),
+        &be.upload(logits),
+        experts,
+        routing,
+        tokens,
+        None,
+    );
+    (be.to_host(&got), want)
+}
+
+/// The GDN gates: `(g, beta)`, each `(ours, reference)`.
+pub fn gdn_gates<B: Backend>(
+    be: &B,
+    a: &[f32],
+    b: &[f32],
+    a_log: &B::Buf,
+    a_log_ref: &[f32],
+    dt_bias: &B::Buf,
+    dt_bias_ref: &[f32],
+) -> (Outputs, Outputs) {
+    let (mut g_ref, mut beta_ref) = (vec![0.0; a.len()], vec![0.0; a.len()]);
+    ReferenceBackend.gdn_gates(
+        &a.to_vec(),
+        &b.to_vec(),
+        &a_log_ref.to_vec(),
+        &dt_bias_ref.to_vec(),
+        &mut g_ref,
+        &mut beta_ref,
+    );
+    let (mut g, mut beta) = (poisoned(be, a.len()), poisoned(be, a.len()));
+    be.gdn_gates(
+        &be.upload(a),
+        &be.upload(b),
+        a_log,
+        dt_bias,
+        &mut g,
+        &mut beta,
+    );
+    ((be.to_host(&g), g_ref), (be.to_host(&beta), beta_ref))
 }
 
 /// Deterministic values in [-scale, scale) (a 64-bit LCG, the same on every machine).
