@@ -393,4 +393,55 @@ mod tests {
         nan[0] = f32::NAN;
         assert!(std::panic::catch_unwind(|| check("nan", &nan, &want, 1e9)).is_err());
     }
+
+    #[test]
+    fn the_pools_carry_context_and_the_reference_sees_rounded_operands_when_asked() {
+        use crate::backend::AttnShape;
+        use crate::batch::BatchLayout;
+        use crate::kv_dtype::KvDtype;
+        let be = ReferenceBackend;
+        let mut rng = Rng(10);
+        let shape = AttnShape {
+            q_heads: 4,
+            kv_heads: 2,
+            head_dim: 8,
+        };
+        let steps = [(5usize, 0usize), (1, 5)];
+        let inputs: Vec<_> = steps
+            .iter()
+            .map(|&(t, _)| {
+                (
+                    rng.vec(t * 32, 1.0),
+                    rng.vec(t * 16, 1.0),
+                    rng.vec(t * 16, 1.0),
+                )
+            })
+            .collect();
+        let run = |operands: Operands| {
+            let mut pools = AttentionPools::new(&be, 2, 4, 2, 8, KvDtype::F32).seen_as(operands);
+            let mut errors = Vec::new();
+            for (&(n, pos), (q, k, v)) in steps.iter().zip(&inputs) {
+                let batch = BatchLayout::packed(4, [(n, pos, vec![1, 0], 0)]);
+                let (got, want) = pools.attend(&be, q, k, v, &batch, shape);
+                errors.push(check("attention", &got, &want, 1e-2));
+            }
+            let ((k, k_ref), _) = pools.contents(&be);
+            (errors, check("k pool", &k, &k_ref, 1e-2))
+        };
+        assert_eq!(run(Operands::Exact), (vec![0.0, 0.0], 0.0));
+        let (errors, pool_error) = run(Operands::Bf16);
+        // The decode attends over the prefill's keys: the reference's pool holds them rounded.
+        assert!(errors.iter().all(|&e| e > 0.0) && pool_error > 0.0);
+
+        let mut pools = StatePools::new(&be, 3, 6, 4, 1, 2, 2);
+        let (conv, ssm) = (rng.vec(3 * 3 * 6, 1.0), rng.vec(3 * 4, 1.0));
+        pools.hold(&be, &conv, &ssm);
+        pools.copy_slot(&be, 0, 2);
+        pools.reset_slot(&be, 1);
+        let ((c, c_ref), (s, s_ref)) = pools.contents(&be);
+        assert_eq!((&c, &s), (&c_ref, &s_ref));
+        assert_eq!(c[..18], conv[..18]);
+        assert_eq!(c[36..], conv[..18]);
+        assert!(c[18..36].iter().all(|&v| v == 0.0));
+    }
 }
