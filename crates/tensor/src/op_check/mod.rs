@@ -226,7 +226,11 @@ pub fn concat_cols<B: Backend>(
     a_dim: usize,
     b_dim: usize,
 ) -> Outputs {
-    let rows = if a_dim == 0 { 0 } else { a.len() / a_dim };
+    let rows = a
+        .len()
+        .checked_div(a_dim)
+        .or(b.len().checked_div(b_dim))
+        .unwrap_or(0);
     let mut want = vec![0.0; rows * (a_dim + b_dim)];
     ReferenceBackend.concat_cols(&a.to_vec(), &b.to_vec(), a_dim, b_dim, &mut want);
     let mut out = poisoned(be, want.len());
