@@ -5,7 +5,7 @@
 use deltaserve_model::{
     argmax, CacheGeometry, ForwardInput, HybridCache, Model, MtpError, MtpInput, StepGraphCounts,
 };
-use deltaserve_tensor::{Backend, BatchLayout, OpTiming, RowSampling, SeqLayout};
+use deltaserve_tensor::{Backend, BatchLayout, Device, OpTiming, RowSampling, SeqLayout};
 use std::time::Instant;
 
 /// Tokens per paged-KV block of the bench's private caches.
@@ -57,24 +57,24 @@ pub struct SpeculativeRun {
     pub draft: Phase,
 }
 
-/// Clears and collects the backend's op profile when profiling is on; does nothing otherwise.
-struct Profiler<'a, B: Backend> {
-    backend: &'a B,
-    on: bool,
+/// Clears and collects the device's op profile when profiling is on; does nothing otherwise.
+struct Profiler<'a> {
+    device: Option<&'a dyn Device>,
 }
 
-impl<'a, B: Backend> Profiler<'a, B> {
-    fn start(backend: &'a B, on: bool) -> Self {
-        if on {
+impl<'a> Profiler<'a> {
+    fn start<B: Backend>(backend: &'a B, on: bool) -> Self {
+        let device = backend.device().filter(|_| on);
+        if let Some(device) = device {
             // Drop whatever was recorded before this run (a previous phase, a warm-up).
-            backend.take_op_profile();
+            device.take_op_profile();
         }
-        Self { backend, on }
+        Self { device }
     }
 
     fn take_into(&self, phase: &mut Phase) {
-        if self.on {
-            merge_ops(&mut phase.ops, self.backend.take_op_profile());
+        if let Some(device) = self.device {
+            merge_ops(&mut phase.ops, device.take_op_profile());
         }
     }
 }
@@ -466,7 +466,8 @@ pub fn measure<B: Backend>(m: &Model<B>, plan: &RunPlan) -> anyhow::Result<Measu
         .map_err(spec_err)?;
     let profiled = if !plan.profile {
         None
-    } else if m.backend.set_op_profiling(true) {
+    } else if let Some(device) = m.backend.device() {
+        device.set_op_profiling(true);
         let plain = plain_run(m, prefill, steps, true);
         let speculative = (k > 0)
             .then(|| speculative_run(m, prefill, steps, k, true))
@@ -477,7 +478,7 @@ pub fn measure<B: Backend>(m: &Model<B>, plan: &RunPlan) -> anyhow::Result<Measu
             .filter(|&&b| b > 1)
             .map(|&b| (b, batched_decode_run(m, b, prefill, steps, true)))
             .collect();
-        m.backend.set_op_profiling(false);
+        device.set_op_profiling(false);
         Some(Some(Profiled {
             plain,
             speculative: speculative.map_err(spec_err)?,
@@ -500,7 +501,7 @@ pub fn measure<B: Backend>(m: &Model<B>, plan: &RunPlan) -> anyhow::Result<Measu
     // Over every run above; profiled runs cannot record (their shapes count as failed).
     let step_graphs = m.step_graph_counts();
     let device_bandwidth = if plan.measure_bandwidth {
-        m.backend.measure_device_read_bandwidth()
+        m.backend.device().map(|d| d.measure_read_bandwidth())
     } else {
         None
     };

@@ -17,7 +17,7 @@ use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, ValidAsZeroBits,
 };
 use deltaserve_tensor::{
-    AttnShape, Backend, BatchLayout, ExpertShape, ExpertTensors, Experts, GdnShape,
+    AttnShape, Backend, BatchLayout, Device, ExpertShape, ExpertTensors, Experts, GdnShape,
     GeneratedMatrix, HostTensor, KvDtype, KvLayerPool, MoeRouting, OpTiming, RouteChoice,
     RowSampling, SharedExpert, StateLayerPool, StepGraph, StepInputs, TensorError,
 };
@@ -638,14 +638,6 @@ impl Backend for CudaBackend {
         ))
     }
 
-    fn free_device_memory(&self) -> Option<usize> {
-        Some(self.device_memory().0)
-    }
-
-    fn total_device_memory(&self) -> Option<usize> {
-        Some(self.device_memory().1)
-    }
-
     fn prepare_step(&self, inputs: &StepInputs<'_>) -> Option<u64> {
         Some(self.prepare_step_op(inputs))
     }
@@ -670,15 +662,25 @@ impl Backend for CudaBackend {
         self.copy_buf_op(src)
     }
 
-    fn set_op_profiling(&self, on: bool) -> bool {
-        self.set_op_profiling_op(on)
+    fn device(&self) -> Option<&dyn Device> {
+        Some(self)
+    }
+}
+
+impl Device for CudaBackend {
+    fn memory(&self) -> (usize, usize) {
+        self.device_memory()
+    }
+
+    fn measure_read_bandwidth(&self) -> f64 {
+        self.measure_read_bandwidth_op()
+    }
+
+    fn set_op_profiling(&self, on: bool) {
+        self.set_op_profiling_op(on);
     }
 
     fn take_op_profile(&self) -> Vec<OpTiming> {
         self.take_op_profile_op()
-    }
-
-    fn measure_device_read_bandwidth(&self) -> Option<f64> {
-        Some(self.measure_read_bandwidth_op())
     }
 }

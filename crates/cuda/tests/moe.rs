@@ -9,8 +9,9 @@
 
 mod common;
 
-use common::{check, cuda, round_bf16, Rng};
+use common::{check, cuda, Rng};
 use deltaserve_cuda::{CudaMat, GemmPrecision};
+use deltaserve_tensor::op_check::Operands;
 use deltaserve_tensor::reference::{RefMat, ReferenceBackend};
 use deltaserve_tensor::{
     Backend, ExpertShape, ExpertTensors, ExpertWeights, Experts, HostTensor, MoeRouting,
@@ -129,7 +130,7 @@ impl Case {
             }),
         );
         let want = ReferenceBackend.moe_experts(
-            &round_bf16(x),
+            &Operands::Bf16.seen(x),
             &logits.to_vec(),
             &self.reference,
             self.routing,

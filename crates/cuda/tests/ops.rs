@@ -20,13 +20,12 @@
 
 mod common;
 
-use common::{check, cuda, cuda_chunked_gdn, round_bf16, Rng};
+use common::{check, cuda, cuda_chunked_gdn, Rng};
 use deltaserve_cuda::{CudaBackend, GemmPrecision};
-use deltaserve_tensor::op_check;
+use deltaserve_tensor::op_check::{self, AttentionPools, Operands, StatePools};
 use deltaserve_tensor::reference::ReferenceBackend;
 use deltaserve_tensor::{
-    AttnShape, Backend, BatchLayout, GdnShape, HostTensor, KvDtype, KvLayerPool, SeqLayout,
-    StateLayerPool,
+    AttnShape, Backend, BatchLayout, GdnShape, HostTensor, KvDtype, SeqLayout,
 };
 
 const TOL_MATMUL: f32 = 1e-5;
@@ -69,7 +68,7 @@ fn matmul_f32_matches_reference() {
             let w_ref = ReferenceBackend.load_mat(&t).unwrap();
             for tokens in [1, 2, 3, 8, 65, 130] {
                 let x = rng.vec(tokens * k, 1.0);
-                let (got, want) = op_check::matmul(be, &w, &w_ref, &x, tokens);
+                let (got, want) = op_check::matmul(be, &w, &w_ref, &x, tokens, Operands::Exact);
                 check(
                     &format!("matmul f32 bf16-weights={bf16} [{tokens}x{k}] @ [{n}x{k}]^T"),
                     &got,
@@ -113,11 +112,7 @@ fn matmul_bf16_is_the_exact_product_of_bf16_rounded_inputs() {
                 .unwrap();
             for tokens in [1, 3, 8, 65, 130] {
                 let x = rng.vec(tokens * k, 1.0);
-                let mut want = vec![0.0; tokens * n];
-                ReferenceBackend.matmul(&round_bf16(&x), &w_ref, &mut want, tokens);
-                let mut out = be.zeros(tokens * n);
-                be.matmul(&be.upload(&x), &w, &mut out, tokens);
-                let got = be.to_host(&out);
+                let (got, want) = op_check::matmul(be, &w, &w_ref, &x, tokens, Operands::Bf16);
                 let label =
                     format!("matmul bf16 checkpoint-bf16={bf16} [{tokens}x{k}] @ [{n}x{k}]^T");
                 check(&label, &got, &want, TOL_MATMUL);
@@ -168,22 +163,17 @@ fn matmul_group_equals_the_reference_for_each_matrix() {
             .iter()
             .map(|t| ReferenceBackend.load_mat(t).unwrap())
             .collect();
+        let w_list: Vec<_> = ws.iter().collect();
+        let w_ref_list: Vec<_> = w_refs.iter().collect();
         for tokens in (1..=9).chain([16, 17, 32, 33, 48, 64, 65]) {
             let x = rng.vec(tokens * k, 1.0);
-            let mut outs: Vec<_> = rows
-                .iter()
-                .map(|&n| be.upload(&vec![f32::NAN; tokens * n]))
-                .collect();
-            let w_list: Vec<_> = ws.iter().collect();
-            let mut out_list: Vec<_> = outs.iter_mut().collect();
-            be.matmul_group(&be.upload(&x), &w_list, &mut out_list, tokens);
-            for (m, (&n, out)) in rows.iter().zip(&outs).enumerate() {
-                let mut want = vec![0.0; tokens * n];
-                ReferenceBackend.matmul(&round_bf16(&x), &w_refs[m], &mut want, tokens);
+            let outputs =
+                op_check::matmul_group(be, &w_list, &w_ref_list, &x, tokens, Operands::Bf16);
+            for (m, (&n, (got, want))) in rows.iter().zip(&outputs).enumerate() {
                 check(
                     &format!("matmul_group matrix {m} [{tokens}x{k}] @ [{n}x{k}]^T"),
-                    &be.to_host(out),
-                    &want,
+                    got,
+                    want,
                     TOL_MATMUL,
                 );
             }
@@ -275,13 +265,10 @@ fn add_rms_norm_equals_add_then_norm_bitwise() {
             be.to_host(&out),
             "norm [{rows}x{dim}]"
         );
-        let mut want = vec![0.0; rows * dim];
-        let mut h_ref = h.clone();
-        ReferenceBackend.add_inplace(&mut h_ref, &x);
-        ReferenceBackend.rms_norm(&h_ref, &be.to_host(&w), 1e-6, dim, &mut want);
+        let (_, (got, want)) = op_check::add_rms_norm(be, &w, &be.to_host(&w), &h, &x, 1e-6);
         check(
             &format!("add_rms_norm [{rows}x{dim}]"),
-            &be.to_host(&out_fused),
+            &got,
             &want,
             TOL_DENSE,
         );
@@ -310,17 +297,15 @@ fn embedding_gathers_rows_exactly() {
                 t.clone()
             };
             let ids = [0u32, 299, 5, 5, 17, 123, 0];
-            let mut want = vec![0.0; ids.len() * hidden];
-            ReferenceBackend.embedding(
+            let (got, want) = op_check::embedding(
+                be,
+                &be.load_mat(&t).unwrap(),
                 &ReferenceBackend.load_mat(&expect_table).unwrap(),
                 &ids,
-                &mut want,
             );
-            let mut out = be.zeros(ids.len() * hidden);
-            be.embedding(&be.load_mat(&t).unwrap(), &ids, &mut out);
             check(
                 &format!("embedding {precision:?} checkpoint-bf16={bf16}"),
-                &be.to_host(&out),
+                &got,
                 &want,
                 0.0,
             );
@@ -336,7 +321,6 @@ fn norms_and_elementwise_ops_match_reference() {
     ) else {
         return;
     };
-    let r = ReferenceBackend;
     let mut rng = Rng(4);
     for (rows, dim) in [
         (1, 1),
@@ -383,51 +367,30 @@ fn norms_and_elementwise_ops_match_reference() {
         );
 
         let y = rng.vec(rows * 40, 1.0);
-        let mut want = vec![0.0; rows * (dim + 40)];
-        r.concat_cols(&x, &y, dim, 40, &mut want);
-        let mut out = be.zeros(rows * (dim + 40));
-        be.concat_cols(&be.upload(&x), &be.upload(&y), dim, 40, &mut out);
-        check(
-            &format!("concat_cols [{rows}x{dim}+40]"),
-            &be.to_host(&out),
-            &want,
-            0.0,
-        );
+        let (got, want) = op_check::concat_cols(be, &x, &y, dim, 40);
+        check(&format!("concat_cols [{rows}x{dim}+40]"), &got, &want, 0.0);
     }
 
     let (rows, dim) = (37, 65);
     let src = rng.vec(rows * dim, 1.0);
     let pick = [36u32, 0, 5, 5, 20];
-    let want = r.gather_rows(&src, dim, &pick);
-    check(
-        "gather_rows",
-        &be.to_host(&be.gather_rows(&be.upload(&src), dim, &pick)),
-        &want,
-        0.0,
-    );
-    check(
-        "gather_rows (none)",
-        &be.to_host(&be.gather_rows(&be.upload(&src), dim, &[])),
-        &[],
-        0.0,
-    );
+    let (got, want) = op_check::gather_rows(be, &src, dim, &pick);
+    check("gather_rows", &got, &want, 0.0);
+    let (got, want) = op_check::gather_rows(be, &src, dim, &[]);
+    check("gather_rows (none)", &got, &want, 0.0);
 
     // Repeated destination rows: added in list order.
     let updates = rng.vec(pick.len() * dim, 1.0);
     let weights = [0.25f32, -1.5, 0.75, 0.5, 2.0];
-    let mut want = src.clone();
-    r.scatter_add_rows(&mut want, &updates, dim, &pick, &weights);
-    let mut acc_dev = be.upload(&src);
-    be.scatter_add_rows(&mut acc_dev, &be.upload(&updates), dim, &pick, &weights);
-    check("scatter_add_rows", &be.to_host(&acc_dev), &want, TOL_DENSE);
+    let (got, want) = op_check::scatter_add_rows(be, &src, &updates, dim, &pick, &weights);
+    check("scatter_add_rows", &got, &want, TOL_DENSE);
 
     let logits = rng.vec(9 * 8, 3.0);
     let mut tied = logits.clone();
     tied[8..16].fill(0.5);
     for (input, label) in [(&logits, "random"), (&tied, "tied")] {
         for (k, renorm) in [(2, true), (3, false)] {
-            let want = r.route_top_k(input, 8, k, renorm);
-            let got = be.route_top_k(&be.upload(input), 8, k, renorm);
+            let (got, want) = op_check::route_top_k(be, input, 8, k, renorm);
             assert_eq!(got, want, "route_top_k {label} k={k}");
         }
     }
@@ -465,24 +428,17 @@ fn blocks_of(s: usize, per_seq: usize, seqs: usize) -> Vec<u32> {
 /// (q heads, kv heads, head_dim, per sequence (new tokens, cached tokens)).
 type AttentionCase = (usize, usize, usize, &'static [(usize, usize)]);
 
-/// Inputs of one attention case on both backends: the shape, pools whose blocks hold random cached
-/// K/V (the cuda pool stored as `dtype`), a packed batch whose block tables are interleaved, and
-/// the new rows' q, k, v. The reference sees K/V as the cuda pool holds them (rounded to bf16 for a
-/// bf16 pool); with `bf16_reference` it sees every input rounded to bf16 (the flash kernel's view).
+/// Inputs of one attention case: pools on both backends whose blocks hold random cached K/V (the
+/// cuda pool stored as `dtype`; with `bf16_reference` the reference sees every input rounded to
+/// bf16, the flash kernel's view), a packed batch whose block tables are interleaved, and the new
+/// rows' q, k, v.
 struct AttentionInputs {
-    bf16_reference: bool,
     shape: AttnShape,
-    ref_pool: KvLayerPool<ReferenceBackend>,
-    pool: KvLayerPool<CudaBackend>,
+    pools: AttentionPools<CudaBackend>,
     batch: BatchLayout,
     q: Vec<f32>,
     k: Vec<f32>,
     v: Vec<f32>,
-}
-
-/// Values as a pool of `dtype` stores them.
-fn stored_as(dtype: KvDtype, x: &[f32]) -> Vec<f32> {
-    dtype.decode(&dtype.encode(x), x.len())
 }
 
 fn attention_inputs(
@@ -499,31 +455,18 @@ fn attention_inputs(
         .max()
         .unwrap();
     let num_blocks = per_seq * seqs.len() + 3;
-    let mut ref_pool = KvLayerPool::new(
-        &ReferenceBackend,
-        num_blocks,
-        block_size,
-        kv_heads,
-        head_dim,
-    );
+    let operands = if bf16_reference {
+        Operands::Bf16
+    } else {
+        Operands::Exact
+    };
+    let mut pools = AttentionPools::new(be, num_blocks, block_size, kv_heads, head_dim, dtype)
+        .seen_as(operands);
     // Cached context: random K/V already in the pool at the first `pos` positions.
-    let kv_len = ref_pool.k.len();
+    let kv_len = pools.ours.elements();
     let cached_k = rng.vec(kv_len, 1.0);
     let cached_v = rng.vec(kv_len, 1.0);
-    let pool = KvLayerPool::<CudaBackend> {
-        k: be.upload(&dtype.encode(&cached_k)),
-        v: be.upload(&dtype.encode(&cached_v)),
-        num_blocks,
-        block_size,
-        kv_heads,
-        head_dim,
-        dtype,
-    };
-    let reference_dtype = if bf16_reference { KvDtype::Bf16 } else { dtype };
-    (ref_pool.k, ref_pool.v) = (
-        stored_as(reference_dtype, &cached_k),
-        stored_as(reference_dtype, &cached_v),
-    );
+    pools.hold(be, &cached_k, &cached_v);
     let batch = BatchLayout::packed(
         block_size,
         seqs.iter()
@@ -544,14 +487,12 @@ fn attention_inputs(
         *x = tie;
     }
     AttentionInputs {
-        bf16_reference,
         shape: AttnShape {
             q_heads,
             kv_heads,
             head_dim,
         },
-        ref_pool,
-        pool,
+        pools,
         batch,
         q,
         k,
@@ -562,47 +503,8 @@ fn attention_inputs(
 impl AttentionInputs {
     /// Attention of the new rows on the cuda backend and on the reference: `(got, want)`.
     fn attend(&mut self, be: &CudaBackend) -> (Vec<f32>, Vec<f32>) {
-        let AttnShape {
-            q_heads, head_dim, ..
-        } = self.shape;
-        let rows = self.batch.total_tokens() * q_heads * head_dim;
-        let (q_seen, kv_seen) = if self.bf16_reference {
-            (KvDtype::Bf16, KvDtype::Bf16)
-        } else {
-            (KvDtype::F32, self.pool.dtype)
-        };
-        let q = stored_as(q_seen, &self.q);
-        let (k, v) = (stored_as(kv_seen, &self.k), stored_as(kv_seen, &self.v));
-        let mut want = vec![0.0; rows];
-        ReferenceBackend.attention(
-            &q,
-            &k,
-            &v,
-            &mut self.ref_pool,
-            &self.batch,
-            self.shape,
-            &mut want,
-        );
-        let mut out = be.zeros(rows);
-        be.attention(
-            &be.upload(&self.q),
-            &be.upload(&self.k),
-            &be.upload(&self.v),
-            &mut self.pool,
-            &self.batch,
-            self.shape,
-            &mut out,
-        );
-        (be.to_host(&out), want)
-    }
-
-    /// The cuda pool's K and V values, read back.
-    fn pool_values(&self, be: &CudaBackend) -> (Vec<f32>, Vec<f32>) {
-        let (dtype, n) = (self.pool.dtype, self.pool.elements());
-        (
-            dtype.decode(&be.to_host(&self.pool.k), n),
-            dtype.decode(&be.to_host(&self.pool.v), n),
-        )
+        self.pools
+            .attend(be, &self.q, &self.k, &self.v, &self.batch, self.shape)
     }
 }
 
@@ -639,9 +541,9 @@ fn paged_attention_matches_reference() {
                 dtype.name()
             );
             check(&label, &got, &want, TOL_ATTENTION);
-            let (k_pool, v_pool) = case.pool_values(be);
-            check(&format!("{label} k pool"), &k_pool, &case.ref_pool.k, 0.0);
-            check(&format!("{label} v pool"), &v_pool, &case.ref_pool.v, 0.0);
+            let ((k_pool, k_ref), (v_pool, v_ref)) = case.pools.contents(be);
+            check(&format!("{label} k pool"), &k_pool, &k_ref, 0.0);
+            check(&format!("{label} v pool"), &v_pool, &v_ref, 0.0);
         }
     }
 }
@@ -700,19 +602,16 @@ fn flash_prefill_attention_matches_reference() {
     }
 }
 
-/// A random state pool on both backends.
+/// State pools on both backends holding random conv windows and states.
 fn state_pools(
     be: &CudaBackend,
     rng: &mut Rng,
     slots: usize,
     conv_dim: usize,
     shape: GdnShape,
-) -> (
-    StateLayerPool<ReferenceBackend>,
-    StateLayerPool<CudaBackend>,
-) {
-    let mut r = StateLayerPool::new(
-        &ReferenceBackend,
+) -> StatePools<CudaBackend> {
+    let mut pools = StatePools::new(
+        be,
         slots,
         conv_dim,
         4,
@@ -720,20 +619,10 @@ fn state_pools(
         shape.key_dim,
         shape.value_dim,
     );
-    let (c, s) = (r.conv.len(), r.ssm.len());
-    r.conv = rng.vec(c, 1.0);
-    r.ssm = rng.vec(s, 0.5);
-    let d = StateLayerPool::<CudaBackend> {
-        conv: be.upload(&r.conv),
-        ssm: be.upload(&r.ssm),
-        slots,
-        conv_dim,
-        conv_history: r.conv_history,
-        value_heads: r.value_heads,
-        key_dim: r.key_dim,
-        value_dim: r.value_dim,
-    };
-    (r, d)
+    let conv = rng.vec(pools.reference.conv.len(), 1.0);
+    let ssm = rng.vec(pools.reference.ssm.len(), 0.5);
+    pools.hold(be, &conv, &ssm);
+    pools
 }
 
 /// A ragged batch: a long prefill, a prefill shorter than the conv window, a continued prefill, a
@@ -864,22 +753,15 @@ fn causal_conv1d_matches_reference_with_snapshots() {
     for (shape, lens) in gdn_shapes() {
         let conv_dim = shape.conv_dim();
         let (batch, slots) = gdn_batch(lens);
-        let (mut ref_pool, mut pool) = state_pools(be, &mut rng, slots, conv_dim, shape);
+        let mut pools = state_pools(be, &mut rng, slots, conv_dim, shape);
         let t = batch.total_tokens();
         let x = rng.vec(t * conv_dim, 2.0);
         let w = rng.vec(conv_dim * 4, 0.5);
-        let mut want = vec![0.0; t * conv_dim];
-        ReferenceBackend.causal_conv1d(&x, &w, &mut ref_pool, &batch, &mut want);
-        let mut out = be.zeros(t * conv_dim);
-        be.causal_conv1d(&be.upload(&x), &be.upload(&w), &mut pool, &batch, &mut out);
+        let (got, want) = pools.causal_conv1d(be, &x, &be.upload(&w), &w, &batch);
         let label = format!("causal_conv1d conv_dim {conv_dim} lens {lens:?}");
-        check(&label, &be.to_host(&out), &want, TOL_DENSE);
-        check(
-            &format!("{label} windows"),
-            &be.to_host(&pool.conv),
-            &ref_pool.conv,
-            0.0,
-        );
+        check(&label, &got, &want, TOL_DENSE);
+        let ((windows, windows_ref), _) = pools.contents(be);
+        check(&format!("{label} windows"), &windows, &windows_ref, 0.0);
     }
 }
 
@@ -894,19 +776,17 @@ fn gdn_gates_match_reference() {
     let b = rng.vec(t * heads, 6.0);
     let a_log = rng.vec(heads, 1.0);
     let dt_bias = rng.vec(heads, 1.0);
-    let (mut g, mut beta) = (vec![0.0; t * heads], vec![0.0; t * heads]);
-    ReferenceBackend.gdn_gates(&a, &b, &a_log, &dt_bias, &mut g, &mut beta);
-    let (mut g_dev, mut beta_dev) = (be.zeros(t * heads), be.zeros(t * heads));
-    be.gdn_gates(
-        &be.upload(&a),
-        &be.upload(&b),
+    let ((g, g_ref), (beta, beta_ref)) = op_check::gdn_gates(
+        be,
+        &a,
+        &b,
         &be.upload(&a_log),
+        &a_log,
         &be.upload(&dt_bias),
-        &mut g_dev,
-        &mut beta_dev,
+        &dt_bias,
     );
-    check("gdn_gates g", &be.to_host(&g_dev), &g, TOL_DENSE);
-    check("gdn_gates beta", &be.to_host(&beta_dev), &beta, TOL_DENSE);
+    check("gdn_gates g", &g, &g_ref, TOL_DENSE);
+    check("gdn_gates beta", &beta, &beta_ref, TOL_DENSE);
 }
 
 #[test]
@@ -925,7 +805,7 @@ fn check_gated_delta_rule(be: &CudaBackend, prefill: &str, tol: f32) {
     for (shape, lens) in gdn_shapes() {
         let conv_dim = shape.conv_dim();
         let (batch, slots) = gdn_batch(lens);
-        let (mut ref_pool, mut pool) = state_pools(be, &mut rng, slots, conv_dim, shape);
+        let mut pools = state_pools(be, &mut rng, slots, conv_dim, shape);
         let t = batch.total_tokens();
         let hv = shape.value_heads;
         let mixed = rng.vec(t * conv_dim, 1.0);
@@ -935,32 +815,14 @@ fn check_gated_delta_rule(be: &CudaBackend, prefill: &str, tol: f32) {
             .map(|x| -0.3 * (x + 1.0))
             .collect();
         let beta: Vec<f32> = rng.vec(t * hv, 1.0).iter().map(|x| 0.5 + 0.5 * x).collect();
-        let mut want = vec![0.0; t * hv * shape.value_dim];
-        ReferenceBackend.gated_delta_rule(
-            &mixed,
-            &g,
-            &beta,
-            &mut ref_pool,
-            &batch,
-            shape,
-            &mut want,
-        );
-        let mut out = be.zeros(t * hv * shape.value_dim);
-        be.gated_delta_rule(
-            &be.upload(&mixed),
-            &be.upload(&g),
-            &be.upload(&beta),
-            &mut pool,
-            &batch,
-            shape,
-            &mut out,
-        );
+        let (got, want) = pools.gated_delta_rule(be, &mixed, &g, &beta, &batch, shape);
         let label = format!("gated_delta_rule ({prefill}) {shape:?} lens {lens:?}");
-        check(&label, &be.to_host(&out), &want, tol);
+        check(&label, &got, &want, tol);
+        let (_, (states, states_ref)) = pools.contents(be);
         check(
             &format!("{label} states (snapshots included)"),
-            &be.to_host(&pool.ssm),
-            &ref_pool.ssm,
+            &states,
+            &states_ref,
             tol,
         );
     }
@@ -978,23 +840,22 @@ fn state_slots_reset_and_copy() {
         key_dim: 16,
         value_dim: 16,
     };
-    let (mut r, mut d) = state_pools(be, &mut rng, 5, shape.conv_dim(), shape);
+    let mut pools = state_pools(be, &mut rng, 5, shape.conv_dim(), shape);
     for (src, dst) in [(0, 3), (4, 1), (2, 2)] {
-        ReferenceBackend.copy_state_slot(&mut r, src, dst);
-        be.copy_state_slot(&mut d, src, dst);
+        pools.copy_slot(be, src, dst);
     }
-    ReferenceBackend.reset_state_slot(&mut r, 4);
-    be.reset_state_slot(&mut d, 4);
+    pools.reset_slot(be, 4);
+    let ((conv, conv_ref), (ssm, ssm_ref)) = pools.contents(be);
     check(
         "state slots: conv after copies and a reset",
-        &be.to_host(&d.conv),
-        &r.conv,
+        &conv,
+        &conv_ref,
         0.0,
     );
     check(
         "state slots: ssm after copies and a reset",
-        &be.to_host(&d.ssm),
-        &r.ssm,
+        &ssm,
+        &ssm_ref,
         0.0,
     );
 }

@@ -1,15 +1,16 @@
 //! Every op of a backend against `reference`, one at a time, on the real weights and shapes of a
 //! model: the first linear-attention (GDN) layer, the first full-attention layer, MoE blocks, the
-//! MTP head and the output head. Inputs are deterministic pseudo-random activations. The ops that
-//! stand alone run through the op harness the backends' tests use (`deltaserve_tensor::op_check`).
+//! MTP head and the output head. Inputs are deterministic pseudo-random activations. Every op runs
+//! through the op harness the backends' tests use (`deltaserve_tensor::op_check`), which gives both
+//! sides the same host inputs: a row measures that op's own error, not the ones before it.
 
 use crate::inputs::{token_ids, uniform};
 use crate::report::{CheckRow, Comparison};
 use deltaserve_model::weights::{Layer, Mixer, Mlp};
 use deltaserve_model::Model;
-use deltaserve_tensor::op_check;
+use deltaserve_tensor::op_check::{self, AttentionPools, Operands, StatePools};
 use deltaserve_tensor::reference::ReferenceBackend;
-use deltaserve_tensor::{Backend, BatchLayout, KvLayerPool, MoeRouting, StateLayerPool};
+use deltaserve_tensor::{Backend, BatchLayout, MoeRouting};
 
 /// Rows of a prefill op check: more than one GDN chunk (64) and not a multiple of it.
 const PREFILL: usize = 70;
@@ -41,14 +42,6 @@ impl<B: Backend> Checker<'_, B> {
         });
     }
 
-    fn both(&self, data: &[f32]) -> (Vec<f32>, B::Buf) {
-        (data.to_vec(), self.t.backend.upload(data))
-    }
-
-    fn compare(&self, ours: &B::Buf, reference: &[f32]) -> Comparison {
-        Comparison::of(&self.t.backend.to_host(ours), reference)
-    }
-
     // Each argument is one coordinate of the check (what, where, which weights, how many rows).
     #[allow(clippy::too_many_arguments)]
     fn matmul(
@@ -63,7 +56,8 @@ impl<B: Backend> Checker<'_, B> {
     ) {
         let (rows, cols) = (wr.rows, wr.cols);
         let x = uniform(tokens * cols, seed, 1.0);
-        let (ours, reference) = op_check::matmul(&self.t.backend, wt, wr, &x, tokens);
+        let (ours, reference) =
+            op_check::matmul(&self.t.backend, wt, wr, &x, tokens, Operands::Exact);
         let c = Comparison::of(&ours, &reference);
         self.push(
             format!("matmul {what} [{tokens} x {cols}] -> {rows}"),
@@ -144,42 +138,33 @@ impl<B: Backend> Checker<'_, B> {
             14,
         );
 
+        let be = &self.t.backend;
         let positions: Vec<u32> = (0..PREFILL as u32).map(|p| p * 3 + 1).collect();
-        let (mut qr, mut qt) = self.both(&uniform(PREFILL * shape.q_heads * d, 15, 1.0));
+        let q = uniform(PREFILL * shape.q_heads * d, 15, 1.0);
         let (rot, theta) = (self.r.config.rotary_dim, self.r.config.rope_theta as f32);
-        self.r
-            .backend
-            .rope(&mut qr, &positions, shape.q_heads, d, rot, theta);
-        self.t
-            .backend
-            .rope(&mut qt, &positions, shape.q_heads, d, rot, theta);
-        let c = self.compare(&qt, &qr);
-        self.push("rope (partial, neox)", l, kind, c);
+        let (ours, reference) = op_check::rope(be, &q, &positions, shape.q_heads, d, rot, theta);
+        self.push(
+            "rope (partial, neox)",
+            l,
+            kind,
+            Comparison::of(&ours, &reference),
+        );
 
         let steps = self.two_sequence_steps();
         let blocks = (PREFILL + 1).div_ceil(BLOCK) + 1;
-        let mut pool_r = KvLayerPool::new(&self.r.backend, blocks, BLOCK, shape.kv_heads, d);
-        let mut pool_t = KvLayerPool::new(&self.t.backend, blocks, BLOCK, shape.kv_heads, d);
+        let mut pools = AttentionPools::new(be, blocks, BLOCK, shape.kv_heads, d, be.kv_dtype());
         for (step, batch) in steps.iter().enumerate() {
             let n = batch.total_tokens();
-            let (qr, qt) = self.both(&uniform(n * shape.q_heads * d, 16 + step as u64, 2.0));
-            let (kr, kt) = self.both(&uniform(n * shape.kv_heads * d, 18 + step as u64, 2.0));
-            let (vr, vt) = self.both(&uniform(n * shape.kv_heads * d, 20 + step as u64, 1.0));
-            let mut or = vec![0.0; n * shape.q_heads * d];
-            self.r
-                .backend
-                .attention(&qr, &kr, &vr, &mut pool_r, batch, shape, &mut or);
-            let mut ot = self.t.backend.zeros(n * shape.q_heads * d);
-            self.t
-                .backend
-                .attention(&qt, &kt, &vt, &mut pool_t, batch, shape, &mut ot);
+            let q = uniform(n * shape.q_heads * d, 16 + step as u64, 2.0);
+            let k = uniform(n * shape.kv_heads * d, 18 + step as u64, 2.0);
+            let v = uniform(n * shape.kv_heads * d, 20 + step as u64, 1.0);
+            let (ours, reference) = pools.attend(be, &q, &k, &v, batch, shape);
             let what = if step == 0 {
                 "attention (prefill, 2 sequences)"
             } else {
                 "attention (paged decode)"
             };
-            let c = self.compare(&ot, &or);
-            self.push(what, l, kind, c);
+            self.push(what, l, kind, Comparison::of(&ours, &reference));
         }
 
         let gate = uniform(PREFILL * 64, 22, 3.0);
@@ -210,17 +195,9 @@ impl<B: Backend> Checker<'_, B> {
         let conv_dim = shape.conv_dim();
         let hv = shape.value_heads;
         let steps = self.two_sequence_steps();
-        let mut pool_r = StateLayerPool::new(
-            &self.r.backend,
-            2,
-            conv_dim,
-            c.linear_conv_kernel_dim,
-            hv,
-            shape.key_dim,
-            shape.value_dim,
-        );
-        let mut pool_t = StateLayerPool::new(
-            &self.t.backend,
+        let be = &self.t.backend;
+        let mut pools = StatePools::new(
+            be,
             2,
             conv_dim,
             c.linear_conv_kernel_dim,
@@ -235,77 +212,35 @@ impl<B: Backend> Checker<'_, B> {
             } else {
                 "decode, recurrent"
             };
-            let (xr, xt) = self.both(&uniform(n * conv_dim, 40 + step as u64, 2.0));
-            let mut conv_r = vec![0.0; n * conv_dim];
-            let mut conv_t = self.t.backend.zeros(n * conv_dim);
-            self.r
-                .backend
-                .causal_conv1d(&xr, &rw.conv, &mut pool_r, batch, &mut conv_r);
-            self.t
-                .backend
-                .causal_conv1d(&xt, &tw.conv, &mut pool_t, batch, &mut conv_t);
-            let c = self
-                .compare(&conv_t, &conv_r)
-                .worst(self.compare(&pool_t.conv, &pool_r.conv));
-            self.push(format!("causal_conv1d + state ({phase})"), l, kind, c);
+            let x = uniform(n * conv_dim, 40 + step as u64, 2.0);
+            let (conv, conv_ref) = pools.causal_conv1d(be, &x, &tw.conv, &rw.conv, batch);
+            let ((windows, windows_ref), _) = pools.contents(be);
+            let cmp =
+                Comparison::of(&conv, &conv_ref).worst(Comparison::of(&windows, &windows_ref));
+            self.push(format!("causal_conv1d + state ({phase})"), l, kind, cmp);
 
-            let (ar, at) = self.both(&uniform(n * hv, 42 + step as u64, 3.0));
-            let (br, bt) = self.both(&uniform(n * hv, 44 + step as u64, 3.0));
-            let (mut gr, mut betar) = (vec![0.0; n * hv], vec![0.0; n * hv]);
-            let (mut gt, mut betat) = (self.t.backend.zeros(n * hv), self.t.backend.zeros(n * hv));
-            self.r
-                .backend
-                .gdn_gates(&ar, &br, &rw.a_log, &rw.dt_bias, &mut gr, &mut betar);
-            self.t
-                .backend
-                .gdn_gates(&at, &bt, &tw.a_log, &tw.dt_bias, &mut gt, &mut betat);
-            let c = self.compare(&gt, &gr).worst(self.compare(&betat, &betar));
-            self.push(format!("gdn gates ({phase})"), l, kind, c);
+            let a = uniform(n * hv, 42 + step as u64, 3.0);
+            let b = uniform(n * hv, 44 + step as u64, 3.0);
+            let ((g, g_ref), (beta, beta_ref)) =
+                op_check::gdn_gates(be, &a, &b, &tw.a_log, &rw.a_log, &tw.dt_bias, &rw.dt_bias);
+            let cmp = Comparison::of(&g, &g_ref).worst(Comparison::of(&beta, &beta_ref));
+            self.push(format!("gdn gates ({phase})"), l, kind, cmp);
 
-            // The delta rule reads the reference's conv output on both sides, so only its own error shows.
-            let mixed_t = self.t.backend.upload(&conv_r);
-            let (gt, betat) = (self.t.backend.upload(&gr), self.t.backend.upload(&betar));
-            let out_len = n * hv * shape.value_dim;
-            let mut or = vec![0.0; out_len];
-            let mut ot = self.t.backend.zeros(out_len);
-            self.r.backend.gated_delta_rule(
-                &conv_r,
-                &gr,
-                &betar,
-                &mut pool_r,
-                batch,
-                shape,
-                &mut or,
-            );
-            self.t.backend.gated_delta_rule(
-                &mixed_t,
-                &gt,
-                &betat,
-                &mut pool_t,
-                batch,
-                shape,
-                &mut ot,
-            );
-            let c = self
-                .compare(&ot, &or)
-                .worst(self.compare(&pool_t.ssm, &pool_r.ssm));
-            self.push(format!("gated delta rule + state ({phase})"), l, kind, c);
-            pool_t.ssm = self.t.backend.upload(&pool_r.ssm);
-            pool_t.conv = self.t.backend.upload(&pool_r.conv);
+            // The delta rule reads the reference's conv output and gates on both sides, so only its
+            // own error shows.
+            let (out, out_ref) =
+                pools.gated_delta_rule(be, &conv_ref, &g_ref, &beta_ref, batch, shape);
+            let (_, (states, states_ref)) = pools.contents(be);
+            let cmp = Comparison::of(&out, &out_ref).worst(Comparison::of(&states, &states_ref));
+            self.push(format!("gated delta rule + state ({phase})"), l, kind, cmp);
+            pools.align_to_reference(be);
         }
         let dv = shape.value_dim;
-        let (xr, xt) = self.both(&uniform(PREFILL * hv * dv, 50, 1.0));
-        let (zr, zt) = self.both(&uniform(PREFILL * hv * dv, 51, 3.0));
-        let mut or = vec![0.0; PREFILL * hv * dv];
-        let mut ot = self.t.backend.zeros(PREFILL * hv * dv);
-        self.r
-            .backend
-            .gated_rms_norm(&xr, &zr, &rw.norm, c.rms_norm_eps, dv, &mut or);
-        self.t
-            .backend
-            .gated_rms_norm(&xt, &zt, &tw.norm, c.rms_norm_eps, dv, &mut ot);
-        let cmp = self.compare(&ot, &or);
-        self.push("gated rms_norm", l, kind, cmp);
+        let x = uniform(PREFILL * hv * dv, 50, 1.0);
+        let z = uniform(PREFILL * hv * dv, 51, 3.0);
+        let (ours, reference) =
+            op_check::gated_rms_norm(be, &tw.norm, &rw.norm, &x, &z, c.rms_norm_eps);
+        self.push("gated rms_norm", l, kind, Comparison::of(&ours, &reference));
     }
 
     fn mlp(
@@ -356,15 +291,12 @@ impl<B: Backend> Checker<'_, B> {
                 );
                 let experts = r.experts.shape.experts;
                 let logits = uniform(PREFILL * experts, 65, 4.0);
-                let rr = self
-                    .r
-                    .backend
-                    .route_top_k(&logits, experts, r.top_k, r.renormalize);
-                let rt = self.t.backend.route_top_k(
-                    &self.t.backend.upload(&logits),
+                let (rt, rr) = op_check::route_top_k(
+                    &self.t.backend,
+                    &logits,
                     experts,
-                    t.top_k,
-                    t.renormalize,
+                    r.top_k,
+                    r.renormalize,
                 );
                 let same_experts = rr.len() == rt.len()
                     && rr
@@ -390,17 +322,17 @@ impl<B: Backend> Checker<'_, B> {
                     renormalize: r.renormalize,
                 };
                 for (tokens, phase) in [(PREFILL, "prefill"), (1, "decode")] {
-                    let (xr, xt) = self.both(&uniform(tokens * hidden, 66, 1.0));
-                    let (lr, lt) = self.both(&logits[..tokens * experts]);
-                    let or = self
-                        .r
-                        .backend
-                        .moe_experts(&xr, &lr, &r.experts, routing, tokens, None);
-                    let ot = self
-                        .t
-                        .backend
-                        .moe_experts(&xt, &lt, &t.experts, routing, tokens, None);
-                    let c = self.compare(&ot, &or);
+                    let x = uniform(tokens * hidden, 66, 1.0);
+                    let (ours, reference) = op_check::moe_experts(
+                        &self.t.backend,
+                        &t.experts,
+                        &r.experts,
+                        &x,
+                        &logits[..tokens * experts],
+                        routing,
+                        Operands::Exact,
+                    );
+                    let c = Comparison::of(&ours, &reference);
                     self.push(format!("moe experts ({phase})"), layer, kind, c);
                 }
                 if let (Some((rs, _)), Some((ts, _))) = (&r.shared, &t.shared) {
@@ -421,57 +353,54 @@ impl<B: Backend> Checker<'_, B> {
 
     fn elementwise(&mut self) {
         let kind = "model";
+        let be = &self.t.backend;
         let n = PREFILL * 64;
-        let (gr, gt) = self.both(&uniform(n, 70, 4.0));
-        let (ur, ut) = self.both(&uniform(n, 71, 2.0));
-        let (ours, reference) = op_check::silu_mul(&self.t.backend, &gr, &ur);
-        let c = Comparison::of(&ours, &reference);
-        self.push("silu_mul", None, kind, c);
-        let (mut ar, mut at) = self.both(&uniform(n, 72, 2.0));
-        self.r.backend.add_inplace(&mut ar, &ur);
-        self.t.backend.add_inplace(&mut at, &ut);
-        let c = self.compare(&at, &ar);
-        self.push("residual add", None, kind, c);
+        let gate = uniform(n, 70, 4.0);
+        let up = uniform(n, 71, 2.0);
+        let (ours, reference) = op_check::silu_mul(be, &gate, &up);
+        self.push("silu_mul", None, kind, Comparison::of(&ours, &reference));
+        let residual = uniform(n, 72, 2.0);
+        let (ours, summed) = op_check::add_inplace(be, &residual, &up);
+        self.push("residual add", None, kind, Comparison::of(&ours, &summed));
         let rows: Vec<u32> = vec![3, 0, 3, 69];
         let weights = [0.5f32, 1.0, -0.25, 2.0];
-        let sr = self.r.backend.gather_rows(&gr, 64, &rows);
-        let st = self.t.backend.gather_rows(&gt, 64, &rows);
-        let c = self.compare(&st, &sr);
-        self.push("gather_rows", None, kind, c);
-        self.r
-            .backend
-            .scatter_add_rows(&mut ar, &sr, 64, &rows, &weights);
-        self.t
-            .backend
-            .scatter_add_rows(&mut at, &st, 64, &rows, &weights);
-        let c = self.compare(&at, &ar);
-        self.push("scatter_add_rows", None, kind, c);
-        let (hr, ht) = self.both(&uniform(PREFILL, 73, 3.0));
-        self.r.backend.sigmoid_scale_rows(&mut ar, &hr, 64);
-        self.t.backend.sigmoid_scale_rows(&mut at, &ht, 64);
-        let c = self.compare(&at, &ar);
-        self.push("sigmoid_scale_rows", None, kind, c);
-        let mut cr = vec![0.0; PREFILL * 128];
-        let mut ct = self.t.backend.zeros(PREFILL * 128);
-        self.r.backend.concat_cols(&gr, &ur, 64, 64, &mut cr);
-        self.t.backend.concat_cols(&gt, &ut, 64, 64, &mut ct);
-        let c = self.compare(&ct, &cr);
-        self.push("concat_cols", None, kind, c);
+        let (ours, gathered) = op_check::gather_rows(be, &gate, 64, &rows);
+        self.push("gather_rows", None, kind, Comparison::of(&ours, &gathered));
+        let (ours, scattered) =
+            op_check::scatter_add_rows(be, &summed, &gathered, 64, &rows, &weights);
+        self.push(
+            "scatter_add_rows",
+            None,
+            kind,
+            Comparison::of(&ours, &scattered),
+        );
+        let row_gates = uniform(PREFILL, 73, 3.0);
+        let (ours, reference) = op_check::sigmoid_scale_rows(be, &scattered, &row_gates, 64);
+        self.push(
+            "sigmoid_scale_rows",
+            None,
+            kind,
+            Comparison::of(&ours, &reference),
+        );
+        let (ours, reference) = op_check::concat_cols(be, &gate, &up, 64, 64);
+        self.push("concat_cols", None, kind, Comparison::of(&ours, &reference));
     }
 
     fn head(&mut self) {
         let c = &self.r.config;
         let ids = token_ids(PREFILL, c.vocab_size, 80);
-        let mut er = vec![0.0; PREFILL * c.hidden_size];
-        let mut et = self.t.backend.zeros(PREFILL * c.hidden_size);
-        self.r
-            .backend
-            .embedding(&self.r.weights.embed, &ids, &mut er);
-        self.t
-            .backend
-            .embedding(&self.t.weights.embed, &ids, &mut et);
-        let cmp = self.compare(&et, &er);
-        self.push("embedding", None, "model", cmp);
+        let (ours, reference) = op_check::embedding(
+            &self.t.backend,
+            &self.t.weights.embed,
+            &self.r.weights.embed,
+            &ids,
+        );
+        self.push(
+            "embedding",
+            None,
+            "model",
+            Comparison::of(&ours, &reference),
+        );
         self.rms_norm(
             "final norm",
             None,

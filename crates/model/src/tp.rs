@@ -279,10 +279,7 @@ impl<B: Backend> Model<B> {
     /// the same size. Followers report what they had right after loading. `None` for backends that
     /// run from host memory.
     pub fn device_memory(&self) -> Option<(usize, usize)> {
-        let mut memory = self
-            .backend
-            .free_device_memory()
-            .zip(self.backend.total_device_memory())?;
+        let mut memory = self.backend.device()?.memory();
         if let Some(tp) = &self.tp {
             for (free, total) in tp.follower_memory.iter().flatten() {
                 memory = (memory.0.min(*free), memory.1.min(*total));
@@ -491,11 +488,7 @@ pub fn load_tensor_parallel<B: Backend + 'static>(
     let mut leader = leader;
     let follower_memory = others
         .iter()
-        .map(|m| {
-            m.backend
-                .free_device_memory()
-                .zip(m.backend.total_device_memory())
-        })
+        .map(|m| m.backend.device().map(|d| d.memory()))
         .collect();
     if let Some(tp) = &mut leader.tp {
         tp.follower_memory = follower_memory;

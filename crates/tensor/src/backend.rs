@@ -1,18 +1,19 @@
 //! The `Backend` trait: every op the Qwen3.5 / Qwen3-Next forward pass needs, on a ragged batch.
 //! The forward pass is written once against this trait; `reference` defines what each op means and
-//! every other backend is tested against it op by op.
+//! every other backend is tested against it op by op (`op_check`). What a backend's device is apart
+//! from the ops (its memory, bandwidth and op timings) is a `Device`, reached through `device()`.
 //!
 //! Conventions: activations are `Buf`s of f32 laid out row-major as `[tokens, ...]`; matrices are
 //! `Mat`s stored `[out, in]` as in the checkpoint; `matmul` computes `x @ w^T`.
 
 use crate::batch::BatchLayout;
 use crate::cache::{KvLayerPool, StateLayerPool};
+use crate::device::Device;
 use crate::device_sampling::RowSampling;
 use crate::generated::GeneratedMatrix;
 use crate::host::{HostTensor, TensorError};
 use crate::kv_dtype::KvDtype;
 use crate::moe::{self, ExpertShape, ExpertTensors, Experts, MoeRouting, SharedExpert};
-use crate::op_profile::OpTiming;
 use crate::step_graph::{StepGraph, StepInputs};
 
 /// Geometry of a gated full-attention layer.
@@ -275,6 +276,12 @@ pub trait Backend: Send + Sync {
     }
 
     // ---- device extras (defaults: the backend has none) ----------------------------------------
+    /// The backend's own device (its memory, bandwidth and op timings); `None` for backends that
+    /// run from host memory.
+    fn device(&self) -> Option<&dyn Device> {
+        None
+    }
+
     /// Generates a matrix on the device, bit for bit the values the source would have uploaded;
     /// `None`: this backend cannot (the caller generates on the host and uploads).
     fn generate_mat(&self, _spec: &GeneratedMatrix) -> Option<Result<Self::Mat, TensorError>> {
@@ -296,18 +303,6 @@ pub trait Backend: Send + Sync {
         _vocab: usize,
         _rows: &[RowSampling],
     ) -> Option<Vec<u32>> {
-        None
-    }
-
-    /// Free bytes of the backend's own device memory (what the cache pools are planned from);
-    /// `None` for backends that run from host memory.
-    fn free_device_memory(&self) -> Option<usize> {
-        None
-    }
-
-    /// Total bytes of the backend's own device memory; `None` for backends that run from host
-    /// memory.
-    fn total_device_memory(&self) -> Option<usize> {
         None
     }
 
@@ -342,21 +337,5 @@ pub trait Backend: Send + Sync {
     /// A copy of `src` in a new buffer.
     fn copy_buf(&self, src: &Self::Buf) -> Self::Buf {
         self.upload(&self.to_host(src))
-    }
-
-    /// Starts (or stops) timing every op on the device; false when this backend cannot.
-    fn set_op_profiling(&self, _on: bool) -> bool {
-        false
-    }
-
-    /// The device time per op since profiling started (and resets it), most expensive first.
-    fn take_op_profile(&self) -> Vec<OpTiming> {
-        Vec::new()
-    }
-
-    /// The measured read bandwidth of the backend's own device memory in bytes/s; `None` for
-    /// backends that run from host memory (the caller measures that itself).
-    fn measure_device_read_bandwidth(&self) -> Option<f64> {
-        None
     }
 }

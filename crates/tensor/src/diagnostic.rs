@@ -8,11 +8,11 @@
 use crate::backend::{AttnShape, Backend, GdnShape, RouteChoice};
 use crate::batch::{BatchLayout, SeqLayout};
 use crate::cache::{KvLayerPool, StateLayerPool};
+use crate::device::Device;
 use crate::device_sampling::RowSampling;
 use crate::generated::GeneratedMatrix;
 use crate::host::{HostTensor, TensorError};
 use crate::moe::{ExpertShape, ExpertTensors, Experts, MoeRouting, SharedExpert};
-use crate::op_profile::OpTiming;
 
 /// The attention-backend name that selects this fault.
 pub const BROKEN_ATTENTION_NAME: &str = "diagnostic-broken-attention";
@@ -297,20 +297,8 @@ impl<B: Backend> Backend for BrokenAttention<B> {
     ) -> Option<Vec<u32>> {
         self.inner.sample_rows(logits, vocab, rows)
     }
-    fn free_device_memory(&self) -> Option<usize> {
-        self.inner.free_device_memory()
-    }
-    fn total_device_memory(&self) -> Option<usize> {
-        self.inner.total_device_memory()
-    }
-    fn set_op_profiling(&self, on: bool) -> bool {
-        self.inner.set_op_profiling(on)
-    }
-    fn take_op_profile(&self) -> Vec<OpTiming> {
-        self.inner.take_op_profile()
-    }
-    fn measure_device_read_bandwidth(&self) -> Option<f64> {
-        self.inner.measure_device_read_bandwidth()
+    fn device(&self) -> Option<&dyn Device> {
+        self.inner.device()
     }
 }
 

@@ -78,10 +78,3 @@ fn shared_backend(
 
 /// The op harness's inputs and error measure, shared with the cpu backend's tests and doctor.
 pub use deltaserve_tensor::op_check::{check, Rng};
-
-/// Rounds every value to bf16 (nearest even) and back.
-pub fn round_bf16(x: &[f32]) -> Vec<f32> {
-    x.iter()
-        .map(|&v| deltaserve_tensor::dtype::bf16_to_f32(deltaserve_tensor::dtype::f32_to_bf16(v)))
-        .collect()
-}

@@ -11,9 +11,8 @@
 use super::{CpuBackend, IsaLevel};
 use crate::backend::{AttnShape, Backend, GdnShape};
 use crate::batch::BatchLayout;
-use crate::cache::{KvLayerPool, StateLayerPool};
 use crate::host::HostTensor;
-use crate::op_check::{self, check, Rng};
+use crate::op_check::{self, check, AttentionPools, Operands, Rng, StatePools};
 use crate::reference::ReferenceBackend;
 
 /// Matrix products with K up to 1000 (measured worst: 1.7e-6, K = 1000).
@@ -59,7 +58,8 @@ fn matmul_matches_reference_for_every_kernel_and_dtype() {
                 let w_ref = ReferenceBackend.load_mat(&t).unwrap();
                 for tokens in [1, 2, 3, 4, 5, 9, 17, 65, 130] {
                     let x = rng.vec(tokens * k, 1.0);
-                    let (got, want) = op_check::matmul(&be, &w, &w_ref, &x, tokens);
+                    let (got, want) =
+                        op_check::matmul(&be, &w, &w_ref, &x, tokens, Operands::Exact);
                     let label = format!("matmul {name} bf16={bf16} [{tokens}x{k}] @ [{n}x{k}]^T");
                     check(&label, &got, &want, TOL_MATMUL);
                     let mut got = vec![f32::NAN; tokens * n];
@@ -93,28 +93,20 @@ fn bf16_precision_equals_the_exact_product_of_bf16_rounded_activations() {
             ReferenceBackend.load_mat(&t).unwrap(),
         );
         let x = rng.vec(tokens * k, 1.0);
-        let rounded: Vec<f32> = x
-            .iter()
-            .map(|&v| crate::dtype::bf16_to_f32(crate::dtype::f32_to_bf16(v)))
-            .collect();
-        let mut got = vec![f32::NAN; tokens * n];
-        be.matmul(&x, &w, &mut got, tokens);
-        let mut want = vec![0.0; tokens * n];
-        ReferenceBackend.matmul(&rounded, &w_ref, &mut want, tokens);
+        let (got, exact) = op_check::matmul(&be, &w, &w_ref, &x, tokens, Operands::Exact);
         let label = format!("bf16 matmul [{tokens}x{k}] @ [{n}x{k}]^T");
         if be.isa().bf16_dot() {
+            let (got, rounded) = op_check::matmul(&be, &w, &w_ref, &x, tokens, Operands::Bf16);
             check(
                 &format!("{label} vs rounded input"),
                 &got,
-                &want,
+                &rounded,
                 TOL_MATMUL,
             );
-            ReferenceBackend.matmul(&x, &w_ref, &mut want, tokens);
-            check(&format!("{label} vs exact input"), &got, &want, 1e-2);
+            check(&format!("{label} vs exact input"), &got, &exact, 1e-2);
         } else {
             // Without AVX512_BF16 the precision falls back to the exact f32 product.
-            ReferenceBackend.matmul(&x, &w_ref, &mut want, tokens);
-            check(&format!("{label} (f32 fallback)"), &got, &want, TOL_MATMUL);
+            check(&format!("{label} (f32 fallback)"), &got, &exact, TOL_MATMUL);
         }
     }
 }
@@ -194,37 +186,27 @@ fn embedding_and_row_ops_match_reference() {
             HostTensor::from_f32("e", vec![50, 24], &table),
         ] {
             let ids = [3u32, 49, 0, 3];
-            let mut got = vec![0.0; 4 * 24];
-            let mut want = vec![0.0; 4 * 24];
-            be.embedding(&be.load_mat(&t).unwrap(), &ids, &mut got);
-            ReferenceBackend.embedding(&ReferenceBackend.load_mat(&t).unwrap(), &ids, &mut want);
+            let (table, table_ref) = (
+                be.load_mat(&t).unwrap(),
+                ReferenceBackend.load_mat(&t).unwrap(),
+            );
+            let (got, want) = op_check::embedding(&be, &table, &table_ref, &ids);
             check(&format!("embedding {name} {:?}", t.dtype), &got, &want, 0.0);
         }
         let (a, b) = (rng.vec(6 * 5, 1.0), rng.vec(6 * 3, 1.0));
-        let mut got = vec![0.0; 6 * 8];
-        let mut want = vec![0.0; 6 * 8];
-        be.concat_cols(&a, &b, 5, 3, &mut got);
-        ReferenceBackend.concat_cols(&a, &b, 5, 3, &mut want);
+        let (got, want) = op_check::concat_cols(&be, &a, &b, 5, 3);
         check(&format!("concat {name}"), &got, &want, 0.0);
         let src = rng.vec(7 * 9, 1.0);
         let rows = [6u32, 0, 6, 2];
-        check(
-            &format!("gather {name}"),
-            &be.gather_rows(&src, 9, &rows),
-            &ReferenceBackend.gather_rows(&src, 9, &rows),
-            0.0,
-        );
+        let (got, want) = op_check::gather_rows(&be, &src, 9, &rows);
+        check(&format!("gather {name}"), &got, &want, 0.0);
         let weights = [0.5f32, -1.5, 0.25, 2.0];
         let part = rng.vec(4 * 9, 1.0);
-        let mut got = src.clone();
-        let mut want = src.clone();
-        be.scatter_add_rows(&mut got, &part, 9, &rows, &weights);
-        ReferenceBackend.scatter_add_rows(&mut want, &part, 9, &rows, &weights);
+        let (got, want) = op_check::scatter_add_rows(&be, &src, &part, 9, &rows, &weights);
         check(&format!("scatter_add {name}"), &got, &want, TOL_DENSE);
         let logits = rng.vec(5 * 12, 4.0);
         for renorm in [true, false] {
-            let got = be.route_top_k(&logits, 12, 3, renorm);
-            let want = ReferenceBackend.route_top_k(&logits, 12, 3, renorm);
+            let (got, want) = op_check::route_top_k(&be, &logits, 12, 3, renorm);
             assert_eq!(got, want, "route_top_k {name}");
         }
     }
@@ -241,6 +223,19 @@ fn norms_and_activations_match_reference() {
             let (got, want) = op_check::rms_norm(&be, &w, &w, &x, 1e-6);
             check(
                 &format!("rms_norm {name} [{rows}x{dim}]"),
+                &got,
+                &want,
+                TOL_DENSE,
+            );
+            let ((acc, acc_ref), (got, want)) = op_check::add_rms_norm(&be, &w, &w, &z, &x, 1e-6);
+            check(
+                &format!("add_rms_norm {name} [{rows}x{dim}] residual"),
+                &acc,
+                &acc_ref,
+                TOL_DENSE,
+            );
+            check(
+                &format!("add_rms_norm {name} [{rows}x{dim}]"),
                 &got,
                 &want,
                 TOL_DENSE,
@@ -332,14 +327,13 @@ fn attention_matches_reference_over_ragged_batches_and_decodes() {
     ];
     let mut rng = Rng(5);
     for (name, be) in backends() {
-        let mut pool =
-            KvLayerPool::new(&be, num_blocks, block_size, shape.kv_heads, shape.head_dim);
-        let mut pool_ref = KvLayerPool::new(
-            &ReferenceBackend,
+        let mut pools = AttentionPools::new(
+            &be,
             num_blocks,
             block_size,
             shape.kv_heads,
             shape.head_dim,
+            be.kv_dtype(),
         );
         for (s, step) in steps.iter().enumerate() {
             let batch = batch_of(block_size, step, &tables, &[0, 1, 2]);
@@ -348,25 +342,24 @@ fn attention_matches_reference_over_ragged_batches_and_decodes() {
             let q = rng.vec(t * shape.q_heads * shape.head_dim, 2.0);
             let k = rng.vec(t * shape.kv_heads * shape.head_dim, 2.0);
             let v = rng.vec(t * shape.kv_heads * shape.head_dim, 1.0);
-            let (mut got, mut want) = (vec![f32::NAN; q.len()], vec![0.0; q.len()]);
-            be.attention(&q, &k, &v, &mut pool, &batch, shape, &mut got);
-            ReferenceBackend.attention(&q, &k, &v, &mut pool_ref, &batch, shape, &mut want);
+            let (got, want) = pools.attend(&be, &q, &k, &v, &batch, shape);
             check(
                 &format!("attention {name} step {s}"),
                 &got,
                 &want,
                 TOL_ATTENTION,
             );
+            let ((k_pool, k_ref), (v_pool, v_ref)) = pools.contents(&be);
             check(
                 &format!("attention {name} step {s} K pool"),
-                &pool.k,
-                &pool_ref.k,
+                &k_pool,
+                &k_ref,
                 0.0,
             );
             check(
                 &format!("attention {name} step {s} V pool"),
-                &pool.v,
-                &pool_ref.v,
+                &v_pool,
+                &v_ref,
                 0.0,
             );
         }
@@ -384,17 +377,14 @@ fn attention_with_full_size_heads_matches_reference() {
     let tables = vec![(0..12u32).rev().collect::<Vec<_>>()];
     let mut rng = Rng(6);
     for (name, be) in backends() {
-        let mut pool = KvLayerPool::new(&be, 12, block_size, 2, 256);
-        let mut pool_ref = KvLayerPool::new(&ReferenceBackend, 12, block_size, 2, 256);
+        let mut pools = AttentionPools::new(&be, 12, block_size, 2, 256, be.kv_dtype());
         for (s, step) in [(150usize, 0usize), (1, 150)].into_iter().enumerate() {
             let batch = batch_of(block_size, &[step], &tables, &[0]);
             let t = batch.total_tokens();
             let q = rng.vec(t * 8 * 256, 1.0);
             let k = rng.vec(t * 2 * 256, 1.0);
             let v = rng.vec(t * 2 * 256, 1.0);
-            let (mut got, mut want) = (vec![0.0; q.len()], vec![0.0; q.len()]);
-            be.attention(&q, &k, &v, &mut pool, &batch, shape, &mut got);
-            ReferenceBackend.attention(&q, &k, &v, &mut pool_ref, &batch, shape, &mut want);
+            let (got, want) = pools.attend(&be, &q, &k, &v, &batch, shape);
             check(
                 &format!("attention 256 {name} step {s}"),
                 &got,
@@ -431,29 +421,27 @@ fn conv1d_matches_reference_with_state_carried_and_snapshots() {
     // Kernel 4 (every supported model, a fused path) and 3 (the generic path).
     for kernel in [4, 3] {
         for (name, be) in backends() {
-            let mut pool = StateLayerPool::new(&be, slots, dim, kernel, 1, 1, 1);
-            let mut pool_ref = StateLayerPool::new(&ReferenceBackend, slots, dim, kernel, 1, 1, 1);
-            let init = rng.vec(pool.conv.len(), 1.0);
-            pool.conv.copy_from_slice(&init);
-            pool_ref.conv.copy_from_slice(&init);
+            let mut pools = StatePools::new(&be, slots, dim, kernel, 1, 1, 1);
+            let init = rng.vec(pools.ours.conv.len(), 1.0);
+            let ssm = pools.ours.ssm.clone();
+            pools.hold(&be, &init, &ssm);
             let w = rng.vec(dim * kernel, 1.0);
             for (s, step) in steps.iter().enumerate() {
                 let batch = gdn_batch(step);
                 batch.validate(1, slots).unwrap();
                 let x = rng.vec(batch.total_tokens() * dim, 2.0);
-                let (mut got, mut want) = (vec![0.0; x.len()], vec![0.0; x.len()]);
-                be.causal_conv1d(&x, &w, &mut pool, &batch, &mut got);
-                ReferenceBackend.causal_conv1d(&x, &w, &mut pool_ref, &batch, &mut want);
+                let (got, want) = pools.causal_conv1d(&be, &x, &w, &w, &batch);
                 check(
                     &format!("conv1d k={kernel} {name} step {s}"),
                     &got,
                     &want,
                     TOL_DENSE,
                 );
+                let ((windows, windows_ref), _) = pools.contents(&be);
                 check(
                     &format!("conv1d k={kernel} {name} step {s} windows"),
-                    &pool.conv,
-                    &pool_ref.conv,
+                    &windows,
+                    &windows_ref,
                     0.0,
                 );
             }
@@ -468,23 +456,24 @@ fn gdn_gates_and_state_slots_match_reference() {
         let heads = 6;
         let (a, b) = (rng.vec(9 * heads, 8.0), rng.vec(9 * heads, 8.0));
         let (a_log, dt_bias) = (rng.vec(heads, 1.0), rng.vec(heads, 15.0));
-        let (mut g, mut beta) = (vec![0.0; a.len()], vec![0.0; a.len()]);
-        let (mut g_ref, mut beta_ref) = (vec![0.0; a.len()], vec![0.0; a.len()]);
-        be.gdn_gates(&a, &b, &a_log, &dt_bias, &mut g, &mut beta);
-        ReferenceBackend.gdn_gates(&a, &b, &a_log, &dt_bias, &mut g_ref, &mut beta_ref);
+        let ((g, g_ref), (beta, beta_ref)) =
+            op_check::gdn_gates(&be, &a, &b, &a_log, &a_log, &dt_bias, &dt_bias);
         check(&format!("gdn_gates g {name}"), &g, &g_ref, 0.0);
         check(&format!("gdn_gates beta {name}"), &beta, &beta_ref, 0.0);
 
-        let mut pool = StateLayerPool::new(&be, 3, 5, 4, 2, 3, 4);
-        let init = rng.vec(pool.conv.len() + pool.ssm.len(), 1.0);
-        let conv_len = pool.conv.len();
-        pool.conv.copy_from_slice(&init[..conv_len]);
-        pool.ssm.copy_from_slice(&init[conv_len..]);
-        be.copy_state_slot(&mut pool, 2, 0);
+        let mut pools = StatePools::new(&be, 3, 5, 4, 2, 3, 4);
+        let conv_len = pools.ours.conv.len();
+        let init = rng.vec(conv_len + pools.ours.ssm.len(), 1.0);
+        pools.hold(&be, &init[..conv_len], &init[conv_len..]);
+        pools.copy_slot(&be, 2, 0);
+        pools.reset_slot(&be, 1);
+        let ((conv, conv_ref), (ssm, ssm_ref)) = pools.contents(&be);
+        check(&format!("state slots {name} conv"), &conv, &conv_ref, 0.0);
+        check(&format!("state slots {name} ssm"), &ssm, &ssm_ref, 0.0);
+        let pool = &pools.ours;
         let (c, s) = (pool.conv_slot_len(), pool.ssm_slot_len());
         assert_eq!(pool.conv[..c], pool.conv[2 * c..]);
         assert_eq!(pool.ssm[..s], pool.ssm[2 * s..]);
-        be.reset_state_slot(&mut pool, 1);
         assert!(pool.conv[c..2 * c]
             .iter()
             .chain(&pool.ssm[s..2 * s])
@@ -505,7 +494,7 @@ fn gdn_case(
     let mut rng = Rng(seed);
     let hv = shape.value_heads;
     for (name, be) in backends() {
-        let mut pool = StateLayerPool::new(
+        let mut pools = StatePools::new(
             &be,
             slots,
             shape.conv_dim(),
@@ -514,18 +503,9 @@ fn gdn_case(
             shape.key_dim,
             shape.value_dim,
         );
-        let mut pool_ref = StateLayerPool::new(
-            &ReferenceBackend,
-            slots,
-            shape.conv_dim(),
-            4,
-            hv,
-            shape.key_dim,
-            shape.value_dim,
-        );
-        let init = rng.vec(pool.ssm.len(), 0.5);
-        pool.ssm.copy_from_slice(&init);
-        pool_ref.ssm.copy_from_slice(&init);
+        let init = rng.vec(pools.ours.ssm.len(), 0.5);
+        let conv = pools.ours.conv.clone();
+        pools.hold(&be, &conv, &init);
         for (s, step) in steps.iter().enumerate() {
             let batch = gdn_batch(step);
             batch.validate(1, slots).unwrap();
@@ -536,28 +516,18 @@ fn gdn_case(
             let (a_log, dt_bias) = (rng.vec(hv, 0.5), rng.vec(hv, 1.0));
             let (mut g, mut beta) = (vec![0.0; t * hv], vec![0.0; t * hv]);
             ReferenceBackend.gdn_gates(&a, &b, &a_log, &dt_bias, &mut g, &mut beta);
-            let n_out = t * hv * shape.value_dim;
-            let (mut got, mut want) = (vec![f32::NAN; n_out], vec![0.0; n_out]);
-            be.gated_delta_rule(&mixed, &g, &beta, &mut pool, &batch, shape, &mut got);
-            ReferenceBackend.gated_delta_rule(
-                &mixed,
-                &g,
-                &beta,
-                &mut pool_ref,
-                &batch,
-                shape,
-                &mut want,
-            );
+            let (got, want) = pools.gated_delta_rule(&be, &mixed, &g, &beta, &batch, shape);
             check(
                 &format!("{label} {name} step {s} out"),
                 &got,
                 &want,
                 TOL_GDN,
             );
+            let (_, (states, states_ref)) = pools.contents(&be);
             check(
                 &format!("{label} {name} step {s} states"),
-                &pool.ssm,
-                &pool_ref.ssm,
+                &states,
+                &states_ref,
                 TOL_GDN,
             );
         }
