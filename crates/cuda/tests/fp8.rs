@@ -20,7 +20,7 @@ use deltaserve_model::online_fp8::Fp8QuantizingSource;
 use deltaserve_model::quantization::Fp8Quantization;
 use deltaserve_model::source::TensorSource;
 use deltaserve_tensor::e4m3::e4m3_to_f32;
-use deltaserve_tensor::op_check::{check, matmul, Rng};
+use deltaserve_tensor::op_check::{check, matmul, Operands, Rng};
 use deltaserve_tensor::reference::ReferenceBackend;
 use deltaserve_tensor::{Backend, BlockFp8Matrix, DType, HostTensor};
 
@@ -71,7 +71,7 @@ fn fp8_gemv_matches_reference_and_is_batch_invariant() {
         let x = rng.vec(9 * cols, 1.0);
         let mut four = Vec::new();
         for tokens in [4, 1, 2, 3] {
-            let (got, want) = matmul(be, &w, &w_ref, &x[..tokens * cols], tokens);
+            let (got, want) = matmul(be, &w, &w_ref, &x[..tokens * cols], tokens, Operands::Exact);
             check(
                 &format!("fp8 gemv [{rows}x{cols}] x {tokens} rows"),
                 &got,
@@ -88,7 +88,7 @@ fn fp8_gemv_matches_reference_and_is_batch_invariant() {
                 );
             }
         }
-        let (got, want) = matmul(be, &w, &w_ref, &x, 9);
+        let (got, want) = matmul(be, &w, &w_ref, &x, 9, Operands::Exact);
         check(
             &format!("fp8 widened to bf16 [{rows}x{cols}] x 9 rows"),
             &got,
