@@ -120,19 +120,12 @@ __device__ __forceinline__ void let_next_kernel_start() {
 #ifndef PDL_TRIGGER_FIRST
 #define PDL_TRIGGER_FIRST 1
 #endif
-#if PDL_TRIGGER_FIRST
-#define AFTER_PREVIOUS_KERNEL()     \
-    do {                            \
-        let_next_kernel_start();    \
-        wait_for_previous_kernel(); \
-    } while (0)
-#else
-#define AFTER_PREVIOUS_KERNEL()     \
-    do {                            \
-        wait_for_previous_kernel(); \
-        let_next_kernel_start();    \
-    } while (0)
-#endif
+__device__ __forceinline__ void after_previous_kernel() {
+    if (PDL_TRIGGER_FIRST) let_next_kernel_start();
+    wait_for_previous_kernel();
+    if (!PDL_TRIGGER_FIRST) let_next_kernel_start();
+}
+#define AFTER_PREVIOUS_KERNEL() after_previous_kernel()
 
 // Grid-stride loop over `n` elements.
 #define FOR_EACH(i, n) for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (i64)(n); i += (i64)gridDim.x * blockDim.x)
