@@ -38,7 +38,8 @@ pub struct HostTensor {
     start: usize,
     end: usize,
     /// The block-FP8 form of these values when they were read from (or quantized to) one; kept by
-    /// `gather_rows` of whole scale blocks, dropped by every other operation that moves values.
+    /// `gather_rows` and `cols` that cut no scale block, dropped by every other operation that
+    /// moves values.
     block_fp8: Option<Arc<BlockFp8Matrix>>,
 }
 
@@ -211,7 +212,7 @@ impl HostTensor {
         let block_rows = fp8.block[0];
         let whole_blocks = ranges
             .iter()
-            .all(|&(from, to)| from % block_rows == 0 && to % block_rows == 0);
+            .all(|&(from, to)| from.is_multiple_of(block_rows) && to.is_multiple_of(block_rows));
         if !whole_blocks {
             return None;
         }
@@ -243,7 +244,40 @@ impl HostTensor {
         for r in 0..rows {
             bytes.extend_from_slice(&src[(r * cols + from) * size..(r * cols + to) * size]);
         }
-        Self::owned(self.name.clone(), self.dtype, vec![rows, to - from], bytes)
+        let sliced = Self::owned(self.name.clone(), self.dtype, vec![rows, to - from], bytes);
+        match self.block_fp8_cols(from, to) {
+            Some(fp8) => sliced.with_block_fp8(fp8),
+            None => sliced,
+        }
+    }
+
+    /// The FP8 parts of `cols(from, to)`: codes and scale columns sliced alike, when both ends are
+    /// scale-block boundaries (a row-parallel shard that cuts no block); `None` otherwise.
+    fn block_fp8_cols(&self, from: usize, to: usize) -> Option<BlockFp8Matrix> {
+        let fp8 = self.block_fp8()?;
+        let (rows, cols) = (self.shape[0], self.shape[1]);
+        let block_cols = fp8.block[1];
+        let at_boundary = |c: usize| c.is_multiple_of(block_cols) || c == cols;
+        if !(at_boundary(from) && at_boundary(to)) {
+            return None;
+        }
+        let grid_cols = cols.div_ceil(block_cols);
+        let (scale_from, scale_to) = (from / block_cols, to.div_ceil(block_cols));
+        let codes = (0..rows)
+            .flat_map(|r| &fp8.codes[r * cols + from..r * cols + to])
+            .copied()
+            .collect();
+        let scales = fp8
+            .scales
+            .chunks(grid_cols)
+            .flat_map(|row| &row[scale_from..scale_to])
+            .copied()
+            .collect();
+        Some(BlockFp8Matrix {
+            codes,
+            scales,
+            block: fp8.block,
+        })
     }
 
     /// This tensor with `extra` rows of zeros appended along dimension 0, as a new owned tensor.
@@ -311,6 +345,23 @@ mod tests {
         assert_eq!(fp8.codes[..128 * cols], codes[256 * cols..]);
         assert_eq!(fp8.codes[128 * cols..], codes[..128 * cols]);
         assert!(t.gather_rows(&[(0, 64)]).block_fp8().is_none());
+        let wide =
+            HostTensor::from_f32("w", vec![2, 300], &[0.0; 600]).with_block_fp8(BlockFp8Matrix {
+                codes: (0..600).map(|i| (i % 200) as u8).collect(),
+                scales: vec![1.0, 2.0, 3.0],
+                block: [128, 128],
+            });
+        let shard = wide.cols(128, 300);
+        let fp8 = shard
+            .block_fp8()
+            .expect("a shard on block boundaries keeps its FP8 form");
+        assert_eq!(fp8.scales, vec![2.0, 3.0]);
+        assert_eq!(fp8.codes.len(), 2 * 172);
+        assert_eq!(
+            fp8.codes[172], 28,
+            "row 1, column 128: code (300 + 128) % 200"
+        );
+        assert!(wide.cols(64, 300).block_fp8().is_none());
         assert!(t.rows(0, 128).block_fp8().is_none());
         assert!(t.reshaped(vec![rows * 2, cols / 2]).block_fp8().is_none());
         assert!(t.reshaped(vec![rows, cols]).block_fp8().is_some());
