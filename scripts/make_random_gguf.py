@@ -76,7 +76,9 @@ def convert(converter_dir: str, checkpoint: str, out: str) -> None:
     from conversion import base  # the converter's own package, from converter_dir
 
     base.TextModel.get_vocab_base_pre = lambda _self, _tokenizer: "qwen35"
-    sys.argv = [script, checkpoint, "--outtype", "bf16", "--outfile", out]
+    # --no-mtp: transformers' Qwen3_5ForCausalLM has no MTP block, and without the flag the converter counts
+    # the config's MTP layer in the block count, so llama.cpp would look for weights that are not there.
+    sys.argv = [script, checkpoint, "--outtype", "bf16", "--no-mtp", "--outfile", out]
     runpy.run_path(script, run_name="__main__")
 
 
