@@ -22,8 +22,8 @@ if [[ $# -lt 3 || $# -gt 4 ]]; then
     echo "usage: $0 PEER_DIR DELTASERVE_BIN OUT_DIR [ROUNDS]" >&2
     exit 2
 fi
-peer=$(realpath "$1")
-deltaserve=$(realpath "$2")
+peer=$(realpath -m "$1")
+deltaserve=$(realpath -m "$2")
 out=$(realpath -m "$3")
 rounds=${4:-2}
 python=${PYTHON:-python3}
