@@ -76,7 +76,8 @@ run_llama() {
     local round=$1
     note "round $round llama-bench"
     "$llama_bench" -m "$gguf" -p 512 -n 32 -t "$threads" -o json \
-        > "$out/llama-bench-$round.json" 2> "$out/llama-bench-$round.log"
+        > "$out/llama-bench-$round.json" 2> "$out/llama-bench-$round.log" \
+        || { echo "bench_cpu_peers: llama-bench failed, see $out/llama-bench-$round.log" >&2; exit 1; }
 }
 
 run_deltaserve() {
@@ -85,7 +86,8 @@ run_deltaserve() {
         note "round $round deltaserve $level"
         DELTASERVE_CPU_LEVEL=$level "$deltaserve" bench --backend cpu --model-path "$config" --load-format dummy \
             --prefill-len 512 --decode-len 32 --threads "$threads" --measure-bandwidth --json \
-            > "$out/deltaserve-$level-$round.json" 2> "$out/deltaserve-$level-$round.log"
+            > "$out/deltaserve-$level-$round.json" 2> "$out/deltaserve-$level-$round.log" \
+            || { echo "bench_cpu_peers: deltaserve bench failed, see $out/deltaserve-$level-$round.log" >&2; exit 1; }
     done
 }
 
@@ -101,7 +103,8 @@ done
 if [[ "${WITH_TRANSFORMERS:-0}" == 1 ]]; then
     note "transformers"
     "$python" scripts/bench_transformers_cpu.py --config "$config/config.json" --threads "$threads" \
-        > "$out/transformers.json" 2> "$out/transformers.log"
+        > "$out/transformers.json" 2> "$out/transformers.log" \
+        || { echo "bench_cpu_peers: transformers failed, see $out/transformers.log" >&2; exit 1; }
 fi
 note "done"
 
