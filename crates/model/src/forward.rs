@@ -29,7 +29,8 @@ pub struct ForwardOutput<B: Backend> {
 }
 
 /// Sees the residual stream after each layer; used by `doctor` to find the first diverging layer.
-pub trait LayerObserver<B: Backend> {
+/// `Send`: the step, observer included, may run on one of the backend's worker threads.
+pub trait LayerObserver<B: Backend>: Send {
     fn after_layer(&mut self, layer: usize, hidden: &B::Buf);
 }
 
@@ -140,8 +141,19 @@ impl<B: Backend> Model<B> {
         )
     }
 
-    /// This rank's part of the step (the whole step without tensor parallelism).
+    /// This rank's part of the step (the whole step without tensor parallelism), run where its
+    /// backend issues ops fastest (`Backend::run_step`).
     fn forward_rank(
+        &self,
+        input: &ForwardInput<'_>,
+        cache: &mut HybridCache<B>,
+        observer: &mut dyn LayerObserver<B>,
+    ) -> ForwardOutput<B> {
+        self.backend
+            .run_step(|| self.forward_layers(input, cache, observer))
+    }
+
+    fn forward_layers(
         &self,
         input: &ForwardInput<'_>,
         cache: &mut HybridCache<B>,

@@ -59,7 +59,7 @@ impl<B: Backend> Model<B> {
                 logit_rows: input.logit_rows.to_vec(),
                 hidden_rows: input.hidden_rows.to_vec(),
             },
-            |cache| self.mtp_rank(mtp, input, cache),
+            |cache| self.backend.run_step(|| self.mtp_rank(mtp, input, cache)),
         ))
     }
 

@@ -275,6 +275,15 @@ pub trait Backend: Send + Sync {
         moe::moe_per_expert(self, x, router_logits, experts, routing, tokens, shared)
     }
 
+    // ---- running a step -------------------------------------------------------------------------
+    /// Runs one model step's ops (`step` calls the ops on this backend). The default runs it on
+    /// the calling thread; the cpu backend runs it on one of its own worker threads, so that each
+    /// op hands its parallel work to a sibling worker instead of waking the pool from outside and
+    /// putting the caller to sleep until the op ends (docs/backends.md, "Running a step").
+    fn run_step<R: Send>(&self, step: impl FnOnce() -> R + Send) -> R {
+        step()
+    }
+
     // ---- device extras (defaults: the backend has none) ----------------------------------------
     /// The backend's own device (its memory, bandwidth and op timings); `None` for backends that
     /// run from host memory.

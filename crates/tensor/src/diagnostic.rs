@@ -300,6 +300,9 @@ impl<B: Backend> Backend for BrokenAttention<B> {
     fn device(&self) -> Option<&dyn Device> {
         self.inner.device()
     }
+    fn run_step<R: Send>(&self, step: impl FnOnce() -> R + Send) -> R {
+        self.inner.run_step(step)
+    }
 }
 
 /// Lends a state pool typed for the wrapper to the inner backend (the same buffers and geometry,

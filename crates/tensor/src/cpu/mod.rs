@@ -197,6 +197,12 @@ impl Backend for CpuBackend {
         (m.rows(), m.cols())
     }
 
+    fn run_step<R: Send>(&self, step: impl FnOnce() -> R + Send) -> R {
+        // Inside, every op's `pool.install` runs inline on this worker and its parallel pieces
+        // go to the other workers, which spin for a while after each op before they sleep.
+        self.pool.install(step)
+    }
+
     fn embedding(&self, table: &CpuMat, ids: &[u32], out: &mut Vec<f32>) {
         let h = table.cols();
         for (row, &id) in out.chunks_mut(h).zip(ids) {
