@@ -88,6 +88,30 @@ macro_rules! launch {
 }
 pub(crate) use launch;
 
+/// Launches the elementwise kernel `$name` over `$n` elements, `$per_thread` a thread (1 unless
+/// given): `elementwise_config(n.div_ceil(per_thread))`. The kernel's `i64` element count is bound
+/// to `$count`, for the argument list to name where the kernel declares it. Launches nothing for no
+/// elements, so it stands at an op's end in place of `if n == 0 { return; }` and the launch. As
+/// `launch!`, callers state the contract.
+macro_rules! launch_elementwise {
+    ($be:expr, $name:expr, $count:ident = $n:expr, $per_thread:literal per thread, $($arg:expr),+ $(,)?) => {{
+        let n: usize = $n;
+        if n > 0 {
+            let $count = n as i64;
+            $crate::backend::launch!(
+                $be,
+                $name,
+                $crate::backend::CudaBackend::elementwise_config(n.div_ceil($per_thread)),
+                $($arg),+
+            );
+        }
+    }};
+    ($be:expr, $name:expr, $count:ident = $n:expr, $($arg:expr),+ $(,)?) => {
+        $crate::backend::launch_elementwise!($be, $name, $count = $n, 1 per thread, $($arg),+)
+    };
+}
+pub(crate) use launch_elementwise;
+
 fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
     payload
         .downcast_ref::<String>()

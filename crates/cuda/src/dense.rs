@@ -2,7 +2,7 @@
 //! the host, then one kernel from elementwise.cu, norm.cu or rope.cu. Lengths follow the reference:
 //! zipped buffers use the shorter one.
 
-use crate::backend::{launch, CudaBackend};
+use crate::backend::{launch, launch_elementwise, CudaBackend};
 use crate::buffer::CudaBuf;
 use crate::mat::{CudaMat, MatData};
 use crate::upload_cache::table;
@@ -190,32 +190,18 @@ impl CudaBackend {
 
     pub(crate) fn add_inplace_op(&self, acc: &mut CudaBuf, x: &CudaBuf) {
         let n = acc.len.min(x.len);
-        if n == 0 {
-            return;
-        }
-        let n64 = n as i64;
         // Contract: n is within both buffers.
-        launch!(
-            self,
-            "add_inplace",
-            Self::elementwise_config(n),
-            &mut acc.data,
-            &x.data,
-            &n64
-        );
+        launch_elementwise!(self, "add_inplace", n64 = n, &mut acc.data, &x.data, &n64);
     }
 
     pub(crate) fn silu_mul_op(&self, gate: &CudaBuf, up: &CudaBuf, out: &mut CudaBuf) {
         let n = out.len.min(gate.len).min(up.len);
-        if n == 0 {
-            return;
-        }
-        let n64 = n as i64;
         // Contract: n is within all three buffers, each a whole (16-byte aligned) allocation.
-        launch!(
+        launch_elementwise!(
             self,
             "silu_mul",
-            Self::elementwise_config(n.div_ceil(4)),
+            n64 = n,
+            4 per thread,
             &gate.data,
             &up.data,
             &mut out.data,
@@ -225,15 +211,11 @@ impl CudaBackend {
 
     pub(crate) fn sigmoid_mul_op(&self, x: &mut CudaBuf, gate: &CudaBuf) {
         let n = x.len.min(gate.len);
-        if n == 0 {
-            return;
-        }
-        let n64 = n as i64;
         // Contract: n is within both buffers.
-        launch!(
+        launch_elementwise!(
             self,
             "sigmoid_mul_inplace",
-            Self::elementwise_config(n),
+            n64 = n,
             &mut x.data,
             &gate.data,
             &n64

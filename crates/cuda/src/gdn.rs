@@ -3,7 +3,7 @@
 //! otherwise; chunked on the tensor cores for prefill, gdn_chunked.rs), and resetting / copying a state
 //! slot. The state pools stay on the device; the batch's sequence table is uploaded per call.
 
-use crate::backend::{device_failure, launch, CudaBackend};
+use crate::backend::{device_failure, launch, launch_elementwise, CudaBackend};
 use crate::buffer::CudaBuf;
 use crate::gdn_chunked;
 use crate::kernels::MAX_CONV_HISTORY;
@@ -202,15 +202,12 @@ impl CudaBackend {
             g.len,
             beta.len
         );
-        if n == 0 {
-            return;
-        }
-        let (n64, h32) = (n as i64, heads as i32);
+        let h32 = heads as i32;
         // Contract: n within a, b, g, beta; heads within a_log and dt_bias (checked).
-        launch!(
+        launch_elementwise!(
             self,
             "gdn_gates",
-            Self::elementwise_config(n),
+            n64 = n,
             &a.data,
             &b.data,
             &a_log.data,
