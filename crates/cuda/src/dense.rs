@@ -4,6 +4,7 @@
 
 use crate::backend::{launch, launch_elementwise, CudaBackend};
 use crate::buffer::CudaBuf;
+use crate::launcher::KernelArg;
 use crate::mat::{CudaMat, MatData};
 use crate::upload_cache::table;
 use cudarc::driver::{CudaSlice, LaunchConfig};
@@ -43,44 +44,28 @@ impl CudaBackend {
         }
         let ids_dev = self.upload_cached(table::TOKEN_IDS, ids);
         let (n64, hidden32) = (n as i64, hidden as i32);
-        let cfg = Self::elementwise_config(n * hidden);
-        // Contract: ids < rows (checked), out >= n * hidden (checked), table is rows x hidden.
-        match &table.data {
-            MatData::Bf16(t) => launch!(
-                self,
-                "embedding_bf16",
-                cfg,
-                t,
-                ids_dev.as_ref(),
-                &mut out.data,
-                &n64,
-                &hidden32
-            ),
+        let widened;
+        let (kernel, t): (_, &dyn KernelArg) = match &table.data {
+            MatData::Bf16(t) => ("embedding_bf16", t),
             MatData::Fp8 { codes, scales } => {
                 // Checkpoints keep their embedding unquantized; widened whole if one does not.
-                let t = self.dequantize_block_fp8(codes, scales, table.rows, table.cols);
-                launch!(
-                    self,
-                    "embedding_bf16",
-                    cfg,
-                    &t,
-                    ids_dev.as_ref(),
-                    &mut out.data,
-                    &n64,
-                    &hidden32
-                )
+                widened = self.dequantize_block_fp8(codes, scales, table.rows, table.cols);
+                ("embedding_bf16", &widened)
             }
-            MatData::F32(t) => launch!(
-                self,
-                "embedding_f32",
-                cfg,
-                t,
-                ids_dev.as_ref(),
-                &mut out.data,
-                &n64,
-                &hidden32
-            ),
-        }
+            MatData::F32(t) => ("embedding_f32", t),
+        };
+        // Contract: ids < rows (checked), out >= n * hidden (checked), table is rows x hidden of
+        // the kernel's element type.
+        launch!(
+            self,
+            kernel,
+            Self::elementwise_config(n * hidden),
+            t,
+            ids_dev.as_ref(),
+            &mut out.data,
+            &n64,
+            &hidden32
+        );
     }
 
     pub(crate) fn rms_norm_op(
