@@ -95,11 +95,16 @@ impl CudaBackend {
         let seqs = self.upload_cached(table::SEQUENCES, &table.seqs);
         let snaps = self.upload_cached(table::SNAPSHOT_SLOTS, &table.snaps);
         let (cd, hist) = (conv_dim as i32, history as i32);
-        let window_grid = (
-            (conv_dim as u32).div_ceil(CONV_THREADS),
-            batch.seqs.len() as u32,
-            1,
-        );
+        // One block row of channels per sequence: the windows' update and the per-channel conv.
+        let window_cfg = LaunchConfig {
+            grid_dim: (
+                (conv_dim as u32).div_ceil(CONV_THREADS),
+                batch.seqs.len() as u32,
+                1,
+            ),
+            block_dim: (CONV_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
         if batch.seqs.iter().any(|s| s.len >= PARALLEL_CONV_MIN_TOKENS) {
             let row_seqs: Vec<i32> = batch
                 .seqs
@@ -136,16 +141,11 @@ impl CudaBackend {
                 &cd,
                 &hist
             );
-            let cfg = LaunchConfig {
-                grid_dim: window_grid,
-                block_dim: (CONV_THREADS, 1, 1),
-                shared_mem_bytes: 0,
-            };
             // Contract: as above; runs after every row has read the old windows (same stream).
             launch!(
                 self,
                 "conv_window_update",
-                cfg,
+                window_cfg,
                 &x.data,
                 &mut pool.conv.data,
                 seqs.as_ref(),
@@ -154,20 +154,11 @@ impl CudaBackend {
             );
             return;
         }
-        let cfg = LaunchConfig {
-            grid_dim: (
-                (conv_dim as u32).div_ceil(CONV_THREADS),
-                batch.seqs.len() as u32,
-                1,
-            ),
-            block_dim: (CONV_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
         // Contract: the layout was checked (rows within x/out, slots and snapshot slots < slots).
         launch!(
             self,
             "causal_conv1d",
-            cfg,
+            window_cfg,
             &x.data,
             &w.data,
             &mut pool.conv.data,
