@@ -24,6 +24,20 @@ fn row_config(rows: usize, dim: usize) -> LaunchConfig {
     }
 }
 
+/// Launches the norm kernel `$name` with one block per row, `row_config(rows, dim)` (the one place
+/// the norms get their block, so all three sum a row alike); the row width is bound to `$dim32`,
+/// the kernel's `int dim`, for the argument list to name. Launches nothing for no rows or an empty
+/// row. As `launch!`, callers state the contract.
+macro_rules! launch_per_row {
+    ($be:expr, $name:expr, $rows:expr, $dim32:ident = $dim:expr, $($arg:expr),+ $(,)?) => {{
+        let (rows, dim): (usize, usize) = ($rows, $dim);
+        if rows > 0 && dim > 0 {
+            let $dim32 = dim as i32;
+            launch!($be, $name, row_config(rows, dim), $($arg),+);
+        }
+    }};
+}
+
 impl CudaBackend {
     pub(crate) fn embedding_op(&self, table: &CudaMat, ids: &[u32], out: &mut CudaBuf) {
         let hidden = table.cols;
@@ -83,16 +97,12 @@ impl CudaBackend {
             w.len,
             out.len
         );
-        if rows == 0 || dim == 0 {
-            return;
-        }
-        let dim32 = dim as i32;
-        let cfg = row_config(rows, dim);
         // Contract: one block per row of `dim` within x and out; w holds dim values (checked).
-        launch!(
+        launch_per_row!(
             self,
             "rms_norm",
-            cfg,
+            rows,
+            dim32 = dim,
             &x.data,
             &w.data,
             &mut out.data,
@@ -118,16 +128,12 @@ impl CudaBackend {
             w.len,
             out.len
         );
-        if rows == 0 || dim == 0 {
-            return;
-        }
-        let dim32 = dim as i32;
-        let cfg = row_config(rows, dim);
         // Contract: one block per row of `dim` within acc, x and out; w holds dim values (checked).
-        launch!(
+        launch_per_row!(
             self,
             "add_rms_norm",
-            cfg,
+            rows,
+            dim32 = dim,
             &mut acc.data,
             &x.data,
             &w.data,
@@ -154,16 +160,12 @@ impl CudaBackend {
             z.len,
             out.len
         );
-        if rows == 0 || dim == 0 {
-            return;
-        }
-        let dim32 = dim as i32;
-        let cfg = row_config(rows, dim);
         // Contract: as rms_norm, and z is as long as x (checked).
-        launch!(
+        launch_per_row!(
             self,
             "gated_rms_norm",
-            cfg,
+            rows,
+            dim32 = dim,
             &x.data,
             &z.data,
             &w.data,
