@@ -245,8 +245,8 @@ fn workspace_dependencies(manifest: &str) -> Vec<String> {
     names
 }
 
-/// `(path, dependencies)` of every README layout row whose first path is a crate directory.
-fn readme_crate_rows(readme: &str) -> Vec<(String, Vec<String>)> {
+/// `(first path, dependencies)` of every README layout row.
+fn readme_layout_rows(readme: &str) -> Vec<(String, Vec<String>)> {
     readme
         .lines()
         .filter_map(|line| {
@@ -255,7 +255,7 @@ fn readme_crate_rows(readme: &str) -> Vec<(String, Vec<String>)> {
             let [_, path, _, deps, _] = cells[..] else {
                 return None;
             };
-            let path = path.split('`').nth(1)?.strip_prefix("crates/")?;
+            let path = path.split('`').nth(1)?;
             let mut deps: Vec<String> = match deps {
                 "none" => Vec::new(),
                 listed => listed.split(',').map(|d| d.trim().to_string()).collect(),
@@ -263,6 +263,14 @@ fn readme_crate_rows(readme: &str) -> Vec<(String, Vec<String>)> {
             deps.sort();
             Some((path.to_string(), deps))
         })
+        .collect()
+}
+
+/// `(crate, dependencies)` of every README layout row whose first path is a crate directory.
+fn readme_crate_rows(readme: &str) -> Vec<(String, Vec<String>)> {
+    readme_layout_rows(readme)
+        .into_iter()
+        .filter_map(|(path, deps)| Some((path.strip_prefix("crates/")?.to_string(), deps)))
         .collect()
 }
 
@@ -296,4 +304,19 @@ fn readme_layout_table_matches_the_crates() {
             "README's layout row of crates/{name} names other dependencies than its Cargo.toml"
         );
     }
+}
+
+#[test]
+fn readme_layout_row_of_the_binary_matches_its_manifest() {
+    let readme = fs::read_to_string(repo_root().join("README.md")).expect("README.md");
+    let rows = readme_layout_rows(&readme);
+    let Some((_, readme_deps)) = rows.iter().find(|(path, _)| path == "src/") else {
+        panic!("README's layout table has no `src/` row");
+    };
+    let manifest = fs::read_to_string(repo_root().join("Cargo.toml")).expect("Cargo.toml");
+    assert_eq!(
+        readme_deps,
+        &workspace_dependencies(&manifest),
+        "README's layout row of src/ names other dependencies than the root Cargo.toml"
+    );
 }

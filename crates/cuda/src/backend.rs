@@ -88,6 +88,30 @@ macro_rules! launch {
 }
 pub(crate) use launch;
 
+/// Launches the elementwise kernel `$name` over `$n` elements, `$per_thread` a thread (1 unless
+/// given): `elementwise_config(n.div_ceil(per_thread))`. The kernel's `i64` element count is bound
+/// to `$count`, for the argument list to name where the kernel declares it. Launches nothing for no
+/// elements, so it stands at an op's end in place of `if n == 0 { return; }` and the launch. As
+/// `launch!`, callers state the contract.
+macro_rules! launch_elementwise {
+    ($be:expr, $name:expr, $count:ident = $n:expr, $per_thread:literal per thread, $($arg:expr),+ $(,)?) => {{
+        let n: usize = $n;
+        if n > 0 {
+            let $count = n as i64;
+            $crate::backend::launch!(
+                $be,
+                $name,
+                $crate::backend::CudaBackend::elementwise_config(n.div_ceil($per_thread)),
+                $($arg),+
+            );
+        }
+    }};
+    ($be:expr, $name:expr, $count:ident = $n:expr, $($arg:expr),+ $(,)?) => {
+        $crate::backend::launch_elementwise!($be, $name, $count = $n, 1 per thread, $($arg),+)
+    };
+}
+pub(crate) use launch_elementwise;
+
 fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
     payload
         .downcast_ref::<String>()
@@ -325,17 +349,14 @@ impl Backend for CudaBackend {
         if buf.len == 0 {
             return Vec::new();
         }
-        self.timed(
-            || "to_host".to_string(),
-            || {
-                let host = self
-                    .stream
-                    .clone_dtoh(&buf.data.slice(0..buf.len))
-                    .unwrap_or_else(|e| device_failure("to_host", e));
-                self.synchronize();
-                host
-            },
-        )
+        self.timed("to_host", || {
+            let host = self
+                .stream
+                .clone_dtoh(&buf.data.slice(0..buf.len))
+                .unwrap_or_else(|e| device_failure("to_host", e));
+            self.synchronize();
+            host
+        })
     }
 
     fn buf_len(&self, buf: &CudaBuf) -> usize {
@@ -351,10 +372,7 @@ impl Backend for CudaBackend {
     }
 
     fn embedding(&self, table: &CudaMat, ids: &[u32], out: &mut CudaBuf) {
-        self.timed(
-            || "embedding".to_string(),
-            || self.embedding_op(table, ids, out),
-        )
+        self.timed("embedding", || self.embedding_op(table, ids, out))
     }
 
     fn matmul(&self, x: &CudaBuf, w: &CudaMat, out: &mut CudaBuf, tokens: usize) {
@@ -378,10 +396,7 @@ impl Backend for CudaBackend {
     }
 
     fn rms_norm(&self, x: &CudaBuf, w: &CudaBuf, eps: f32, dim: usize, out: &mut CudaBuf) {
-        self.timed(
-            || "rms_norm".to_string(),
-            || self.rms_norm_op(x, w, eps, dim, out),
-        )
+        self.timed("rms_norm", || self.rms_norm_op(x, w, eps, dim, out))
     }
 
     fn add_rms_norm(
@@ -393,10 +408,9 @@ impl Backend for CudaBackend {
         dim: usize,
         out: &mut CudaBuf,
     ) {
-        self.timed(
-            || "add_rms_norm".to_string(),
-            || self.add_rms_norm_op(acc, x, w, eps, dim, out),
-        )
+        self.timed("add_rms_norm", || {
+            self.add_rms_norm_op(acc, x, w, eps, dim, out)
+        })
     }
 
     fn gated_rms_norm(
@@ -408,28 +422,21 @@ impl Backend for CudaBackend {
         dim: usize,
         out: &mut CudaBuf,
     ) {
-        self.timed(
-            || "gated_rms_norm".to_string(),
-            || self.gated_rms_norm_op(x, z, w, eps, dim, out),
-        )
+        self.timed("gated_rms_norm", || {
+            self.gated_rms_norm_op(x, z, w, eps, dim, out)
+        })
     }
 
     fn add_inplace(&self, acc: &mut CudaBuf, x: &CudaBuf) {
-        self.timed(|| "add_inplace".to_string(), || self.add_inplace_op(acc, x))
+        self.timed("add_inplace", || self.add_inplace_op(acc, x))
     }
 
     fn silu_mul(&self, gate: &CudaBuf, up: &CudaBuf, out: &mut CudaBuf) {
-        self.timed(
-            || "silu_mul".to_string(),
-            || self.silu_mul_op(gate, up, out),
-        )
+        self.timed("silu_mul", || self.silu_mul_op(gate, up, out))
     }
 
     fn sigmoid_mul_inplace(&self, x: &mut CudaBuf, gate: &CudaBuf) {
-        self.timed(
-            || "sigmoid_mul".to_string(),
-            || self.sigmoid_mul_op(x, gate),
-        )
+        self.timed("sigmoid_mul", || self.sigmoid_mul_op(x, gate))
     }
 
     fn rope(
@@ -441,24 +448,19 @@ impl Backend for CudaBackend {
         rotary_dim: usize,
         theta: f32,
     ) {
-        self.timed(
-            || "rope".to_string(),
-            || self.rope_op(x, positions, heads, head_dim, rotary_dim, theta),
-        )
+        self.timed("rope", || {
+            self.rope_op(x, positions, heads, head_dim, rotary_dim, theta)
+        })
     }
 
     fn concat_cols(&self, a: &CudaBuf, b: &CudaBuf, a_dim: usize, b_dim: usize, out: &mut CudaBuf) {
-        self.timed(
-            || "concat_cols".to_string(),
-            || self.concat_cols_op(a, b, a_dim, b_dim, out),
-        )
+        self.timed("concat_cols", || {
+            self.concat_cols_op(a, b, a_dim, b_dim, out)
+        })
     }
 
     fn gather_rows(&self, src: &CudaBuf, dim: usize, rows: &[u32]) -> CudaBuf {
-        self.timed(
-            || "gather_rows".to_string(),
-            || self.gather_rows_op(src, dim, rows),
-        )
+        self.timed("gather_rows", || self.gather_rows_op(src, dim, rows))
     }
 
     fn scatter_add_rows(
@@ -469,17 +471,15 @@ impl Backend for CudaBackend {
         rows: &[u32],
         weights: &[f32],
     ) {
-        self.timed(
-            || "scatter_add_rows".to_string(),
-            || self.scatter_add_rows_op(acc, src, dim, rows, weights),
-        )
+        self.timed("scatter_add_rows", || {
+            self.scatter_add_rows_op(acc, src, dim, rows, weights)
+        })
     }
 
     fn sigmoid_scale_rows(&self, x: &mut CudaBuf, gate: &CudaBuf, dim: usize) {
-        self.timed(
-            || "sigmoid_scale_rows".to_string(),
-            || self.sigmoid_scale_rows_op(x, gate, dim),
-        )
+        self.timed("sigmoid_scale_rows", || {
+            self.sigmoid_scale_rows_op(x, gate, dim)
+        })
     }
 
     fn attention(
@@ -492,10 +492,9 @@ impl Backend for CudaBackend {
         shape: AttnShape,
         out: &mut CudaBuf,
     ) {
-        self.timed(
-            || "attention".to_string(),
-            || self.attention_op(q, k, v, pool, batch, shape, out),
-        )
+        self.timed("attention", || {
+            self.attention_op(q, k, v, pool, batch, shape, out)
+        })
     }
 
     fn causal_conv1d(
@@ -506,10 +505,9 @@ impl Backend for CudaBackend {
         batch: &BatchLayout,
         out: &mut CudaBuf,
     ) {
-        self.timed(
-            || "causal_conv1d".to_string(),
-            || self.causal_conv1d_op(x, w, pool, batch, out),
-        )
+        self.timed("causal_conv1d", || {
+            self.causal_conv1d_op(x, w, pool, batch, out)
+        })
     }
 
     fn gdn_gates(
@@ -521,10 +519,9 @@ impl Backend for CudaBackend {
         g: &mut CudaBuf,
         beta: &mut CudaBuf,
     ) {
-        self.timed(
-            || "gdn_gates".to_string(),
-            || self.gdn_gates_op(a, b, a_log, dt_bias, g, beta),
-        )
+        self.timed("gdn_gates", || {
+            self.gdn_gates_op(a, b, a_log, dt_bias, g, beta)
+        })
     }
 
     fn gated_delta_rule(
@@ -537,24 +534,19 @@ impl Backend for CudaBackend {
         shape: GdnShape,
         out: &mut CudaBuf,
     ) {
-        self.timed(
-            || "gated_delta_rule".to_string(),
-            || self.gated_delta_rule_op(mixed, g, beta, pool, batch, shape, out),
-        )
+        self.timed("gated_delta_rule", || {
+            self.gated_delta_rule_op(mixed, g, beta, pool, batch, shape, out)
+        })
     }
 
     fn reset_state_slot(&self, pool: &mut StateLayerPool<Self>, slot: usize) {
-        self.timed(
-            || "reset_state_slot".to_string(),
-            || self.reset_state_slot_op(pool, slot),
-        )
+        self.timed("reset_state_slot", || self.reset_state_slot_op(pool, slot))
     }
 
     fn copy_state_slot(&self, pool: &mut StateLayerPool<Self>, src: usize, dst: usize) {
-        self.timed(
-            || "copy_state_slot".to_string(),
-            || self.copy_state_slot_op(pool, src, dst),
-        )
+        self.timed("copy_state_slot", || {
+            self.copy_state_slot_op(pool, src, dst)
+        })
     }
 
     fn route_top_k(
@@ -588,10 +580,9 @@ impl Backend for CudaBackend {
         down: &GeneratedMatrix,
         shape: ExpertShape,
     ) -> Option<Result<Experts<CudaMat>, TensorError>> {
-        self.timed(
-            || "generate_experts".to_string(),
-            || self.generate_experts_op(gate_up, down, shape),
-        )
+        self.timed("generate_experts", || {
+            self.generate_experts_op(gate_up, down, shape)
+        })
     }
 
     fn moe_experts(
@@ -603,10 +594,9 @@ impl Backend for CudaBackend {
         tokens: usize,
         shared: Option<SharedExpert<'_, CudaMat, CudaBuf>>,
     ) -> CudaBuf {
-        self.timed(
-            || "moe_experts".to_string(),
-            || self.moe_experts_op(x, router_logits, experts, routing, tokens, shared),
-        )
+        self.timed("moe_experts", || {
+            self.moe_experts_op(x, router_logits, experts, routing, tokens, shared)
+        })
     }
 
     fn generate_mat(&self, spec: &GeneratedMatrix) -> Option<Result<CudaMat, TensorError>> {
@@ -619,7 +609,7 @@ impl Backend for CudaBackend {
         if spec.block_fp8.is_some() && !quantized_here {
             return None;
         }
-        Some(self.timed(|| "generate_mat".to_string(), || self.generate_mat_op(spec)))
+        Some(self.timed("generate_mat", || self.generate_mat_op(spec)))
     }
 
     fn samples_on_device(&self) -> bool {
@@ -632,10 +622,7 @@ impl Backend for CudaBackend {
         vocab: usize,
         rows: &[RowSampling],
     ) -> Option<Vec<u32>> {
-        Some(self.timed(
-            || "sample_rows".to_string(),
-            || self.sample_rows_op(logits, vocab, rows),
-        ))
+        Some(self.timed("sample_rows", || self.sample_rows_op(logits, vocab, rows)))
     }
 
     fn prepare_step(&self, inputs: &StepInputs<'_>) -> Option<u64> {

@@ -2,8 +2,9 @@
 //! the host, then one kernel from elementwise.cu, norm.cu or rope.cu. Lengths follow the reference:
 //! zipped buffers use the shorter one.
 
-use crate::backend::{launch, CudaBackend};
+use crate::backend::{launch, launch_elementwise, CudaBackend};
 use crate::buffer::CudaBuf;
+use crate::launcher::KernelArg;
 use crate::mat::{CudaMat, MatData};
 use crate::upload_cache::table;
 use cudarc::driver::{CudaSlice, LaunchConfig};
@@ -21,6 +22,20 @@ fn row_config(rows: usize, dim: usize) -> LaunchConfig {
         block_dim: (covering.max(eight_each) as u32, 1, 1),
         shared_mem_bytes: 0,
     }
+}
+
+/// Launches the norm kernel `$name` with one block per row, `row_config(rows, dim)` (the one place
+/// the norms get their block, so all three sum a row alike); the row width is bound to `$dim32`,
+/// the kernel's `int dim`, for the argument list to name. Launches nothing for no rows or an empty
+/// row. As `launch!`, callers state the contract.
+macro_rules! launch_per_row {
+    ($be:expr, $name:expr, $rows:expr, $dim32:ident = $dim:expr, $($arg:expr),+ $(,)?) => {{
+        let (rows, dim): (usize, usize) = ($rows, $dim);
+        if rows > 0 && dim > 0 {
+            let $dim32 = dim as i32;
+            launch!($be, $name, row_config(rows, dim), $($arg),+);
+        }
+    }};
 }
 
 impl CudaBackend {
@@ -43,44 +58,28 @@ impl CudaBackend {
         }
         let ids_dev = self.upload_cached(table::TOKEN_IDS, ids);
         let (n64, hidden32) = (n as i64, hidden as i32);
-        let cfg = Self::elementwise_config(n * hidden);
-        // Contract: ids < rows (checked), out >= n * hidden (checked), table is rows x hidden.
-        match &table.data {
-            MatData::Bf16(t) => launch!(
-                self,
-                "embedding_bf16",
-                cfg,
-                t,
-                ids_dev.as_ref(),
-                &mut out.data,
-                &n64,
-                &hidden32
-            ),
+        let widened;
+        let (kernel, t): (_, &dyn KernelArg) = match &table.data {
+            MatData::Bf16(t) => ("embedding_bf16", t),
             MatData::Fp8 { codes, scales } => {
                 // Checkpoints keep their embedding unquantized; widened whole if one does not.
-                let t = self.dequantize_block_fp8(codes, scales, table.rows, table.cols);
-                launch!(
-                    self,
-                    "embedding_bf16",
-                    cfg,
-                    &t,
-                    ids_dev.as_ref(),
-                    &mut out.data,
-                    &n64,
-                    &hidden32
-                )
+                widened = self.dequantize_block_fp8(codes, scales, table.rows, table.cols);
+                ("embedding_bf16", &widened)
             }
-            MatData::F32(t) => launch!(
-                self,
-                "embedding_f32",
-                cfg,
-                t,
-                ids_dev.as_ref(),
-                &mut out.data,
-                &n64,
-                &hidden32
-            ),
-        }
+            MatData::F32(t) => ("embedding_f32", t),
+        };
+        // Contract: ids < rows (checked), out >= n * hidden (checked), table is rows x hidden of
+        // the kernel's element type.
+        launch!(
+            self,
+            kernel,
+            Self::elementwise_config(n * hidden),
+            t,
+            ids_dev.as_ref(),
+            &mut out.data,
+            &n64,
+            &hidden32
+        );
     }
 
     pub(crate) fn rms_norm_op(
@@ -98,16 +97,12 @@ impl CudaBackend {
             w.len,
             out.len
         );
-        if rows == 0 || dim == 0 {
-            return;
-        }
-        let dim32 = dim as i32;
-        let cfg = row_config(rows, dim);
         // Contract: one block per row of `dim` within x and out; w holds dim values (checked).
-        launch!(
+        launch_per_row!(
             self,
             "rms_norm",
-            cfg,
+            rows,
+            dim32 = dim,
             &x.data,
             &w.data,
             &mut out.data,
@@ -133,16 +128,12 @@ impl CudaBackend {
             w.len,
             out.len
         );
-        if rows == 0 || dim == 0 {
-            return;
-        }
-        let dim32 = dim as i32;
-        let cfg = row_config(rows, dim);
         // Contract: one block per row of `dim` within acc, x and out; w holds dim values (checked).
-        launch!(
+        launch_per_row!(
             self,
             "add_rms_norm",
-            cfg,
+            rows,
+            dim32 = dim,
             &mut acc.data,
             &x.data,
             &w.data,
@@ -169,16 +160,12 @@ impl CudaBackend {
             z.len,
             out.len
         );
-        if rows == 0 || dim == 0 {
-            return;
-        }
-        let dim32 = dim as i32;
-        let cfg = row_config(rows, dim);
         // Contract: as rms_norm, and z is as long as x (checked).
-        launch!(
+        launch_per_row!(
             self,
             "gated_rms_norm",
-            cfg,
+            rows,
+            dim32 = dim,
             &x.data,
             &z.data,
             &w.data,
@@ -190,32 +177,18 @@ impl CudaBackend {
 
     pub(crate) fn add_inplace_op(&self, acc: &mut CudaBuf, x: &CudaBuf) {
         let n = acc.len.min(x.len);
-        if n == 0 {
-            return;
-        }
-        let n64 = n as i64;
         // Contract: n is within both buffers.
-        launch!(
-            self,
-            "add_inplace",
-            Self::elementwise_config(n),
-            &mut acc.data,
-            &x.data,
-            &n64
-        );
+        launch_elementwise!(self, "add_inplace", n64 = n, &mut acc.data, &x.data, &n64);
     }
 
     pub(crate) fn silu_mul_op(&self, gate: &CudaBuf, up: &CudaBuf, out: &mut CudaBuf) {
         let n = out.len.min(gate.len).min(up.len);
-        if n == 0 {
-            return;
-        }
-        let n64 = n as i64;
         // Contract: n is within all three buffers, each a whole (16-byte aligned) allocation.
-        launch!(
+        launch_elementwise!(
             self,
             "silu_mul",
-            Self::elementwise_config(n.div_ceil(4)),
+            n64 = n,
+            4 per thread,
             &gate.data,
             &up.data,
             &mut out.data,
@@ -225,15 +198,11 @@ impl CudaBackend {
 
     pub(crate) fn sigmoid_mul_op(&self, x: &mut CudaBuf, gate: &CudaBuf) {
         let n = x.len.min(gate.len);
-        if n == 0 {
-            return;
-        }
-        let n64 = n as i64;
         // Contract: n is within both buffers.
-        launch!(
+        launch_elementwise!(
             self,
             "sigmoid_mul_inplace",
-            Self::elementwise_config(n),
+            n64 = n,
             &mut x.data,
             &gate.data,
             &n64

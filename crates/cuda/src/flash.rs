@@ -1,9 +1,8 @@
 //! Launcher of the tensor-core prefill attention (flash_attention.cu): which rows it takes, how they
 //! are cut into tiles, and its launch. The paged kernels (attention.rs) keep every other row.
 
-use crate::backend::{device_failure, CudaBackend};
+use crate::backend::{device_failure, launch, CudaBackend};
 use crate::buffer::CudaBuf;
-use crate::launcher::KernelArg;
 use crate::options::GemmPrecision;
 use crate::upload_cache::table;
 use cudarc::driver::sys::CUfunction_attribute_enum;
@@ -119,7 +118,14 @@ impl CudaBackend {
             shape.kv_heads as i32,
             pool.block_size as i32,
         );
-        let args: [&dyn KernelArg; 11] = [
+        // Contract: the tiles name sequences of this batch (rows within q and out, checked by the
+        // caller), `rows` / `blocks` are the batch's attention table, whose block ids lie in the
+        // pool; the kernel was compiled for this head dim and the pool's element type (the plan
+        // was made for `pool.dtype`), and its shared memory was allowed above.
+        launch!(
+            self,
+            plan.kernel,
+            cfg,
             &q.data,
             &pool.k.data,
             &pool.v.data,
@@ -130,14 +136,7 @@ impl CudaBackend {
             &qh,
             &kvh,
             &bs,
-            &scale_log2,
-        ];
-        // SAFETY: the tiles name sequences of this batch (rows within q and out, checked by the
-        // caller), `rows` / `blocks` are the batch's attention table, whose block ids lie in the
-        // pool; the kernel was compiled for this head dim and the pool's element type (the plan
-        // was made for `pool.dtype`), and its shared memory was allowed above.
-        if let Err(e) = unsafe { self.launch_kernel(plan.kernel, cfg, &args) } {
-            device_failure(plan.kernel, e);
-        }
+            &scale_log2
+        );
     }
 }

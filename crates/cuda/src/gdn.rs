@@ -3,7 +3,7 @@
 //! otherwise; chunked on the tensor cores for prefill, gdn_chunked.rs), and resetting / copying a state
 //! slot. The state pools stay on the device; the batch's sequence table is uploaded per call.
 
-use crate::backend::{device_failure, launch, CudaBackend};
+use crate::backend::{device_failure, launch, launch_elementwise, CudaBackend};
 use crate::buffer::CudaBuf;
 use crate::gdn_chunked;
 use crate::kernels::MAX_CONV_HISTORY;
@@ -95,11 +95,16 @@ impl CudaBackend {
         let seqs = self.upload_cached(table::SEQUENCES, &table.seqs);
         let snaps = self.upload_cached(table::SNAPSHOT_SLOTS, &table.snaps);
         let (cd, hist) = (conv_dim as i32, history as i32);
-        let window_grid = (
-            (conv_dim as u32).div_ceil(CONV_THREADS),
-            batch.seqs.len() as u32,
-            1,
-        );
+        // One block row of channels per sequence: the windows' update and the per-channel conv.
+        let window_cfg = LaunchConfig {
+            grid_dim: (
+                (conv_dim as u32).div_ceil(CONV_THREADS),
+                batch.seqs.len() as u32,
+                1,
+            ),
+            block_dim: (CONV_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
         if batch.seqs.iter().any(|s| s.len >= PARALLEL_CONV_MIN_TOKENS) {
             let row_seqs: Vec<i32> = batch
                 .seqs
@@ -136,16 +141,11 @@ impl CudaBackend {
                 &cd,
                 &hist
             );
-            let cfg = LaunchConfig {
-                grid_dim: window_grid,
-                block_dim: (CONV_THREADS, 1, 1),
-                shared_mem_bytes: 0,
-            };
             // Contract: as above; runs after every row has read the old windows (same stream).
             launch!(
                 self,
                 "conv_window_update",
-                cfg,
+                window_cfg,
                 &x.data,
                 &mut pool.conv.data,
                 seqs.as_ref(),
@@ -154,20 +154,11 @@ impl CudaBackend {
             );
             return;
         }
-        let cfg = LaunchConfig {
-            grid_dim: (
-                (conv_dim as u32).div_ceil(CONV_THREADS),
-                batch.seqs.len() as u32,
-                1,
-            ),
-            block_dim: (CONV_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
         // Contract: the layout was checked (rows within x/out, slots and snapshot slots < slots).
         launch!(
             self,
             "causal_conv1d",
-            cfg,
+            window_cfg,
             &x.data,
             &w.data,
             &mut pool.conv.data,
@@ -202,15 +193,12 @@ impl CudaBackend {
             g.len,
             beta.len
         );
-        if n == 0 {
-            return;
-        }
-        let (n64, h32) = (n as i64, heads as i32);
+        let h32 = heads as i32;
         // Contract: n within a, b, g, beta; heads within a_log and dt_bias (checked).
-        launch!(
+        launch_elementwise!(
             self,
             "gdn_gates",
-            Self::elementwise_config(n),
+            n64 = n,
             &a.data,
             &b.data,
             &a_log.data,

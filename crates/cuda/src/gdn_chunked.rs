@@ -5,9 +5,8 @@
 //! (a sequence longer than a window continues in the next one from the state the previous window
 //! left in its slot).
 
-use crate::backend::{device_failure, CudaBackend};
+use crate::backend::{device_failure, launch, CudaBackend};
 use crate::buffer::CudaBuf;
-use crate::launcher::KernelArg;
 use crate::upload_cache::table;
 use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::LaunchConfig;
@@ -169,7 +168,14 @@ impl CudaBackend {
                 block_dim: (PREP_THREADS, 1, 1),
                 shared_mem_bytes: prepare_shared_bytes(kd) as u32,
             };
-            let args: [&dyn KernelArg; 15] = [
+            // Contract: the chunks of this window lie in rows row0 .. row0 + rows of the batch
+            // (within mixed, g and beta, checked by the caller) and in the workspace's `rows`
+            // records per head; the kernel was compiled for this key dim and value_dim <=
+            // GDN_MAX_VALUE_DIM, a multiple of 8 (`supports`); its shared memory was allowed above.
+            launch!(
+                self,
+                prepare,
+                cfg,
                 &mixed.data,
                 &g.data,
                 &beta.data,
@@ -184,15 +190,8 @@ impl CudaBackend {
                 &row0,
                 &hk,
                 &hv,
-                &dv,
-            ];
-            // SAFETY: the chunks of this window lie in rows row0 .. row0 + rows of the batch
-            // (within mixed, g and beta, checked by the caller) and in the workspace's `rows`
-            // records per head; the kernel was compiled for this key dim and value_dim <=
-            // GDN_MAX_VALUE_DIM, a multiple of 8 (`supports`); its shared memory was allowed above.
-            if let Err(e) = unsafe { self.launch_kernel(prepare, cfg, &args) } {
-                device_failure(prepare, e);
-            }
+                &dv
+            );
             let cfg = LaunchConfig {
                 grid_dim: (
                     vh as u32,
@@ -202,7 +201,12 @@ impl CudaBackend {
                 block_dim: (SCAN_THREADS, 1, 1),
                 shared_mem_bytes: scan_shared_bytes(kd) as u32,
             };
-            let args: [&dyn KernelArg; 14] = [
+            // Contract: as above; the pieces' slots are within the pool (checked by the caller) and
+            // no slot appears twice in a window (a sequence is one piece per window).
+            launch!(
+                self,
+                scan,
+                cfg,
                 &w_ws,
                 &q_ws,
                 &k_ws,
@@ -216,13 +220,8 @@ impl CudaBackend {
                 &piece_base,
                 &row0,
                 &hv,
-                &dv,
-            ];
-            // SAFETY: as above; the pieces' slots are within the pool (checked by the caller) and
-            // no slot appears twice in a window (a sequence is one piece per window).
-            if let Err(e) = unsafe { self.launch_kernel(scan, cfg, &args) } {
-                device_failure(scan, e);
-            }
+                &dv
+            );
         }
     }
 }

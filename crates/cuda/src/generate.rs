@@ -2,6 +2,7 @@
 //! what the host generator would have uploaded, without the host work or the copy.
 
 use crate::backend::{launch, CudaBackend};
+use crate::launcher::KernelArg;
 use crate::mat::{CudaMat, MatData};
 use crate::options::GemmPrecision;
 use cudarc::driver::CudaSlice;
@@ -33,45 +34,37 @@ impl CudaBackend {
         let seeds = self.upload("dummy seeds", &spec.chunk_seeds);
         let (n64, chunk32) = (n as i64, spec.chunk_elems as i32);
         let bf16_values = i32::from(spec.dtype == DType::BF16);
-        let cfg = Self::elementwise_config(n);
+        // Contract: `seeds` holds one per chunk of n (checked above); each call below says which
+        // output the kernel writes and that it holds n values.
+        let fill = |out_bf16: &dyn KernelArg, out_f32: &dyn KernelArg| {
+            launch!(
+                self,
+                "dummy_fill",
+                Self::elementwise_config(n),
+                out_bf16,
+                out_f32,
+                &n64,
+                &seeds,
+                &chunk32,
+                &spec.lo,
+                &spec.hi,
+                &bf16_values
+            )
+        };
         let data = match self.gemm_precision {
             GemmPrecision::Bf16 => {
                 let mut bits: CudaSlice<u16> = self.alloc_zeros("dummy matrix", n);
                 let mut unused: CudaSlice<f32> = self.alloc_zeros("dummy matrix (unused f32)", 1);
-                // Contract: `bits` holds n values, `seeds` one per chunk of n (checked above); the
-                // f32 output is not written when the bf16 one is given.
-                launch!(
-                    self,
-                    "dummy_fill",
-                    cfg,
-                    &mut bits,
-                    &mut unused,
-                    &n64,
-                    &seeds,
-                    &chunk32,
-                    &spec.lo,
-                    &spec.hi,
-                    &bf16_values
-                );
+                // Contract: `bits` holds n values; the f32 output is not written when the bf16
+                // one is given.
+                fill(&mut bits, &mut unused);
                 MatData::Bf16(bits)
             }
             GemmPrecision::F32 => {
                 let mut values: CudaSlice<f32> = self.alloc_zeros("dummy matrix", n);
                 let null_bf16: u64 = 0;
-                // Contract: as above with the f32 output; a null bf16 pointer selects it.
-                launch!(
-                    self,
-                    "dummy_fill",
-                    cfg,
-                    &null_bf16,
-                    &mut values,
-                    &n64,
-                    &seeds,
-                    &chunk32,
-                    &spec.lo,
-                    &spec.hi,
-                    &bf16_values
-                );
+                // Contract: `values` holds n values; a null bf16 pointer selects the f32 output.
+                fill(&null_bf16, &mut values);
                 MatData::F32(values)
             }
         };

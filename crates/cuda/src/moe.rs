@@ -7,7 +7,7 @@
 
 use crate::backend::{launch, CudaBackend};
 use crate::buffer::CudaBuf;
-use crate::launcher::ValueArg;
+use crate::launcher::{KernelArg, ValueArg};
 use crate::mat::{CudaMat, MatData};
 use crate::options::GemmPrecision;
 use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig};
@@ -460,37 +460,25 @@ impl CudaBackend {
             &mut y
         );
         let null: u64 = 0;
-        let combine_cfg = Self::elementwise_config(tokens * w.h);
+        let (shared_out, gate_logits): (&dyn KernelArg, &dyn KernelArg) = match &shared {
+            Some((shared_out, gate_logits)) => (&shared_out.data, &gate_logits.data),
+            None => (&null, &null),
+        };
         // Contract: y holds slots x h, weights slots; the shared output tokens x h (computed here)
-        // and its gate logits tokens values (checked); out tokens x h.
-        match &shared {
-            Some((shared_out, gate_logits)) => launch!(
-                self,
-                "moe_combine",
-                combine_cfg,
-                &y,
-                weights,
-                &t32,
-                &k32,
-                &h32,
-                &shared_out.data,
-                &gate_logits.data,
-                &mut out.data
-            ),
-            None => launch!(
-                self,
-                "moe_combine",
-                combine_cfg,
-                &y,
-                weights,
-                &t32,
-                &k32,
-                &h32,
-                &null,
-                &null,
-                &mut out.data
-            ),
-        }
+        // and its gate logits tokens values (checked), or two null pointers; out tokens x h.
+        launch!(
+            self,
+            "moe_combine",
+            Self::elementwise_config(tokens * w.h),
+            &y,
+            weights,
+            &t32,
+            &k32,
+            &h32,
+            shared_out,
+            gate_logits,
+            &mut out.data
+        );
         out
     }
 }

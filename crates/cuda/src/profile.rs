@@ -37,9 +37,27 @@ impl ProfileState {
     }
 }
 
+/// An op's name in the profile: a fixed one, or a closure that builds it (from the op's shapes)
+/// only when profiling is on.
+pub(crate) trait OpName {
+    fn op_name(self) -> String;
+}
+
+impl OpName for &'static str {
+    fn op_name(self) -> String {
+        self.to_string()
+    }
+}
+
+impl<F: FnOnce() -> String> OpName for F {
+    fn op_name(self) -> String {
+        self()
+    }
+}
+
 impl CudaBackend {
     /// Runs `op`, timing it on the device when profiling is on; `name` is only built then.
-    pub(crate) fn timed<R>(&self, name: impl FnOnce() -> String, op: impl FnOnce() -> R) -> R {
+    pub(crate) fn timed<R>(&self, name: impl OpName, op: impl FnOnce() -> R) -> R {
         if !self.profiler.on.load(Ordering::Relaxed) {
             return op();
         }
@@ -56,7 +74,7 @@ impl CudaBackend {
             .state
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        state.pending.push((name(), start, end));
+        state.pending.push((name.op_name(), start, end));
         if state.pending.len() >= MAX_PENDING {
             state.fold_pending();
         }
@@ -90,5 +108,17 @@ impl CudaBackend {
             .collect();
         timings.sort_by(|a, b| b.seconds.total_cmp(&a.seconds).then(a.name.cmp(&b.name)));
         timings
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::OpName;
+
+    #[test]
+    fn a_fixed_name_and_a_built_one_are_the_same_string() {
+        assert_eq!("rms_norm".op_name(), "rms_norm");
+        let (rows, cols) = (2, 3);
+        assert_eq!((|| format!("matmul {rows}x{cols}")).op_name(), "matmul 2x3");
     }
 }
