@@ -414,7 +414,12 @@ async def do_oversized(port, rng, tally):
 
 
 def chat_body(messages: list[dict], rng: random.Random, stream: bool, max_tokens: int) -> bytes:
-    body = {"messages": messages, "max_tokens": max_tokens, "temperature": rng.choice([0.0, 0.0, 0.7]), "stream": stream}
+    body = {
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": rng.choice([0.0, 0.0, 0.7]),
+        "stream": stream,
+    }
     if stream:
         body["stream_options"] = {"include_usage": True}
     return json.dumps(body).encode()
@@ -945,7 +950,10 @@ def main() -> int:
     )
     p.add_argument("--nice", type=int, default=10, help="run the server under `nice -n N` (0: not at all)")
     p.add_argument(
-        "--serve-arg", action="append", default=[], help="one more argument for `serve` (repeatable)"
+        "--serve-arg",
+        action="append",
+        default=[],
+        help="one more argument for `serve` (repeatable; a flag as --serve-arg=--page-size --serve-arg=32)",
     )
     args = p.parse_args()
     if not os.access(args.binary, os.X_OK):
