@@ -3,7 +3,8 @@
 //! a shared document with different questions (sent concurrently), prompts that diverge inside a
 //! page and inside a tracked interval, with MTP speculation on and off, and under pool pressure
 //! that forces eviction and preemption. Hits are real (cached tokens are reported), and after a
-//! flush both pools are back to zero.
+//! flush both pools are back to zero. No leak: after a burst with aborts the idle pools hold
+//! exactly what the cache holds.
 
 mod common;
 
@@ -343,4 +344,78 @@ fn hit_rate_and_evictions_are_counted() {
     );
     wait_idle(&engine);
     flush_to_zero(&engine);
+}
+
+/// No leak (issue 15): a burst of mixed requests (conversation turns, shared-prefix questions,
+/// short prompts), a third of them aborted (at once, so queued or just admitted, or after their
+/// first token) and a sixth dropped by their client, leaves the pools holding exactly what the
+/// cache holds; a flush then empties both. Where each abort lands in a request's life varies from run to run; what is asserted
+/// holds wherever it lands.
+fn burst_with_aborts_leaves_only_the_cache(speculative: Option<SpecConfig>) {
+    let tok = tokenizer();
+    let engine =
+        LocalEngine::spawn_with_cache(load(), config(160, 24, speculative), cache_config(&tok, 64));
+    let system = "You are a careful assistant. Answer briefly.";
+    let doc = document(30);
+    let mut prompts = Vec::new();
+    for (i, q) in QUESTIONS.iter().enumerate() {
+        prompts.push(chatml(&tok, &doc, &[(q.to_string(), None)]));
+        let history: Vec<(String, Option<String>)> = QUESTIONS[..=i]
+            .iter()
+            .map(|q| (q.to_string(), Some("The answer is 11.".to_string())))
+            .chain([(QUESTIONS[(i + 1) % 5].to_string(), None)])
+            .collect();
+        prompts.push(chatml(&tok, system, &history));
+        prompts.push(chatml(&tok, system, &[(q.to_string(), None)]));
+    }
+    // Twice: the second round resumes from what the first (aborts included) left cached.
+    for round in 0..2 {
+        let mut finishing = Vec::new();
+        for (i, p) in prompts.iter().enumerate() {
+            let (id, mut rx) = engine.submit(request(p.clone(), 24)).unwrap();
+            match (i + round) % 6 {
+                0 => engine.abort(id),
+                3 => {
+                    if let Some(EngineEvent::Token { .. }) = rx.blocking_recv() {
+                        engine.abort(id);
+                    }
+                    finishing.push(rx);
+                }
+                5 => drop(rx),
+                _ => finishing.push(rx),
+            }
+        }
+        for mut rx in finishing {
+            while let Some(event) = rx.blocking_recv() {
+                match event {
+                    EngineEvent::Finished { .. } => break,
+                    EngineEvent::Error { message } => panic!("engine error: {message}"),
+                    EngineEvent::Token { .. } => {}
+                }
+            }
+        }
+        let s = wait_idle(&engine);
+        assert_eq!(
+            (s.kv_blocks_used, s.state_slots_used),
+            (s.cached_kv_blocks, s.cached_snapshots),
+            "round {round}: the idle pools hold more than the cache: {s:?}"
+        );
+        assert!(
+            s.cached_snapshots > 0,
+            "round {round}: nothing cached: {s:?}"
+        );
+    }
+    let metrics = engine.prometheus_metrics();
+    assert!(metric(&metrics, "deltaserve_prefix_cache_hits_total") > 0.0);
+    flush_to_zero(&engine);
+}
+
+#[test]
+fn aborts_in_a_burst_leak_nothing_and_a_flush_empties_both_pools() {
+    burst_with_aborts_leaves_only_the_cache(None);
+}
+
+#[test]
+fn aborts_in_a_burst_leak_nothing_with_mtp() {
+    burst_with_aborts_leaves_only_the_cache(common::spec(3, DraftFault::None));
 }
