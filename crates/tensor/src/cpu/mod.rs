@@ -154,6 +154,15 @@ impl CpuBackend {
         self.pool.current_num_threads()
     }
 
+    /// Token counts up to which products run on the GEMV kernels at this backend's level.
+    fn gemv_max_tokens(&self) -> usize {
+        if self.isa.avx2() {
+            AVX2_GEMV_MAX_TOKENS
+        } else {
+            GEMV_MAX_TOKENS
+        }
+    }
+
     /// `x [tokens, cols] @ w^T` with the GEMV kernels regardless of `tokens` (benchmarks, tests).
     pub fn matmul_gemv(&self, x: &[f32], w: &CpuMat, out: &mut [f32], tokens: usize) {
         gemv::gemv(self.isa, &self.pool, w, x, tokens, out);
@@ -211,16 +220,29 @@ impl Backend for CpuBackend {
     }
 
     fn matmul(&self, x: &Vec<f32>, w: &CpuMat, out: &mut Vec<f32>, tokens: usize) {
-        let gemv_max = if self.isa.avx2() {
-            AVX2_GEMV_MAX_TOKENS
-        } else {
-            GEMV_MAX_TOKENS
-        };
-        if tokens <= gemv_max {
+        if tokens <= self.gemv_max_tokens() {
             self.matmul_gemv(x, w, out, tokens);
         } else {
             self.matmul_gemm(x, w, out, tokens);
         }
+    }
+
+    fn matmul_group(
+        &self,
+        x: &Vec<f32>,
+        ws: &[&CpuMat],
+        outs: &mut [&mut Vec<f32>],
+        tokens: usize,
+    ) {
+        if tokens > self.gemv_max_tokens() {
+            assert_eq!(ws.len(), outs.len(), "matmul_group: one output per matrix");
+            for (w, out) in ws.iter().zip(outs.iter_mut()) {
+                self.matmul_gemm(x, w, out, tokens);
+            }
+            return;
+        }
+        let mut outs: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.as_mut_slice()).collect();
+        gemv::gemv_group(self.isa, &self.pool, ws, x, tokens, &mut outs);
     }
 
     fn rms_norm(&self, x: &Vec<f32>, w: &Vec<f32>, eps: f32, dim: usize, out: &mut Vec<f32>) {

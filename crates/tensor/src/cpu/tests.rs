@@ -75,6 +75,58 @@ fn matmul_matches_reference_for_every_kernel_and_dtype() {
 }
 
 #[test]
+fn a_matmul_group_equals_each_matrix_alone() {
+    // The group runs the panels of all its matrices in one parallel region; each output must be
+    // bit for bit what `matmul` gives for its matrix alone, and match the reference. The shapes mix
+    // matrices split across threads (>= 256 KiB: the 1000 x 300 ones) with small ones that run as
+    // one piece, and token counts on both sides of the GEMV / GEMM boundary.
+    let mut rng = Rng(14);
+    let bf16_options = super::CpuOptions {
+        threads: 2,
+        matmul_precision: super::MatmulPrecision::Bf16,
+        max_isa: IsaLevel::Avx512,
+    };
+    let mut configs = backends();
+    configs.push(("best bf16", CpuBackend::with_options(bf16_options).unwrap()));
+    let k = 300;
+    for (name, be) in configs {
+        let tensors: Vec<HostTensor> = [1000, 7, 640, 65]
+            .into_iter()
+            .enumerate()
+            .map(|(i, n)| {
+                let values = rng.vec(n * k, 1.0);
+                if i % 2 == 0 {
+                    HostTensor::from_f32_as_bf16("w", vec![n, k], &values)
+                } else {
+                    HostTensor::from_f32("w", vec![n, k], &values)
+                }
+            })
+            .collect();
+        let ws: Vec<_> = tensors.iter().map(|t| be.load_mat(t).unwrap()).collect();
+        let w_refs: Vec<_> = tensors
+            .iter()
+            .map(|t| ReferenceBackend.load_mat(t).unwrap())
+            .collect();
+        let (ws, w_refs): (Vec<_>, Vec<_>) = (ws.iter().collect(), w_refs.iter().collect());
+        for tokens in [1, 2, 3, 5, 9, 20] {
+            let x = rng.vec(tokens * k, 1.0);
+            let exact = op_check::matmul_group(&be, &ws, &w_refs, &x, tokens, Operands::Exact);
+            let rounded = op_check::matmul_group(&be, &ws, &w_refs, &x, tokens, Operands::Bf16);
+            for (i, w) in ws.iter().enumerate() {
+                // The bf16 precision rounds the activations of bf16 matrices only.
+                let rounds = be.bf16_pairs() && tensors[i].dtype == crate::DType::BF16;
+                let (got, want) = if rounds { &rounded[i] } else { &exact[i] };
+                let label = format!("matmul_group {name} matrix {i} [{tokens}x{k}]");
+                check(&label, got, want, TOL_MATMUL);
+                let mut alone = vec![f32::NAN; tokens * w.rows()];
+                be.matmul(&x, w, &mut alone, tokens);
+                assert!(got == &alone, "{label}: differs from the matrix alone");
+            }
+        }
+    }
+}
+
+#[test]
 fn bf16_precision_equals_the_exact_product_of_bf16_rounded_activations() {
     // The bf16 precision rounds activations to bf16 and then multiplies exactly (GEMM and GEMV
     // alike): against the reference fed the same rounded activations it must be as close as the
