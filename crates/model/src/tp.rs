@@ -331,7 +331,10 @@ impl<B: Backend> Model<B> {
             // that got the step from its collectives and read their answers.
             tp.comm.abort();
             let _ = drain_acks(&followers[..sent]);
-            panic!("tensor-parallel rank {} stopped (its thread ended)", sent + 1);
+            panic!(
+                "tensor-parallel rank {} stopped (its thread ended)",
+                sent + 1
+            );
         }
         let out = catch_unwind(AssertUnwindSafe(|| local(cache)));
         if out.is_err() {

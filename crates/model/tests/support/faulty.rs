@@ -202,8 +202,7 @@ impl<B: Backend> Backend for Faulty<B> {
             head_dim: pool.head_dim,
             dtype: pool.dtype,
         };
-        self.inner
-            .attention(q, k, v, &mut lent, batch, shape, out);
+        self.inner.attention(q, k, v, &mut lent, batch, shape, out);
         pool.k = lent.k;
         pool.v = lent.v;
     }
