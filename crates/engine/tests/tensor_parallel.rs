@@ -173,7 +173,11 @@ fn split_engine_serves_the_same_replies_after_a_failed_step() {
         };
         assert!(!faults[rank].armed(), "the fault fired");
         // Early matmuls fail the prefill; half-way ones a decode step, after some tokens.
-        assert_eq!(tokens > 0, nth > 3, "rank {rank}, matmul {nth}: {tokens} tokens");
+        assert_eq!(
+            tokens > 0,
+            nth > 3,
+            "rank {rank}, matmul {nth}: {tokens} tokens"
+        );
         assert!(
             message.contains(INJECTED),
             "rank {rank}, matmul {nth}: {message}"

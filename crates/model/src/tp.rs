@@ -317,11 +317,11 @@ impl<B: Backend> Model<B> {
                 alive: std::sync::Arc::downgrade(&cache.alive),
                 slot_ops: ops.clone(),
             };
-            if !f
+            let delivered = f
                 .commands
                 .as_ref()
-                .is_some_and(|tx| tx.send(command(link)).is_ok())
-            {
+                .is_some_and(|tx| tx.send(command(link)).is_ok());
+            if !delivered {
                 break;
             }
             sent += 1;

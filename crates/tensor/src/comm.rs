@@ -305,7 +305,10 @@ mod tests {
             Communicator::<ReferenceBackend>::abort(&groups[1]);
             h.join().unwrap()
         });
-        assert!(left.is_err(), "rank 0 leaves the aborted round with a panic");
+        assert!(
+            left.is_err(),
+            "rank 0 leaves the aborted round with a panic"
+        );
         assert!(Communicator::<ReferenceBackend>::recover(&groups[0]));
         let sums: Vec<Vec<f32>> = std::thread::scope(|s| {
             let handles: Vec<_> = groups
