@@ -74,7 +74,7 @@ impl NcclCommunicator {
 impl NcclCommunicator {
     fn with_comm<T>(&self, backend: &CudaBackend, f: impl FnOnce(&Comm) -> T) -> T {
         if self.aborted.load(Ordering::Relaxed) {
-            panic!("tensor-parallel group aborted: another rank failed");
+            panic!("{}", deltaserve_tensor::comm::GROUP_ABORTED);
         }
         if let Err(e) = backend.ctx.bind_to_thread() {
             device_failure("binding the context for NCCL", e);
@@ -139,6 +139,16 @@ impl Communicator<CudaBackend> for NcclCommunicator {
     fn abort(&self) {
         self.aborted.store(true, Ordering::Relaxed);
     }
+
+    // `recover` stays the default (false: the group stays aborted, every later step fails, the
+    // server has to be restarted). The abort above is only a flag that keeps ranks from queueing
+    // new collectives; it does not reach NCCL. A collective is queued on the rank's stream and
+    // returns before it runs, so when a rank fails mid-step another rank's all-reduce may still be
+    // queued or running on its GPU, waiting for a partner that will never come: every rank having
+    // left the step on the host says nothing about the GPUs. Clearing the flag would queue the
+    // next step's collectives behind that one and pair them with the wrong calls (a hang or wrong
+    // sums). Recovering needs `ncclCommAbort` on every rank and a new `ncclCommInitAll`, which
+    // cannot be tested without GPUs here.
 
     fn kind(&self) -> &'static str {
         "nccl"

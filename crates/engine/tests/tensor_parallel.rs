@@ -1,9 +1,12 @@
 //! The engine over a model split across tensor-parallel ranks (in-process communicator, reference
 //! backend per rank): continuous batching with requests joining and leaving, chunked prefill, and
 //! MTP speculation with rollback (state-slot copies mirrored to every rank) give the tokens the
-//! whole model gives; MTP on equals MTP off under TP 2.
+//! whole model gives; MTP on equals MTP off under TP 2; and after a step that failed on one rank
+//! the group serves the same replies again.
 
 mod common;
+#[path = "../../model/tests/support/faulty.rs"]
+mod faulty;
 
 use common::{config, spec};
 use deltaserve_engine::*;
@@ -12,6 +15,7 @@ use deltaserve_model::safetensors::SafetensorsSource;
 use deltaserve_model::{load_tensor_parallel, Model};
 use deltaserve_tensor::reference::ReferenceBackend;
 use deltaserve_tensor::{Communicator, InProcessGroup};
+use faulty::{Fault, Faulty, INJECTED};
 use std::path::Path;
 use std::sync::atomic::Ordering;
 
@@ -27,6 +31,30 @@ fn model(fixture: &str, tp: usize) -> Model<ReferenceBackend> {
         .collect();
     let backends = (0..tp).map(|_| ReferenceBackend).collect();
     load_tensor_parallel(backends, comms, &config, &source, true, &mut |_, _| {}).unwrap()
+}
+
+/// `model(fixture, 2)` with each rank's backend behind a `Faulty` wrapper the test can arm.
+fn faulty_model(fixture: &str) -> (Model<Faulty<ReferenceBackend>>, [Fault; 2]) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures")
+        .join(fixture);
+    let config = ModelConfig::from_dir(&dir).unwrap();
+    let source = SafetensorsSource::open(&dir).unwrap();
+    let faults = [Fault::default(), Fault::default()];
+    let comms: Vec<Box<dyn Communicator<Faulty<ReferenceBackend>>>> = InProcessGroup::new(2)
+        .into_iter()
+        .map(|g| Box::new(g) as Box<dyn Communicator<Faulty<ReferenceBackend>>>)
+        .collect();
+    let backends = faults
+        .iter()
+        .map(|fault| Faulty {
+            inner: ReferenceBackend,
+            fault: fault.clone(),
+        })
+        .collect();
+    let model =
+        load_tensor_parallel(backends, comms, &config, &source, true, &mut |_, _| {}).unwrap();
+    (model, faults)
 }
 
 fn prompt(i: usize) -> Vec<u32> {
@@ -94,6 +122,73 @@ fn split_engine_with_and_without_mtp_equals_the_whole_model() {
             );
         }
     }
+}
+
+/// A device error on one rank (an op panics) fails the step on every rank and the engine ends its
+/// requests with that error; the group is reset, and the same engine then serves the whole
+/// model's replies (continuous batching and MTP speculation with rollback), after failures on rank
+/// 0 and on the follower, in a prefill and in the middle of a speculative decode.
+#[test]
+fn split_engine_serves_the_same_replies_after_a_failed_step() {
+    let fixture = "qwen35_f32";
+    let whole = replies(&LocalEngine::spawn(
+        model(fixture, 1),
+        config(spec(3, DraftFault::None)),
+    ));
+    let (split, faults) = faulty_model(fixture);
+    let engine = LocalEngine::spawn(split, config(spec(3, DraftFault::None)));
+    let request = || GenerationRequest {
+        prompt_ids: prompt(2),
+        sampling: SamplingParams::default(),
+        max_new_tokens: 20,
+        stop_token_ids: vec![],
+        disable_speculation: false,
+    };
+    // Matmuls of one request alone, to put a failure in the middle of its decoding.
+    let calls = faults[1].calls();
+    assert_eq!(
+        common::collect(engine.submit(request()).unwrap().1)
+            .tokens
+            .len(),
+        20
+    );
+    let per_request = faults[1].calls() - calls;
+    for (rank, nth) in [
+        (0, 3),
+        (1, per_request / 2),
+        (0, per_request * 3 / 4),
+        (1, 3),
+    ] {
+        faults[rank].arm(nth);
+        let mut rx = engine.submit(request()).unwrap().1;
+        let mut tokens = 0;
+        let message = loop {
+            match rx.blocking_recv().expect("the engine ends every request") {
+                EngineEvent::Token { .. } => tokens += 1,
+                EngineEvent::Finished { reason, .. } => {
+                    panic!("rank {rank}, matmul {nth}: the request finished ({reason:?}) although its step failed")
+                }
+                EngineEvent::Error { message } => break message,
+            }
+        };
+        assert!(!faults[rank].armed(), "the fault fired");
+        // Early matmuls fail the prefill; half-way ones a decode step, after some tokens.
+        assert_eq!(
+            tokens > 0,
+            nth > 3,
+            "rank {rank}, matmul {nth}: {tokens} tokens"
+        );
+        assert!(
+            message.contains(INJECTED),
+            "rank {rank}, matmul {nth}: {message}"
+        );
+        assert_eq!(
+            replies(&engine),
+            whole,
+            "rank {rank} failed at matmul {nth}: the replies after differ"
+        );
+    }
+    assert_eq!(engine.metrics().failed_steps.load(Ordering::Relaxed), 4);
 }
 
 /// The demo model's held-out prompts used here (every 37th of tests/data/demo/hf_greedy.jsonl, 16

@@ -17,6 +17,7 @@ use crate::forward::{ForwardInput, Model};
 use crate::mtp::MtpInput;
 use crate::source::TensorSource;
 use crate::weights::Weights;
+use deltaserve_tensor::comm::GROUP_ABORTED;
 use deltaserve_tensor::{Backend, BatchLayout, Communicator};
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::mpsc::{channel, Receiver, Sender};
@@ -290,7 +291,10 @@ impl<B: Backend> Model<B> {
 
     /// Runs `local` on this rank after sending `command` to every follower, then waits for them.
     /// A rank that fails aborts the group so that no rank waits forever in a collective; the
-    /// failure surfaces here as a panic (the engine ends the step's requests).
+    /// failure surfaces here as a panic (the engine ends the step's requests). Before it does,
+    /// every follower's answer to this step is read (so a late one is never taken for the next
+    /// step's) and, every rank having left the step, the communicator is reset where it can be
+    /// (`Communicator::recover`): the next step runs on a working group.
     pub(crate) fn on_all_ranks<T>(
         &self,
         cache: &mut HybridCache<B>,
@@ -305,6 +309,7 @@ impl<B: Backend> Model<B> {
             return local(cache);
         }
         let ops = cache.link().slot_ops;
+        let mut sent = 0;
         for f in followers.iter() {
             let link = CacheLink {
                 id: cache.id,
@@ -312,30 +317,99 @@ impl<B: Backend> Model<B> {
                 alive: std::sync::Arc::downgrade(&cache.alive),
                 slot_ops: ops.clone(),
             };
-            let sent = f
+            let delivered = f
                 .commands
                 .as_ref()
                 .is_some_and(|tx| tx.send(command(link)).is_ok());
-            if !sent {
-                tp.comm.abort();
-                panic!("tensor-parallel rank stopped (its thread ended)");
+            if !delivered {
+                break;
+            }
+            sent += 1;
+        }
+        if sent < followers.len() {
+            // A follower's thread ended: the group can never meet again. Release the followers
+            // that got the step from its collectives and read their answers.
+            tp.comm.abort();
+            let _ = drain_acks(&followers[..sent]);
+            panic!(
+                "tensor-parallel rank {} stopped (its thread ended)",
+                sent + 1
+            );
+        }
+        let out = catch_unwind(AssertUnwindSafe(|| local(cache)));
+        if out.is_err() {
+            tp.comm.abort();
+        }
+        let acks = drain_acks(&followers);
+        if out.is_ok() && acks.is_ok() {
+            return out.unwrap_or_else(|_| unreachable!());
+        }
+        // Every rank has left the step: the leader's `local` returned and every follower answered
+        // (after its step ended), so none is inside a collective and the group can be reset.
+        let stopped = acks.as_ref().err().and_then(|f| f.stopped);
+        if !(stopped.is_none() && tp.comm.recover()) {
+            eprintln!(
+                "tensor-parallel: the {} group cannot be reset after a failed step; later steps \
+                 fail too (restart the server)",
+                tp.comm.kind()
+            );
+        }
+        if let Some(rank) = stopped {
+            panic!("tensor-parallel rank {rank} stopped (its thread ended)");
+        }
+        // The step fails with its cause: the rank whose own op failed, not one that only left a
+        // collective because the group was aborted.
+        let follower = acks.err().and_then(|f| {
+            let first = f.failed.first().cloned();
+            f.failed
+                .into_iter()
+                .find(|(_, m)| !m.contains(GROUP_ABORTED))
+                .or(first)
+        });
+        match (out, follower) {
+            (Err(payload), Some((rank, message)))
+                if panic_text(payload.as_ref()).contains(GROUP_ABORTED)
+                    && !message.contains(GROUP_ABORTED) =>
+            {
+                panic!("tensor-parallel rank {rank} failed: {message}")
+            }
+            (Err(payload), _) => resume_unwind(payload),
+            (Ok(_), Some((rank, message))) => {
+                panic!("tensor-parallel rank {rank} failed: {message}")
+            }
+            (Ok(_), None) => unreachable!("no rank failed"),
+        }
+    }
+}
+
+/// What went wrong on the followers in one step.
+struct FollowerFailures {
+    /// Ranks whose step panicked, with the panic's text, in rank order.
+    failed: Vec<(usize, String)>,
+    /// The first rank whose thread ended: the group cannot meet again.
+    stopped: Option<usize>,
+}
+
+/// Reads exactly one answer from each of `followers` (ranks 1..), all of them even after one
+/// failed, so that no answer to this step is left to be taken for the next step's.
+fn drain_acks(followers: &[Follower]) -> Result<(), FollowerFailures> {
+    let mut failures = FollowerFailures {
+        failed: Vec::new(),
+        stopped: None,
+    };
+    for (i, f) in followers.iter().enumerate() {
+        match f.acks.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(message)) => failures.failed.push((i + 1, message)),
+            Err(_) => {
+                failures.stopped.get_or_insert(i + 1);
             }
         }
-        let out = match catch_unwind(AssertUnwindSafe(|| local(cache))) {
-            Ok(out) => out,
-            Err(payload) => {
-                tp.comm.abort();
-                resume_unwind(payload);
-            }
-        };
-        for (i, f) in followers.iter().enumerate() {
-            match f.acks.recv() {
-                Ok(Ok(())) => {}
-                Ok(Err(message)) => panic!("tensor-parallel rank {} failed: {message}", i + 1),
-                Err(_) => panic!("tensor-parallel rank {} stopped", i + 1),
-            }
-        }
-        out
+    }
+    if failures.failed.is_empty() && failures.stopped.is_none() {
+        Ok(())
+    } else {
+        Err(failures)
     }
 }
 
@@ -415,6 +489,8 @@ fn run_follower<B: Backend>(
             if let Some(tp) = &model.tp {
                 tp.comm.abort();
             }
+            // As the engine does for rank 0's backend after a failed step.
+            model.backend.recover_after_failure();
             panic_text(payload.as_ref())
         });
         if acks.send(result).is_err() {

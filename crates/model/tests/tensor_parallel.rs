@@ -2,9 +2,12 @@
 //! head ratios 1, 2 and 3) split over 2 ranks of the in-process communicator computes the logits
 //! the whole model computes (prefill, step-by-step decode with the cache and state pools, the MTP
 //! head); a synthetic shape that divides 4 ways (dummy weights, MoE, MTP) does the same over 2 and
-//! 4 ranks, also with fewer KV heads than ranks (copied); and a split that does not divide is
-//! refused naming the config field.
+//! 4 ranks, also with fewer KV heads than ranks (copied); a split that does not divide is
+//! refused naming the config field; and a group one of whose ranks fails mid-step (on rank 0 or
+//! on a follower) computes the same logits again in the steps after.
 
+#[path = "support/faulty.rs"]
+mod faulty;
 #[path = "support/fixtures.rs"]
 mod fixtures;
 
@@ -15,6 +18,7 @@ use deltaserve_model::source::TensorSource;
 use deltaserve_model::{load_tensor_parallel, npy, ForwardInput, Model, MtpInput};
 use deltaserve_tensor::cpu::{CpuBackend, CpuOptions};
 use deltaserve_tensor::{Backend, BatchLayout, Communicator, DType, InProcessGroup};
+use faulty::{Fault, Faulty, INJECTED};
 use fixtures::{blocks_of, fixture_dirs, full_cache, ids, max_abs_diff};
 use serde_json::Value;
 use std::path::Path;
@@ -50,7 +54,7 @@ fn load_tp(config: &ModelConfig, source: &dyn TensorSource, tp: usize) -> Model<
 
 /// Prefill logits of every row, then the logits of `decode` tokens fed one at a time on the same
 /// cache, then (with an MTP head) the MTP logits over the prefill's hidden states.
-fn run(m: &Model<CpuBackend>, prompt: &[u32], decode: &[u32]) -> Vec<(String, Vec<f32>)> {
+fn run<B: Backend>(m: &Model<B>, prompt: &[u32], decode: &[u32]) -> Vec<(String, Vec<f32>)> {
     let total = prompt.len() + decode.len();
     let mut cache = full_cache(m, 1, total);
     let blocks = blocks_of(0, total.div_ceil(16), 1);
@@ -236,4 +240,71 @@ fn unsupported_split_is_refused_naming_the_field() {
         err.contains("--tp-size 4") && err.contains("`linear_num_key_heads`"),
         "{err}"
     );
+}
+
+/// A device error on one rank mid-step (an op panics) fails that step on every rank, and the group
+/// is usable again right after: the next steps, on fresh caches, give bit for bit the logits the
+/// same split model gave before any failure (and so the whole model's, within the tolerance). The
+/// failure is put on rank 0 and on the follower, early in a prefill, in a decode step and in the
+/// MTP step, one after another on the same group.
+#[test]
+fn a_group_whose_rank_failed_mid_step_computes_the_same_logits_after() {
+    let dir = fixture_dirs()
+        .into_iter()
+        .find(|d| d.ends_with("qwen35_f32"))
+        .unwrap();
+    let config = ModelConfig::from_dir(&dir).unwrap();
+    let source = SafetensorsSource::open(&dir).unwrap();
+    let faults = [Fault::default(), Fault::default()];
+    let comms: Vec<Box<dyn Communicator<Faulty<CpuBackend>>>> = InProcessGroup::new(2)
+        .into_iter()
+        .map(|g| Box::new(g) as Box<dyn Communicator<Faulty<CpuBackend>>>)
+        .collect();
+    let backends = faults
+        .iter()
+        .map(|fault| Faulty {
+            inner: cpu(),
+            fault: fault.clone(),
+        })
+        .collect();
+    let split =
+        load_tensor_parallel(backends, comms, &config, &source, true, &mut |_, _| {}).unwrap();
+    let prompt: Vec<u32> = (0..23u32).map(|i| (i * 37 + 5) % 256).collect();
+    let decode = [9u32, 140, 77];
+
+    let whole = run(&load_tp(&config, &source, 1), &prompt, &decode);
+    let calls = faults[0].calls();
+    let before = run(&split, &prompt, &decode);
+    let per_run = faults[0].calls() - calls;
+    assert_eq!(faults[1].calls() - calls, per_run, "ranks run the same ops");
+    assert_same("qwen35_f32", 2, &whole, &before);
+
+    // Matmul calls of one `run`: early in the prefill, in a decode step, in the MTP step (last).
+    for rank in [0, 1] {
+        for nth in [3, per_run / 2, per_run - 1] {
+            faults[rank].arm(nth);
+            let failed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                run(&split, &prompt, &decode)
+            }));
+            assert!(!faults[rank].armed(), "the fault fired");
+            let payload = failed.expect_err("the step with the failing op fails");
+            let message = payload
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            assert!(
+                message.contains(INJECTED),
+                "rank {rank}, matmul {nth}: the step fails with the rank's own error, not a \
+                 stale one: {message}"
+            );
+            for _ in 0..2 {
+                let after = run(&split, &prompt, &decode);
+                assert_eq!(
+                    after, before,
+                    "rank {rank} failed at matmul {nth}: the next steps differ"
+                );
+            }
+        }
+    }
 }

@@ -21,9 +21,20 @@ pub trait Communicator<B: Backend>: Send + Sync {
     /// Tells the other ranks that this one failed: collectives they are in (or enter later) panic
     /// instead of waiting forever.
     fn abort(&self) {}
+    /// Makes an aborted group usable again; called on one rank (rank 0) after a failed step, once
+    /// every rank has left that step (so no rank is inside a collective). Returns whether the group
+    /// can run collectives again; the default cannot, and the group stays aborted (every later
+    /// collective panics).
+    fn recover(&self) -> bool {
+        false
+    }
     /// What this communicator is, for start-up summaries (e.g. `in-process`, `nccl`).
     fn kind(&self) -> &'static str;
 }
+
+/// The panic message of a collective on a rank whose group was aborted (another rank failed): a
+/// consequence of a failure, not its cause.
+pub const GROUP_ABORTED: &str = "tensor-parallel group aborted: another rank failed";
 
 /// How long a rank waits at a collective before checking again whether the group was aborted.
 const POLL: Duration = Duration::from_millis(50);
@@ -61,7 +72,7 @@ impl Rounds {
         loop {
             if guard.aborted {
                 drop(guard);
-                panic!("tensor-parallel group aborted: another rank failed");
+                panic!("{GROUP_ABORTED}");
             }
             if ready(&guard) {
                 return guard;
@@ -107,6 +118,20 @@ impl Rounds {
 
     fn abort(&self) {
         self.lock().aborted = true;
+        self.changed.notify_all();
+    }
+
+    /// Clears the abort and whatever the failed round left half done (contributions of ranks that
+    /// arrived before the failure, a complete round not every rank read). Only sound while no rank
+    /// is inside `exchange`: the caller knows every rank has left the failed step.
+    fn recover(&self) {
+        let mut st = self.lock();
+        st.contributions.iter_mut().for_each(|c| *c = None);
+        st.arrived = 0;
+        st.complete = None;
+        st.read = 0;
+        st.aborted = false;
+        drop(st);
         self.changed.notify_all();
     }
 }
@@ -190,6 +215,11 @@ impl<B: Backend> Communicator<B> for InProcessGroup {
         self.rounds.abort();
     }
 
+    fn recover(&self) -> bool {
+        self.rounds.recover();
+        true
+    }
+
     fn kind(&self) -> &'static str {
         "in-process"
     }
@@ -251,5 +281,50 @@ mod tests {
             h.join().unwrap()
         });
         assert!(outcome.is_err(), "the waiting rank panics once aborted");
+    }
+
+    /// A rank that failed mid-round leaves the round half filled (here rank 0's contribution to an
+    /// all-reduce rank 1 never joined); once both have left it, `recover` clears it and the next
+    /// collectives sum exactly what this round's ranks contribute.
+    #[test]
+    fn recover_clears_the_aborted_round() {
+        let groups = InProcessGroup::new(2);
+        let be = ReferenceBackend;
+        let left = std::thread::scope(|s| {
+            let h = s.spawn(|| {
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    let mut buf = be.upload(&[1.0, 2.0]);
+                    groups[0].all_reduce_sum(&be, &mut buf);
+                }))
+            });
+            // Rank 1 fails only once rank 0's contribution is in (checked on the shared state,
+            // not by waiting some time).
+            while groups[0].rounds.lock().arrived == 0 {
+                std::thread::yield_now();
+            }
+            Communicator::<ReferenceBackend>::abort(&groups[1]);
+            h.join().unwrap()
+        });
+        assert!(
+            left.is_err(),
+            "rank 0 leaves the aborted round with a panic"
+        );
+        assert!(Communicator::<ReferenceBackend>::recover(&groups[0]));
+        let sums: Vec<Vec<f32>> = std::thread::scope(|s| {
+            let handles: Vec<_> = groups
+                .iter()
+                .map(|g| {
+                    s.spawn(move || {
+                        let be = ReferenceBackend;
+                        let r = Communicator::<ReferenceBackend>::rank(g) as f32;
+                        let mut buf = be.upload(&[r, 10.0]);
+                        g.all_reduce_sum(&be, &mut buf);
+                        buf
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert_eq!(sums, vec![vec![1.0, 20.0]; 2]);
     }
 }
