@@ -42,6 +42,19 @@ fn backends() -> Vec<(&'static str, CpuBackend)> {
         .collect()
 }
 
+/// `backends()` and one more at the best level with the bf16 matmul precision (`vdpbf16ps` pairs
+/// where the CPU has them).
+fn backends_and_bf16_precision() -> Vec<(&'static str, CpuBackend)> {
+    let bf16_options = super::CpuOptions {
+        threads: 2,
+        matmul_precision: super::MatmulPrecision::Bf16,
+        max_isa: IsaLevel::Avx512,
+    };
+    let mut configs = backends();
+    configs.push(("best bf16", CpuBackend::with_options(bf16_options).unwrap()));
+    configs
+}
+
 #[test]
 fn matmul_matches_reference_for_every_kernel_and_dtype() {
     let mut rng = Rng(1);
@@ -81,13 +94,7 @@ fn a_matmul_group_equals_each_matrix_alone() {
     // matrices split across threads (>= 256 KiB: the 1000 x 300 ones) with small ones that run as
     // one piece, and token counts on both sides of the GEMV / GEMM boundary.
     let mut rng = Rng(14);
-    let bf16_options = super::CpuOptions {
-        threads: 2,
-        matmul_precision: super::MatmulPrecision::Bf16,
-        max_isa: IsaLevel::Avx512,
-    };
-    let mut configs = backends();
-    configs.push(("best bf16", CpuBackend::with_options(bf16_options).unwrap()));
+    let configs = backends_and_bf16_precision();
     let k = 300;
     for (name, be) in configs {
         let tensors: Vec<HostTensor> = [1000, 7, 640, 65]
@@ -169,13 +176,7 @@ fn matmul_results_do_not_depend_on_the_token_count() {
     // (GEMV with more tokens per pass) or inside a prefill (blocked GEMM, split across threads):
     // the engine batches sequences freely and a sequence's numbers must not depend on its company.
     let mut rng = Rng(13);
-    let bf16_options = super::CpuOptions {
-        threads: 2,
-        matmul_precision: super::MatmulPrecision::Bf16,
-        max_isa: IsaLevel::Avx512,
-    };
-    let mut configs = backends();
-    configs.push(("best bf16", CpuBackend::with_options(bf16_options).unwrap()));
+    let configs = backends_and_bf16_precision();
     for (name, be) in configs {
         for (n, k) in [(130, 300), (64, 1001)] {
             let values = rng.vec(n * k, 1.0);
