@@ -29,6 +29,8 @@ import torch
 import transformers
 from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
+from qwen35_text_config import text_config
+
 # Functions whose callers reveal which Gated DeltaNet / conv / attention implementation ran.
 TRACED = {
     "gdn_chunk": "chunk_gated_delta_rule",
@@ -53,14 +55,6 @@ def parse_args() -> argparse.Namespace:
                     help="prefill logits rows (1 = last row only, as generate() does; 0 = every row)")
     ap.add_argument("--seed", type=int, default=0)
     return ap.parse_args()
-
-
-def text_config(path: str) -> Qwen3_5TextConfig:
-    with open(path) as f:
-        raw = json.load(f)
-    text = raw.get("text_config", raw)
-    fields = {k: v for k, v in text.items() if k not in ("model_type", "torch_dtype", "dtype")}
-    return Qwen3_5TextConfig(**fields)
 
 
 def choose_attention(requested: str) -> str:

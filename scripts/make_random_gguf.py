@@ -16,7 +16,6 @@ table, so this script tells it the pre-tokenizer is "qwen35", the name a real Qw
 llama-bench feeds random token ids and never tokenizes text, so the tokenizer changes no measured work.
 """
 import argparse
-import json
 import os
 import runpy
 import shutil
@@ -26,6 +25,8 @@ import time
 
 import torch
 from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+from qwen35_text_config import text_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -41,14 +42,6 @@ def parse_args() -> argparse.Namespace:
                     help="directory with tokenizer.json and tokenizer_config.json (default: models/demo)")
     ap.add_argument("--seed", type=int, default=0)
     return ap.parse_args()
-
-
-def text_config(path: str) -> Qwen3_5TextConfig:
-    with open(path) as f:
-        raw = json.load(f)
-    text = raw.get("text_config", raw)
-    fields = {k: v for k, v in text.items() if k not in ("model_type", "torch_dtype", "dtype")}
-    return Qwen3_5TextConfig(**fields)
 
 
 def write_checkpoint(config: Qwen3_5TextConfig, tokenizer_dir: str, directory: str) -> None:
