@@ -24,6 +24,17 @@ type AheadMask = (
     Result<Option<TokenMask>, String>,
 );
 
+/// Each constrained sequence's mask of its next token, with its index and constraint.
+fn next_masks(ahead: Vec<(usize, Box<dyn TokenConstraint>)>) -> Vec<AheadMask> {
+    ahead
+        .into_iter()
+        .map(|(index, mut constraint)| {
+            let mask = constraint.allowed();
+            (index, constraint, mask)
+        })
+        .collect()
+}
+
 /// Sizes and limits of one engine, decided at start-up (see `plan_pools` in the server).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EngineConfig {
@@ -441,23 +452,11 @@ impl<B: Backend> Worker<B> {
             return self.forward(work);
         }
         if self.model.backend.device().is_none() {
-            let masks = ahead.into_iter().map(|(index, mut constraint)| {
-                let mask = constraint.allowed();
-                (index, constraint, mask)
-            });
-            self.keep_masks(masks.collect());
+            self.keep_masks(next_masks(ahead));
             return self.forward(work);
         }
         std::thread::scope(|scope| {
-            let masks = scope.spawn(move || {
-                ahead
-                    .into_iter()
-                    .map(|(index, mut constraint)| {
-                        let mask = constraint.allowed();
-                        (index, constraint, mask)
-                    })
-                    .collect::<Vec<_>>()
-            });
+            let masks = scope.spawn(move || next_masks(ahead));
             let out = self.forward(work);
             let masks = masks
                 .join()
