@@ -198,14 +198,20 @@ fn copied_kv_heads_split_four_ways_match_the_whole_model() {
     assert_same("copied KV heads", 4, &whole, &split);
 }
 
-#[test]
-fn greedy_generation_split_equals_whole() {
+/// The `qwen35_f32` fixture's config and weights.
+fn qwen35_f32() -> (ModelConfig, SafetensorsSource) {
     let dir = fixture_dirs()
         .into_iter()
         .find(|d| d.ends_with("qwen35_f32"))
         .unwrap();
     let config = ModelConfig::from_dir(&dir).unwrap();
     let source = SafetensorsSource::open(&dir).unwrap();
+    (config, source)
+}
+
+#[test]
+fn greedy_generation_split_equals_whole() {
+    let (config, source) = qwen35_f32();
     let whole = load_tp(&config, &source, 1);
     let split = load_tp(&config, &source, 2);
     assert_eq!(split.tp_size(), 2);
@@ -221,12 +227,7 @@ fn greedy_generation_split_equals_whole() {
 
 #[test]
 fn unsupported_split_is_refused_naming_the_field() {
-    let dir = fixture_dirs()
-        .into_iter()
-        .find(|d| d.ends_with("qwen35_f32"))
-        .unwrap();
-    let config = ModelConfig::from_dir(&dir).unwrap();
-    let source = SafetensorsSource::open(&dir).unwrap();
+    let (config, source) = qwen35_f32();
     let comms: Vec<Box<dyn Communicator<CpuBackend>>> = InProcessGroup::new(4)
         .into_iter()
         .map(|g| Box::new(g) as Box<dyn Communicator<CpuBackend>>)
@@ -249,12 +250,7 @@ fn unsupported_split_is_refused_naming_the_field() {
 /// MTP step, one after another on the same group.
 #[test]
 fn a_group_whose_rank_failed_mid_step_computes_the_same_logits_after() {
-    let dir = fixture_dirs()
-        .into_iter()
-        .find(|d| d.ends_with("qwen35_f32"))
-        .unwrap();
-    let config = ModelConfig::from_dir(&dir).unwrap();
-    let source = SafetensorsSource::open(&dir).unwrap();
+    let (config, source) = qwen35_f32();
     let faults = [Fault::default(), Fault::default()];
     let comms: Vec<Box<dyn Communicator<Faulty<CpuBackend>>>> = InProcessGroup::new(2)
         .into_iter()
