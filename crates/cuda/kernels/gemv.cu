@@ -39,6 +39,10 @@ struct GemvGroup {
     // First global row of matrix m; first_row[count] is the total number of rows.
     int first_row[GEMV_MATRICES + 1];
     int count;
+    // The streamed kernel's partial sums of row blocks that several blocks share, and their
+    // arrival counts (gemv_stream).
+    float* partials;
+    unsigned int* arrivals;
 };
 
 // The matrix holding global row `row` of the group and the row's index in it; -1 past the end.
@@ -337,3 +341,255 @@ GEMV_FP8_KERNEL(4, GEMV_LANE_ROWS_MULTI)
         gemv_block<TILES>(group, xb, tokens, k);                                                        \
     }
 GEMV_KERNEL(1)
+
+// ---- the streamed kernel: weights pulled into shared memory by the bulk copy engine ----
+//
+// The CUDA-core kernel above keeps its weight loads in registers, so a warp has a few KB in
+// flight; a matrix with few rows (the down and output projections) leaves each SM too few warps to
+// cover the memory's latency under load, and every launch pays a ramp and a tail. Here a persistent
+// grid (GEMV_STREAM_BLOCKS_PER_SM blocks on every SM) streams the weights with `cp.async.bulk`: one
+// producer warp per block keeps GEMV_STREAM_STAGES stages of GEMV_STREAM_ROWS row pieces of
+// GEMV_STREAM_COLS columns in flight (tens of KB an SM, no registers held), and GEMV_STREAM_ROWS
+// consumer warps, one per row of a stage, multiply them. The first stages are requested before the
+// wait for the previous kernel: the weights do not depend on it.
+//
+// Work: unit u = (row block u / chunks, column chunk u % chunks) in that order; block b of G takes
+// units [b*U/G, (b+1)*U/G), so every block reads the same number of bytes (to a unit). A row block
+// wholly inside one block's range is written at once; one shared by several blocks is summed by
+// the last of its contributors to arrive, over the contributors' partial sums in block order. The
+// split depends on the rows, K and G alone, not on the token count, and each row is summed in one
+// fixed order (a lane's columns in order, the warp's butterfly, the contributors in block order),
+// so one token and a four-token verify compute a row bit for bit alike.
+#ifndef GEMV_STREAM_ROWS
+#define GEMV_STREAM_ROWS 8
+#endif
+#ifndef GEMV_STREAM_COLS
+#define GEMV_STREAM_COLS 2048
+#endif
+#ifndef GEMV_STREAM_STAGES
+#define GEMV_STREAM_STAGES 3
+#endif
+#define GEMV_STREAM_THREADS (32 * (GEMV_STREAM_ROWS + 1))
+
+__device__ __forceinline__ unsigned int stream_smem_address(const void* p) {
+    unsigned int a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* bar, unsigned int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(stream_smem_address(bar)), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* bar) {
+    asm volatile("{ .reg .b64 state; mbarrier.arrive.shared::cta.b64 state, [%0]; }" ::"r"(stream_smem_address(bar)) : "memory");
+}
+
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* bar, unsigned int bytes) {
+    asm volatile("{ .reg .b64 state; mbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1; }" ::"r"(stream_smem_address(bar)),
+                 "r"(bytes)
+                 : "memory");
+}
+
+__device__ __forceinline__ void barrier_wait(unsigned long long* bar, unsigned int parity) {
+    asm volatile(
+        "{ .reg .pred done;\n"
+        "wait_%=: mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra wait_%=; }" ::"r"(stream_smem_address(bar)),
+        "r"(parity)
+        : "memory");
+}
+
+// `bytes` (a multiple of 16) from global `src` to shared `dst`, both 16-byte aligned; completion is
+// counted on `bar`.
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned int bytes, unsigned long long* bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     stream_smem_address(dst)),
+                 "l"(src), "r"(bytes), "r"(stream_smem_address(bar))
+                 : "memory");
+}
+
+// A value another block wrote during this kernel: read from L2, past this SM's L1, which may hold
+// a stale line of it from an earlier launch.
+__device__ __forceinline__ float load_from_l2(const float* p) {
+    float v;
+    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
+    return v;
+}
+
+// The block owning unit u when U units are dealt to G blocks as above.
+__device__ __forceinline__ int stream_owner(i64 u, i64 units, int blocks) {
+    return (int)(((u + 1) * blocks + units - 1) / units) - 1;
+}
+
+__device__ __forceinline__ i64 stream_range_start(int b, i64 units, int blocks) { return (i64)b * units / blocks; }
+
+template <int T, bool ROUNDED_X>
+__device__ __forceinline__ void gemv_stream(const GemvGroup& group, const void* __restrict__ x, int k) {
+    extern __shared__ __align__(128) unsigned char stream_smem[];
+    constexpr int ROWS = GEMV_STREAM_ROWS, COLS = GEMV_STREAM_COLS, STAGES = GEMV_STREAM_STAGES;
+    bf16_bits* pieces = reinterpret_cast<bf16_bits*>(stream_smem);  // [STAGES][ROWS][COLS]
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(stream_smem + (size_t)STAGES * ROWS * COLS * 2);
+    unsigned long long* empty = full + STAGES;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int total_rows = group.first_row[group.count];
+    const int chunks = (k + COLS - 1) / COLS;
+    const i64 units = (i64)((total_rows + ROWS - 1) / ROWS) * chunks;
+    const int blocks = gridDim.x;
+    const i64 lo = stream_range_start(blockIdx.x, units, blocks), hi = stream_range_start(blockIdx.x + 1, units, blocks);
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 1);
+            barrier_init(&empty[s], ROWS);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    let_next_kernel_start();
+
+    // (row block, chunk) of unit lo, stepped along with u (no 64-bit division per unit).
+    const int rb_lo = (int)(lo / chunks), chunk_lo = (int)(lo - (i64)rb_lo * chunks);
+    if (warp == ROWS) {  // the producer
+        int rb = rb_lo, chunk = chunk_lo;
+        for (i64 u = lo; u < hi; ++u) {
+            const int n = (int)(u - lo), stage = n % STAGES;
+            if (n == STAGES) wait_for_previous_kernel();
+            if (n >= STAGES) barrier_wait(&empty[stage], ((n / STAGES) - 1) & 1);
+            const int c0 = chunk * COLS;
+            const int rows = min(ROWS, total_rows - rb * ROWS);
+            const unsigned int bytes = (unsigned int)min(COLS, k - c0) * 2u;
+            if (lane == 0) barrier_expect_bytes(&full[stage], bytes * rows);
+            __syncwarp();
+            if (lane < rows) {
+                int local = 0;
+                const int m = group_row(group, rb * ROWS + lane, &local);
+                bulk_copy(pieces + ((size_t)stage * ROWS + lane) * COLS, group.w[m] + (i64)local * k + c0, bytes, &full[stage]);
+            }
+            if (++chunk == chunks) chunk = 0, ++rb;
+        }
+        if (hi - lo <= STAGES) wait_for_previous_kernel();
+        return;
+    }
+
+    // A consumer. Warp w multiplies vectors 16w .. 16w + 15 (then + 16 * ROWS, ...) of each piece,
+    // lane l vector 16w + l % 16 of rows l / 16, l / 16 + 2, ...: each activation vector is read
+    // once a block (by two lanes) and used for ROWS / 2 rows. At the end of this block's part of a
+    // row block the lanes' sums are added by butterfly over the 16 lanes of a row, then across the
+    // warps in warp order through shared memory, and warp r finishes row r.
+    static_assert(ROWS % 2 == 0 && ROWS <= 32, "rows pair up over the two half-warps");
+    constexpr int ROW_PAIRS = ROWS / 2;
+    __shared__ float warp_sums[2][ROWS][ROWS][T];  // [row block parity][warp][row][token]
+    const int half = lane >> 4, vec_lane = lane & 15;
+    wait_for_previous_kernel();
+    float acc[ROW_PAIRS][T];
+#pragma unroll
+    for (int j = 0; j < ROW_PAIRS; ++j)
+#pragma unroll
+        for (int t = 0; t < T; ++t) acc[j][t] = 0.0f;
+    int rb = rb_lo, chunk = chunk_lo, ends = 0;
+    for (i64 u = lo; u < hi; ++u) {
+        const int n = (int)(u - lo), stage = n % STAGES;
+        const int c0 = chunk * COLS;
+        barrier_wait(&full[stage], (n / STAGES) & 1);
+        const int vecs = min(COLS, k - c0) / 8;
+        const bf16_bits* stage_pieces = pieces + (size_t)stage * ROWS * COLS;
+        for (int v = 16 * warp + vec_lane; v < vecs; v += 16 * ROWS) {
+            float xf[T][8];
+#pragma unroll
+            for (int t = 0; t < T; ++t) {
+                const i64 at = (i64)t * k + c0 + 8 * v;
+                if (ROUNDED_X) {
+                    bf16x8_to_f32(*reinterpret_cast<const uint4*>(static_cast<const bf16_bits*>(x) + at), xf[t]);
+                } else {
+                    load_rounded8(static_cast<const float*>(x) + at, xf[t]);
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < ROW_PAIRS; ++j) {
+                // Rows past the end hold whatever an earlier unit left: their sums are never used.
+                float wf[8];
+                bf16x8_to_f32(*reinterpret_cast<const uint4*>(stage_pieces + (size_t)(2 * j + half) * COLS + 8 * v), wf);
+#pragma unroll
+                for (int t = 0; t < T; ++t) {
+                    float s = acc[j][t];
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) s = fmaf(wf[e], xf[t][e], s);
+                    acc[j][t] = s;
+                }
+            }
+        }
+        __syncwarp();
+        if (lane == 0) barrier_arrive(&empty[stage]);
+        const bool last_of_row_block = chunk == chunks - 1 || u == hi - 1;
+        const int unit_rb = rb;
+        if (++chunk == chunks) chunk = 0, ++rb;
+        if (!last_of_row_block) continue;
+
+        // This block's part of row block unit_rb ends here.
+        const int parity = ends++ & 1;
+#pragma unroll
+        for (int j = 0; j < ROW_PAIRS; ++j)
+#pragma unroll
+            for (int t = 0; t < T; ++t) {
+                float s = acc[j][t];
+                for (int o = 8; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+                if (vec_lane == 0) warp_sums[parity][warp][2 * j + half][t] = s;
+                acc[j][t] = 0.0f;
+            }
+        asm volatile("bar.sync 1, %0;" ::"r"(ROWS * 32) : "memory");  // the consumer warps only
+        const int row = unit_rb * ROWS + warp;
+        if (row >= total_rows || lane != 0) continue;
+        float total[T];
+#pragma unroll
+        for (int t = 0; t < T; ++t) {
+            total[t] = 0.0f;
+            for (int w = 0; w < ROWS; ++w) total[t] += warp_sums[parity][w][warp][t];
+        }
+        const i64 rb_start = (i64)unit_rb * chunks, rb_end = rb_start + chunks;
+        int local = 0;
+        const int m = group_row(group, row, &local);
+        const int n_m = group.first_row[m + 1] - group.first_row[m];
+        if (lo <= rb_start && hi >= rb_end) {
+#pragma unroll
+            for (int t = 0; t < T; ++t) group.out[m][(i64)t * n_m + local] = total[t];
+            continue;
+        }
+        const int which = lo > rb_start ? 0 : 1;
+        float* mine = group.partials + (((i64)blockIdx.x * 2 + which) * ROWS + warp) * T;
+#pragma unroll
+        for (int t = 0; t < T; ++t) mine[t] = total[t];
+        __threadfence();  // the partials are visible before this arrival is counted
+        const int first_owner = stream_owner(rb_start, units, blocks);
+        const int last_owner = stream_owner(rb_end - 1, units, blocks);
+        unsigned int* arrivals = group.arrivals + (i64)first_owner * ROWS + warp;
+        if (atomicAdd(arrivals, 1u) != (unsigned int)(last_owner - first_owner)) continue;
+        __threadfence();
+        float sum[T];
+#pragma unroll
+        for (int t = 0; t < T; ++t) sum[t] = 0.0f;
+        for (int o = first_owner; o <= last_owner; ++o) {
+            const int w_o = stream_range_start(o, units, blocks) > rb_start ? 0 : 1;
+            const float* theirs = group.partials + (((i64)o * 2 + w_o) * ROWS + warp) * T;
+#pragma unroll
+            for (int t = 0; t < T; ++t) sum[t] += load_from_l2(theirs + t);
+        }
+#pragma unroll
+        for (int t = 0; t < T; ++t) group.out[m][(i64)t * n_m + local] = sum[t];
+        *arrivals = 0u;
+    }
+}
+
+// Grid: GEMV_STREAM_BLOCKS_PER_SM blocks per SM of GEMV_STREAM_THREADS threads, dynamic shared
+// memory GEMV_STREAM_STAGES * GEMV_STREAM_ROWS * GEMV_STREAM_COLS * 2 + 16 * GEMV_STREAM_STAGES
+// bytes. Requires k % 8 == 0 and 16-byte aligned weight matrices (checked by the launcher);
+// group.partials holds 2 * gridDim.x * GEMV_STREAM_ROWS * tokens floats and group.arrivals
+// gridDim.x * GEMV_STREAM_ROWS counts, zero between launches. x as for the lanes kernels.
+#define GEMV_STREAM_KERNEL(T, ROUNDED_X)                                                                 \
+    extern "C" __global__ void __launch_bounds__(GEMV_STREAM_THREADS)                                  \
+        gemv_bf16_stream_t##T(const GemvGroup group, const void* __restrict__ x, int tokens, int k) {  \
+        gemv_stream<T, ROUNDED_X>(group, x, k);                                                         \
+    }
+GEMV_STREAM_KERNEL(1, false)
+GEMV_STREAM_KERNEL(2, true)
+GEMV_STREAM_KERNEL(3, true)
+GEMV_STREAM_KERNEL(4, true)
