@@ -43,7 +43,6 @@ pub struct CudaBackend {
     /// Whether kernels that wait for their predecessor themselves are launched early (PDL).
     pub(crate) dependent_launch: bool,
     pub(crate) gemv_lane_shape: crate::gemv::LaneShape,
-    pub(crate) gemv_stream: Arc<crate::gemv::GemvStream>,
     pub(crate) gemm_precision: GemmPrecision,
     /// `CudaOptions::keep_fp8_weights` under bf16 precision.
     pub(crate) keep_fp8_weights: bool,
@@ -195,13 +194,6 @@ impl CudaBackend {
             what: "creating a handle",
             message: format!("{e:?}"),
         })?;
-        let sm_count = ctx
-            .attribute(
-                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-            )
-            .map_err(|e| CudaError::driver("reading the number of SMs", e))?;
-        let gemv_stream =
-            crate::gemv::GemvStream::new(&stream, options, &kernels, sm_count.max(1) as usize)?;
         Ok(Self {
             ctx,
             stream,
@@ -209,7 +201,6 @@ impl CudaBackend {
             kernels: Arc::new(kernels),
             dependent_launch: options.dependent_launch,
             gemv_lane_shape: crate::gemv::LaneShape::from_options(options),
-            gemv_stream: Arc::new(gemv_stream),
             gemm_precision: options.gemm_precision,
             keep_fp8_weights: options.keep_fp8_weights
                 && options.gemm_precision == GemmPrecision::Bf16,

@@ -7,15 +7,11 @@
 //! byte once with 16-byte loads into tensor-core multiply-adds, K split over a block's warps.
 //! Larger batches and f32 weights go to cuBLAS (`gemm`).
 
-use crate::backend::{launch, CudaBackend, Kernel};
+use crate::backend::{launch, CudaBackend};
 use crate::buffer::CudaBuf;
-use crate::error::CudaError;
 use crate::launcher::ValueArg;
 use crate::mat::{CudaMat, MatData};
-use cudarc::driver::sys::CUfunction_attribute_enum;
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig};
-use std::collections::HashMap;
-use std::sync::Arc;
+use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 
 /// Rows up to which this path runs (at most `8 * GEMV_MAX_TOKEN_TILES` of gemv.cu); `GEMV_MATRICES`
 /// and `GEMV_WARPS` of gemv.cu; each block owns 16 rows. Measured on the H200 (27B shape, batched
@@ -59,98 +55,6 @@ impl LaneShape {
     }
 }
 
-/// The streamed kernel of gemv.cu (`gemv_bf16_stream_t*`: bf16 weights, 1-4 rows): its shape, the
-/// persistent grid's size and the workspace of the row blocks that several blocks share. On unless
-/// `GEMV_STREAM=0` (for measuring against the CUDA-core kernel).
-pub(crate) struct GemvStream {
-    enabled: bool,
-    /// Groups of more rows keep the CUDA-core kernel (`GEMV_STREAM_MAX_ROWS`).
-    max_rows: usize,
-    rows: usize,
-    cols: usize,
-    shared_bytes: usize,
-    /// Blocks of a launch at most (`GEMV_STREAM_BLOCKS_PER_SM` on every SM).
-    blocks: usize,
-    partials: CudaSlice<f32>,
-    arrivals: CudaSlice<u32>,
-}
-
-const STREAM_KERNELS: [&str; LANE_TOKENS] = [
-    "gemv_bf16_stream_t1",
-    "gemv_bf16_stream_t2",
-    "gemv_bf16_stream_t3",
-    "gemv_bf16_stream_t4",
-];
-
-impl GemvStream {
-    /// Reads the kernel's shape from the same defines as gemv.cu, allocates the workspace and lets
-    /// the kernels use their shared memory.
-    pub(crate) fn new(
-        stream: &Arc<CudaStream>,
-        options: &crate::options::CudaOptions,
-        kernels: &HashMap<&'static str, Kernel>,
-        sm_count: usize,
-    ) -> Result<Self, CudaError> {
-        let rows: usize = options.define("GEMV_STREAM_ROWS").unwrap_or(8);
-        let cols: usize = options.define("GEMV_STREAM_COLS").unwrap_or(2048);
-        let stages: usize = options.define("GEMV_STREAM_STAGES").unwrap_or(3);
-        let per_sm: usize = options.define("GEMV_STREAM_BLOCKS_PER_SM").unwrap_or(2);
-        let blocks = (per_sm * sm_count).max(1);
-        // The pieces, then a full and an empty barrier (8 bytes each) per stage.
-        let shared_bytes = stages * rows * cols * 2 + 16 * stages;
-        let mut enabled = options.define::<usize>("GEMV_STREAM") != Some(0);
-        let max_rows = options.define("GEMV_STREAM_MAX_ROWS").unwrap_or(8192);
-        for name in STREAM_KERNELS {
-            let kernel = kernels.get(name).ok_or(CudaError::MissingKernel {
-                file: "gemv.cu",
-                function: name,
-                message: "not loaded".to_string(),
-            })?;
-            // A GPU that cannot give a block this much shared memory keeps the CUDA-core kernel.
-            enabled &= kernel
-                .function
-                .set_attribute(
-                    CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    shared_bytes as i32,
-                )
-                .is_ok();
-        }
-        let partials = stream
-            .alloc_zeros::<f32>(2 * blocks * rows * LANE_TOKENS)
-            .map_err(|e| CudaError::driver("allocating the streamed GEMV's partial sums", e))?;
-        let arrivals = stream
-            .alloc_zeros::<u32>(blocks * rows)
-            .map_err(|e| CudaError::driver("allocating the streamed GEMV's arrival counts", e))?;
-        Ok(Self {
-            enabled,
-            max_rows,
-            rows,
-            cols,
-            shared_bytes,
-            blocks,
-            partials,
-            arrivals,
-        })
-    }
-
-    /// Whether it takes these weights for `tokens` rows: bf16 matrices whose rows start 16-byte
-    /// aligned (`cp.async.bulk` copies 16-byte multiples between 16-byte aligned addresses).
-    fn applies(&self, fp8: bool, tokens: usize, rows: usize, weight_ptrs: &[u64]) -> bool {
-        self.enabled
-            && rows <= self.max_rows
-            && !fp8
-            && (1..=LANE_TOKENS).contains(&tokens)
-            && weight_ptrs.iter().all(|p| p % 16 == 0)
-    }
-
-    /// The persistent grid for `rows` rows of `k` columns: never more blocks than units, so that
-    /// every block owns at least one (the kernel's arrival counts rely on it).
-    fn grid(&self, rows: usize, k: usize) -> usize {
-        let units = rows.div_ceil(self.rows) * k.div_ceil(self.cols);
-        self.blocks.min(units).max(1)
-    }
-}
-
 /// `GemvGroup` of gemv.cu, field for field.
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
@@ -160,8 +64,6 @@ struct GemvGroup {
     scale: [u64; GEMV_MATRICES],
     first_row: [i32; GEMV_MATRICES + 1],
     count: i32,
-    partials: u64,
-    arrivals: u64,
 }
 
 // SAFETY: `GemvGroup` is `repr(C)` with the field types and order of the CUDA struct (8-byte
@@ -237,36 +139,6 @@ impl CudaBackend {
                 rows += w.rows;
             }
             group.first_row[chunk_w.len()] = rows as i32;
-            let streamed = lanes
-                && self
-                    .gemv_stream
-                    .applies(fp8, tokens, rows, &group.w[..chunk_w.len()]);
-            if streamed {
-                let (partials, partials_guard) = self.gemv_stream.partials.device_ptr(&self.stream);
-                let (arrivals, arrivals_guard) = self.gemv_stream.arrivals.device_ptr(&self.stream);
-                group.partials = partials;
-                group.arrivals = arrivals;
-                guards.push(partials_guard);
-                guards.push(arrivals_guard);
-                let cfg = LaunchConfig {
-                    grid_dim: (self.gemv_stream.grid(rows, k) as u32, 1, 1),
-                    block_dim: (32 * (self.gemv_stream.rows as u32 + 1), 1, 1),
-                    shared_mem_bytes: self.gemv_stream.shared_bytes as u32,
-                };
-                let (t32, k32) = (tokens as i32, k as i32);
-                // Contract: bf16 matrices [rows_m, k] with k % 8 == 0 starting 16-byte aligned
-                // (applies, gemv_applies), so every row piece is too; x as for the lanes kernels
-                // below; the grid has at most as many blocks as units and the workspace holds
-                // 2 * blocks * rows * LANE_TOKENS partial sums and blocks * rows counts, zero
-                // between launches (each launch resets what it used).
-                let kernel = STREAM_KERNELS[tokens - 1];
-                match &x_bf16 {
-                    Some(xb) => launch!(self, kernel, cfg, &group, xb, &t32, &k32),
-                    None => launch!(self, kernel, cfg, &group, &x.data, &t32, &k32),
-                }
-                drop(guards);
-                continue;
-            }
             let (rows_per_block, warps) = if lanes {
                 let shape = self.gemv_lane_shape;
                 (shape.rows_per_block(tokens), shape.warps)

@@ -42,10 +42,6 @@ pub const FILES: [KernelFile; 14] = [
             "gemv_fp8_lanes_t2",
             "gemv_fp8_lanes_t3",
             "gemv_fp8_lanes_t4",
-            "gemv_bf16_stream_t1",
-            "gemv_bf16_stream_t2",
-            "gemv_bf16_stream_t3",
-            "gemv_bf16_stream_t4",
         ],
     },
     KernelFile {

@@ -224,64 +224,6 @@ fn gemv_rows_are_batch_invariant_bitwise() {
     );
 }
 
-/// The streamed GEMV (1-4 rows, bf16 weights, groups of up to 8192 rows) deals units of (8-row
-/// block, 2048-column chunk) to a persistent grid of two blocks per SM: with more units than blocks,
-/// some row blocks lie wholly inside one block's range (written at once) and others are shared by
-/// several blocks (their partial sums added by the last to arrive). These shapes have both kinds (a
-/// 132-SM H200 gives 264 blocks: 2103 rows x 2 chunks = 526 units, about 2 a block, half of the
-/// ranges starting mid row block; 40 rows x 9 chunks = 45 units, one a block, each row block shared
-/// by 9), a last chunk shorter than 2048 columns and a group that spans two matrices inside one row
-/// block. Each token count matches the reference, equals the wider batch bit for bit, and a second
-/// launch (arrival counts reset) equals the first.
-#[test]
-fn streamed_gemv_sums_whole_and_shared_row_blocks() {
-    let Some(be) = cuda(
-        GemmPrecision::Bf16,
-        "streamed_gemv_sums_whole_and_shared_row_blocks",
-    ) else {
-        return;
-    };
-    let mut rng = Rng(23);
-    for (rows, k) in [(vec![2100, 3], 3072), (vec![37, 3], 17000)] {
-        let host: Vec<HostTensor> = rows
-            .iter()
-            .map(|&n| HostTensor::from_f32_as_bf16("w", vec![n, k], &rng.vec(n * k, 1.0)))
-            .collect();
-        let ws: Vec<_> = host.iter().map(|t| be.load_mat(t).unwrap()).collect();
-        let w_refs: Vec<_> = host
-            .iter()
-            .map(|t| ReferenceBackend.load_mat(t).unwrap())
-            .collect();
-        let w_list: Vec<_> = ws.iter().collect();
-        let w_ref_list: Vec<_> = w_refs.iter().collect();
-        let x = rng.vec(4 * k, 1.0);
-        let widest = op_check::matmul_group(be, &w_list, &w_ref_list, &x, 4, Operands::Bf16);
-        for tokens in 1..=4 {
-            for launch in 0..2 {
-                let outputs = op_check::matmul_group(
-                    be,
-                    &w_list,
-                    &w_ref_list,
-                    &x[..tokens * k],
-                    tokens,
-                    Operands::Bf16,
-                );
-                for (m, (&n, (got, want))) in rows.iter().zip(&outputs).enumerate() {
-                    let what = format!(
-                        "streamed gemv matrix {m} [{tokens}x{k}] @ [{n}x{k}]^T, launch {launch}"
-                    );
-                    check(&what, got, want, TOL_MATMUL);
-                    assert_eq!(
-                        got[..],
-                        widest[m].0[..tokens * n],
-                        "{what}: differs from the same rows in a batch of 4"
-                    );
-                }
-            }
-        }
-    }
-}
-
 /// The fused residual add + RMSNorm is bit for bit the two ops one after the other.
 #[test]
 fn add_rms_norm_equals_add_then_norm_bitwise() {
