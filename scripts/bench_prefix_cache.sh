@@ -7,6 +7,11 @@
 # alternating, REPEAT times. Raw JSON reports, server logs and /metrics go to $OUT.
 #
 #   BIN=target/release/deltaserve OUT=docs/measurements scripts/bench_prefix_cache.sh
+# Another model: SERVE_FLAGS (word-split into serve's arguments), e.g. the 27B shape on a GPU, with
+# the demo tokenizer's vocabulary so that every streamed token has text (examples/README.md):
+#   SERVE_FLAGS="--model-path examples/qwen3.6-27b-demo-vocab --load-format dummy
+#   --tokenizer-path models/demo --skip-canary" TAG=h200-prefix-cache-27b CONVERSATIONS=3 \
+#   REPEAT=1 scripts/bench_prefix_cache.sh
 set -euo pipefail
 
 BIN=${BIN:-target/release/deltaserve}
@@ -14,6 +19,8 @@ OUT=${OUT:-docs/measurements}
 TAG=${TAG:-cpu-prefix-cache-demo}
 PORT=${PORT:-31555}
 REPEAT=${REPEAT:-2}
+CONVERSATIONS=${CONVERSATIONS:-6}
+read -ra serve_flags <<<"${SERVE_FLAGS:-}"
 mkdir -p "$OUT"
 
 grep -o -w 'avx[0-9a-z_]*\|fma\|amx[a-z_]*' /proc/cpuinfo | sort -u | tr '\n' ' ' > "$OUT/$TAG-cpuinfo.txt"
@@ -22,7 +29,7 @@ grep -o -w 'avx[0-9a-z_]*\|fma\|amx[a-z_]*' /proc/cpuinfo | sort -u | tr '\n' ' 
 serve() { # NAME [serve flags...]: starts a server, waits for /health
     local name=$1
     shift
-    "$BIN" serve --port "$PORT" --enable-metrics "$@" >"$OUT/$TAG-$name-server.log" 2>&1 &
+    "$BIN" serve --port "$PORT" --enable-metrics "${serve_flags[@]}" "$@" >"$OUT/$TAG-$name-server.log" 2>&1 &
     SERVER=$!
     for _ in $(seq 1 600); do
         if curl -sf "http://127.0.0.1:$PORT/health" >/dev/null; then
@@ -54,10 +61,10 @@ for round in $(seq 1 "$REPEAT"); do
         if [ "$cache" = off ]; then flags=(--disable-radix-cache); fi
         serve "$cache-$round" "${flags[@]}"
         # Chat: 5 turns of ~128-word questions and 64-token replies.
-        bench "multiturn-$cache-$round" --multi-turn 5 --num-prompts 6 --concurrency 1 \
+        bench "multiturn-$cache-$round" --multi-turn 5 --num-prompts "$CONVERSATIONS" --concurrency 1 \
             --input-len 128 --output-len 64
         # Agent-like: a ~1000-word system prompt, then 5 turns of ~48 words.
-        bench "agent-$cache-$round" --multi-turn 5 --shared-prefix-len 1000 --num-prompts 6 \
+        bench "agent-$cache-$round" --multi-turn 5 --shared-prefix-len 1000 --num-prompts "$CONVERSATIONS" \
             --concurrency 1 --input-len 48 --output-len 64
         # One long system prompt, 16 different questions.
         bench "sharedprefix-$cache-$round" --shared-prefix-len 1000 --num-prompts 16 \
