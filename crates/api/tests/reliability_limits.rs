@@ -162,6 +162,64 @@ async fn request_timeout_ends_a_stream_with_an_error_event_then_done() {
         .any(|e| e["error"]["code"] == "request_timeout"));
 }
 
+/// The named events of a streamed /v1/responses reply, as `(event name, data)`.
+fn response_events(body: &str) -> Vec<(String, Value)> {
+    body.split("\n\n")
+        .filter(|e| !e.is_empty())
+        .map(|event| {
+            let (name, data) = event
+                .strip_prefix("event: ")
+                .and_then(|rest| rest.split_once("\ndata: "))
+                .unwrap_or_else(|| panic!("not a named SSE event: {event:?}"));
+            (name.to_string(), serde_json::from_str(data).unwrap())
+        })
+        .collect()
+}
+
+/// A Responses API generation that fails (here: `--request-timeout` expires) ends its stream with
+/// `response.failed`, whose response has status `failed` and the error, after the text streamed so
+/// far (reasoning text, with the fixture's thinking template); a non-streaming one answers 504 as the chat endpoints do. Either way the engine request is
+/// aborted.
+#[tokio::test]
+async fn request_timeout_fails_a_response_with_response_failed() {
+    let server = timeout_server().await;
+    let reply = server
+        .post("/v1/responses", &json!({"input": "hi", "stream": true}))
+        .await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let events = response_events(&reply.body);
+    let (last, data) = events.last().expect("no events");
+    assert_eq!(last, "response.failed", "{}", reply.body);
+    assert_eq!(data["type"], "response.failed");
+    assert_eq!(data["response"]["status"], "failed");
+    assert_eq!(data["response"]["error"]["code"], "request_timeout");
+    assert!(data["response"]["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("--request-timeout"));
+    assert!(
+        events.iter().any(|(name, _)| name.ends_with("_text.delta")),
+        "text streamed before the timeout: {}",
+        reply.body
+    );
+    assert!(
+        !events.iter().any(|(name, _)| name == "response.completed"),
+        "{}",
+        reply.body
+    );
+    assert_only_request_aborted(&server).await;
+
+    let server = timeout_server().await;
+    let reply = server.post("/v1/responses", &json!({"input": "hi"})).await;
+    assert_eq!(
+        reply.error(504)["code"],
+        "request_timeout",
+        "{}",
+        reply.body
+    );
+    assert_only_request_aborted(&server).await;
+}
+
 #[tokio::test]
 async fn zero_request_timeout_means_none() {
     let server = TestServer::start_with(
