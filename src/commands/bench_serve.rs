@@ -55,9 +55,30 @@ pub struct BenchServeArgs {
     /// this many words; 0 = none.
     #[arg(long, default_value_t = 0)]
     pub shared_prefix_len: usize,
+    /// A JSON object sent as `chat_template_kwargs` with every chat request, e.g.
+    /// '{"enable_thinking": false}'.
+    #[arg(long, value_name = "JSON", value_parser = json_object)]
+    pub chat_template_kwargs: Option<serde_json::Value>,
+    /// Agent loop (chat endpoint, with --multi-turn): the requests carry a `lookup` tool, and every
+    /// turn after the first resends the previous reply as a call of it followed by the call's result.
+    #[arg(long)]
+    pub tool_calls: bool,
+    /// Resend each reply's reasoning as `reasoning_content` in the history (by default only the
+    /// content goes back, as most clients do).
+    #[arg(long)]
+    pub resend_reasoning: bool,
     /// Also write the report as JSON to this file.
     #[arg(long, value_name = "PATH")]
     pub output_file: Option<std::path::PathBuf>,
+}
+
+/// `--chat-template-kwargs`: a JSON object.
+fn json_object(text: &str) -> Result<serde_json::Value, String> {
+    match serde_json::from_str::<serde_json::Value>(text) {
+        Ok(value) if value.is_object() => Ok(value),
+        Ok(_) => Err("must be a JSON object, e.g. '{\"enable_thinking\": false}'".to_string()),
+        Err(e) => Err(format!("not JSON: {e}")),
+    }
 }
 
 /// `--endpoint` values (the client's `BenchEndpoint`).
@@ -90,6 +111,9 @@ impl BenchServeArgs {
             request_timeout: self.request_timeout,
             multi_turn: self.multi_turn,
             shared_prefix_len: self.shared_prefix_len,
+            chat_template_kwargs: self.chat_template_kwargs.clone(),
+            tool_calls: self.tool_calls,
+            resend_reasoning: self.resend_reasoning,
         }
     }
 }
@@ -137,5 +161,21 @@ mod tests {
         assert!(config.stream && config.no_ignore_eos && !config.min_tokens);
         assert_eq!(config.multi_turn, 3);
         assert!(parse("--url u --endpoint embeddings").is_err());
+        let config = parse(
+            "--url u --endpoint chat --tool-calls --resend-reasoning --chat-template-kwargs {\"enable_thinking\":false}",
+        )
+        .unwrap();
+        assert!(config.tool_calls && config.resend_reasoning);
+        assert_eq!(
+            config.chat_template_kwargs,
+            Some(serde_json::json!({"enable_thinking": false}))
+        );
+        for bad in ["[1]", "{oops"] {
+            let error = parse(&format!("--url u --chat-template-kwargs {bad}")).unwrap_err();
+            assert!(
+                error.to_string().contains("--chat-template-kwargs"),
+                "{error}"
+            );
+        }
     }
 }

@@ -374,6 +374,9 @@ async fn bench_serve_drives_the_server() {
             request_timeout: 30,
             multi_turn: 1,
             shared_prefix_len: 0,
+            chat_template_kwargs: None,
+            tool_calls: false,
+            resend_reasoning: false,
         };
         let report = run_bench_serve(&args).await.unwrap();
         assert_eq!(report.model, "test-model");
@@ -436,6 +439,9 @@ async fn bench_serve_multi_turn_resends_the_history() {
         request_timeout: 30,
         multi_turn: 3,
         shared_prefix_len: 40,
+        chat_template_kwargs: None,
+        tool_calls: false,
+        resend_reasoning: false,
     };
     let report = run_bench_serve(&args).await.unwrap();
     assert_eq!(
@@ -463,8 +469,38 @@ async fn bench_serve_multi_turn_resends_the_history() {
     assert!(args.multi_turn > 1);
     let chat_only = run_bench_serve(&BenchServeConfig {
         endpoint: BenchEndpoint::Completions,
-        ..args
+        ..args.clone()
     })
     .await;
     assert!(chat_only.is_err());
+
+    // The agent loop: the server takes the tool definition, the resent calls and their results
+    // (a tool message ends every turn after the first) and chat_template_kwargs, and each turn's
+    // prompt extends the one before.
+    let before = server.engine.requests().len();
+    let agent = BenchServeConfig {
+        num_prompts: 2,
+        concurrency: 1,
+        tool_calls: true,
+        resend_reasoning: true,
+        chat_template_kwargs: Some(serde_json::json!({"enable_thinking": false})),
+        ..args
+    };
+    let report = run_bench_serve(&agent).await.unwrap();
+    assert_eq!(
+        (report.completed, report.failed),
+        (6, 0),
+        "{:?}",
+        report.errors
+    );
+    let lengths: Vec<usize> = server.engine.requests()[before..]
+        .iter()
+        .map(|r| r.prompt_ids.len())
+        .collect();
+    assert!(
+        lengths
+            .chunks(3)
+            .all(|turns| turns[0] < turns[1] && turns[1] < turns[2]),
+        "{lengths:?}"
+    );
 }

@@ -51,6 +51,14 @@ pub struct BenchServeConfig {
     pub multi_turn: usize,
     /// Words of the system prompt every prompt starts with; 0 = none.
     pub shared_prefix_len: usize,
+    /// Sent as `chat_template_kwargs` with every chat request (e.g. `{"enable_thinking": false}`).
+    pub chat_template_kwargs: Option<Value>,
+    /// Agent loop (chat endpoint): the requests carry a tool definition, and every turn after the
+    /// first answers the previous reply with a tool call and its result instead of a new question.
+    pub tool_calls: bool,
+    /// Resend each reply's reasoning as the assistant message's `reasoning_content` (clients of
+    /// models whose templates keep earlier reasoning do); by default only the content goes back.
+    pub resend_reasoning: bool,
 }
 
 /// Which API `bench serve` drives.
@@ -74,8 +82,8 @@ pub enum BenchServeError {
     Models(String),
     #[error("cannot start the async runtime: {0}")]
     Runtime(std::io::Error),
-    #[error("--multi-turn needs --endpoint chat")]
-    MultiTurnNeedsChat,
+    #[error("{flag} needs --endpoint chat")]
+    ChatOnly { flag: &'static str },
 }
 
 /// Outcome of one benchmark request.
@@ -90,6 +98,8 @@ pub(crate) struct RequestResult {
     pub(crate) turn: usize,
     /// The reply's content (what a client resends as the assistant message).
     pub(crate) content: String,
+    /// The reply's reasoning (`reasoning_content`), resent only with `resend_reasoning`.
+    pub(crate) reasoning: String,
     pub(crate) ttft: f64,
     pub(crate) e2e: f64,
     /// Gaps between streamed chunks that carried text, in seconds.
@@ -135,12 +145,51 @@ struct Conversation {
     turns: Vec<String>,
 }
 
-/// The request of turn `turn`, given the replies so far.
+/// What a turn's reply left for the next turn to resend.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Reply {
+    content: String,
+    reasoning: String,
+}
+
+/// The one tool of the agent loop.
+fn lookup_tool() -> Value {
+    json!({"type": "function", "function": {
+        "name": "lookup",
+        "description": "Looks a phrase up and returns what is known about it.",
+        "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]},
+    }})
+}
+
+/// The assistant message resending `reply`, with the agent loop's call `index` when `call` is set.
+fn assistant_message(
+    config: &BenchServeConfig,
+    reply: &Reply,
+    call: Option<(usize, &str)>,
+) -> Value {
+    let mut message = json!({"role": "assistant", "content": reply.content});
+    if config.resend_reasoning && !reply.reasoning.is_empty() {
+        message["reasoning_content"] = json!(reply.reasoning);
+    }
+    if let Some((index, question)) = call {
+        let query: Vec<&str> = question.split_whitespace().take(4).collect();
+        message["tool_calls"] = json!([{
+            "id": format!("call-{index}"),
+            "type": "function",
+            "function": {"name": "lookup", "arguments": json!({"query": query.join(" ")}).to_string()},
+        }]);
+    }
+    message
+}
+
+/// The request of turn `turn`, given the replies so far. In the agent loop the conversation's
+/// first text is the question and each later one the result of the call that answers the reply
+/// before it, so every turn after the first ends with a tool message.
 fn turn_body(
     config: &BenchServeConfig,
     model: &str,
     conversation: &Conversation,
-    replies: &[String],
+    replies: &[Reply],
 ) -> Value {
     let turn = replies.len();
     match config.endpoint {
@@ -156,9 +205,25 @@ fn turn_body(
             if let Some(system) = &conversation.system {
                 messages.push(json!({"role": "system", "content": system}));
             }
+            if config.tool_calls {
+                messages.push(json!({"role": "user", "content": conversation.turns[0]}));
+                for (index, reply) in replies.iter().enumerate() {
+                    let asked = &conversation.turns[index];
+                    messages.push(assistant_message(config, reply, Some((index, asked))));
+                    messages.push(
+                        json!({"role": "tool", "tool_call_id": format!("call-{index}"),
+                        "content": conversation.turns[index + 1]}),
+                    );
+                }
+                return request_body(
+                    config,
+                    model,
+                    json!({"messages": messages, "tools": [lookup_tool()]}),
+                );
+            }
             for (question, reply) in conversation.turns.iter().zip(replies) {
                 messages.push(json!({"role": "user", "content": question}));
-                messages.push(json!({"role": "assistant", "content": reply}));
+                messages.push(assistant_message(config, reply, None));
             }
             messages.push(json!({"role": "user", "content": conversation.turns[turn]}));
             request_body(config, model, json!({"messages": messages}))
@@ -176,6 +241,9 @@ fn request_body(config: &BenchServeConfig, model: &str, input: Value) -> Value {
     }
     if config.min_tokens {
         body["min_tokens"] = json!(config.output_len);
+    }
+    if let Some(kwargs) = &config.chat_template_kwargs {
+        body["chat_template_kwargs"] = kwargs.clone();
     }
     if config.stream {
         body["stream"] = json!(true);
@@ -229,14 +297,21 @@ fn read_usage(value: &Value, result: &mut RequestResult) {
     }
 }
 
-/// Appends the content of the first choice of a response object (message or delta) to `out`.
-fn push_content(value: &Value, out: &mut String) {
+/// Appends the content and the reasoning of the first choice of a response object (message or
+/// delta) to the result's.
+fn push_content(value: &Value, result: &mut RequestResult) {
     let Some(choice) = value.pointer("/choices/0") else {
         return;
     };
+    let text = |path: &str| choice.pointer(path).and_then(Value::as_str);
     for path in ["/message/content", "/delta/content", "/text"] {
-        if let Some(text) = choice.pointer(path).and_then(Value::as_str) {
-            out.push_str(text);
+        if let Some(text) = text(path) {
+            result.content.push_str(text);
+        }
+    }
+    for path in ["/message/reasoning_content", "/delta/reasoning_content"] {
+        if let Some(text) = text(path) {
+            result.reasoning.push_str(text);
         }
     }
 }
@@ -273,7 +348,7 @@ async fn run_one(
         {
             Ok(Ok(value)) => {
                 read_usage(&value, &mut result);
-                push_content(&value, &mut result.content);
+                push_content(&value, &mut result);
                 result.e2e = started.elapsed().as_secs_f64();
                 result.ttft = result.e2e;
             }
@@ -310,7 +385,7 @@ async fn run_one(
                 return result;
             }
             read_usage(&value, &mut result);
-            push_content(&value, &mut result.content);
+            push_content(&value, &mut result);
             if chunk_text_len(&value) > 0 {
                 let now = Instant::now();
                 match last_text_at {
@@ -380,8 +455,19 @@ pub async fn run_bench_serve(
             flag: "--multi-turn",
         });
     }
-    if config.multi_turn > 1 && config.endpoint != BenchEndpoint::Chat {
-        return Err(BenchServeError::MultiTurnNeedsChat);
+    if config.endpoint != BenchEndpoint::Chat {
+        let chat_only = [
+            ("--multi-turn", config.multi_turn > 1),
+            ("--tool-calls", config.tool_calls),
+            (
+                "--chat-template-kwargs",
+                config.chat_template_kwargs.is_some(),
+            ),
+            ("--resend-reasoning", config.resend_reasoning),
+        ];
+        if let Some((flag, _)) = chat_only.into_iter().find(|(_, set)| *set) {
+            return Err(BenchServeError::ChatOnly { flag });
+        }
     }
     let target = Target::parse(&config.url)?;
     let model = match &config.model {
@@ -462,7 +548,10 @@ pub async fn run_bench_serve(
                         };
                         result.turn = turn;
                         let failed = result.error.is_some();
-                        replies.push(std::mem::take(&mut result.content));
+                        replies.push(Reply {
+                            content: std::mem::take(&mut result.content),
+                            reasoning: std::mem::take(&mut result.reasoning),
+                        });
                         results
                             .lock()
                             .unwrap_or_else(|p| p.into_inner())
@@ -500,6 +589,126 @@ pub fn run_bench_serve_blocking(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn chat_config() -> BenchServeConfig {
+        BenchServeConfig {
+            url: "http://h:1".to_string(),
+            concurrency: 1,
+            num_prompts: 1,
+            input_len: 8,
+            output_len: 4,
+            model: None,
+            stream: false,
+            endpoint: BenchEndpoint::Chat,
+            temperature: 0.0,
+            min_tokens: false,
+            no_ignore_eos: false,
+            seed: 0,
+            request_timeout: 1,
+            multi_turn: 3,
+            shared_prefix_len: 0,
+            chat_template_kwargs: None,
+            tool_calls: false,
+            resend_reasoning: false,
+        }
+    }
+
+    fn three_turns() -> (Conversation, Vec<Reply>) {
+        let conversation = Conversation {
+            system: Some("sys".to_string()),
+            turns: vec![
+                "q one two three four five".into(),
+                "result 1".into(),
+                "result 2".into(),
+            ],
+        };
+        let replies = vec![
+            Reply {
+                content: "a1".into(),
+                reasoning: "r1".into(),
+            },
+            Reply {
+                content: "a2".into(),
+                reasoning: String::new(),
+            },
+        ];
+        (conversation, replies)
+    }
+
+    fn roles(body: &Value) -> Vec<&str> {
+        body["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["role"].as_str().unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn the_agent_loop_resends_each_reply_as_a_call_and_its_result() {
+        let config = BenchServeConfig {
+            tool_calls: true,
+            resend_reasoning: true,
+            chat_template_kwargs: Some(json!({"enable_thinking": false})),
+            ..chat_config()
+        };
+        let (conversation, replies) = three_turns();
+        let body = turn_body(&config, "m", &conversation, &replies);
+        assert_eq!(
+            roles(&body),
+            ["system", "user", "assistant", "tool", "assistant", "tool"]
+        );
+        let messages = body["messages"].as_array().unwrap();
+        assert_eq!(messages[1]["content"], "q one two three four five");
+        assert_eq!(messages[2]["content"], "a1");
+        assert_eq!(messages[2]["reasoning_content"], "r1");
+        assert!(
+            messages[4].get("reasoning_content").is_none(),
+            "no reasoning, none resent"
+        );
+        let call = &messages[2]["tool_calls"][0];
+        assert_eq!(call["function"]["name"], "lookup");
+        assert_eq!(
+            call["function"]["arguments"],
+            r#"{"query":"q one two three"}"#
+        );
+        assert_eq!(messages[3]["tool_call_id"], call["id"]);
+        assert_eq!(
+            (
+                messages[3]["content"].as_str(),
+                messages[5]["content"].as_str()
+            ),
+            (Some("result 1"), Some("result 2"))
+        );
+        assert_eq!(body["tools"][0]["function"]["name"], "lookup");
+        assert_eq!(
+            body["chat_template_kwargs"],
+            json!({"enable_thinking": false})
+        );
+        assert_eq!(
+            roles(&turn_body(&config, "m", &conversation, &[])),
+            ["system", "user"]
+        );
+    }
+
+    #[test]
+    fn chat_turns_resend_content_and_only_optionally_reasoning() {
+        let (conversation, replies) = three_turns();
+        let body = turn_body(&chat_config(), "m", &conversation, &replies);
+        assert_eq!(
+            roles(&body),
+            ["system", "user", "assistant", "user", "assistant", "user"]
+        );
+        assert!(body.get("tools").is_none() && body.get("chat_template_kwargs").is_none());
+        let messages = body["messages"].as_array().unwrap();
+        assert_eq!(messages[2], json!({"role": "assistant", "content": "a1"}));
+        let config = BenchServeConfig {
+            resend_reasoning: true,
+            ..chat_config()
+        };
+        let body = turn_body(&config, "m", &conversation, &replies);
+        assert_eq!(body["messages"][2]["reasoning_content"], "r1");
+    }
 
     #[test]
     fn prompts_have_the_requested_length_and_differ() {
