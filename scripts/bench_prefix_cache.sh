@@ -20,6 +20,8 @@ TAG=${TAG:-cpu-prefix-cache-demo}
 PORT=${PORT:-31555}
 REPEAT=${REPEAT:-2}
 CONVERSATIONS=${CONVERSATIONS:-6}
+# Any of: multiturn multiturn-nothink agent tools tools-nothink sharedprefix.
+WORKLOADS=${WORKLOADS:-multiturn agent sharedprefix}
 read -ra serve_flags <<<"${SERVE_FLAGS:-}"
 mkdir -p "$OUT"
 
@@ -60,15 +62,34 @@ for round in $(seq 1 "$REPEAT"); do
         flags=()
         if [ "$cache" = off ]; then flags=(--disable-radix-cache); fi
         serve "$cache-$round" "${flags[@]}"
-        # Chat: 5 turns of ~128-word questions and 64-token replies.
-        bench "multiturn-$cache-$round" --multi-turn 5 --num-prompts "$CONVERSATIONS" --concurrency 1 \
-            --input-len 128 --output-len 64
-        # Agent-like: a ~1000-word system prompt, then 5 turns of ~48 words.
-        bench "agent-$cache-$round" --multi-turn 5 --shared-prefix-len 1000 --num-prompts "$CONVERSATIONS" \
-            --concurrency 1 --input-len 48 --output-len 64
-        # One long system prompt, 16 different questions.
-        bench "sharedprefix-$cache-$round" --shared-prefix-len 1000 --num-prompts 16 \
-            --concurrency 1 --input-len 32 --output-len 32
+        for workload in $WORKLOADS; do
+            case $workload in
+            # Chat: 5 turns of ~128-word questions and 64-token replies (thinking on: the template
+            # drops earlier turns' reasoning, and only the content is resent).
+            multiturn) bench "multiturn-$cache-$round" --multi-turn 5 --num-prompts "$CONVERSATIONS" \
+                --concurrency 1 --input-len 128 --output-len 64 ;;
+            # The same with thinking off.
+            multiturn-nothink) bench "multiturn-nothink-$cache-$round" --multi-turn 5 \
+                --num-prompts "$CONVERSATIONS" --concurrency 1 --input-len 128 --output-len 64 \
+                --chat-template-kwargs '{"enable_thinking":false}' ;;
+            # Agent-like: a ~1000-word system prompt, then 5 turns of ~48 words.
+            agent) bench "agent-$cache-$round" --multi-turn 5 --shared-prefix-len 1000 \
+                --num-prompts "$CONVERSATIONS" --concurrency 1 --input-len 48 --output-len 64 ;;
+            # An agent loop: a ~200-word system prompt and a tool definition, a question, then 4
+            # turns that each resend the reply as a tool call (reasoning included) and its ~48-word
+            # result; with thinking on, then off.
+            tools) bench "tools-$cache-$round" --multi-turn 5 --tool-calls --resend-reasoning \
+                --shared-prefix-len 200 --num-prompts "$CONVERSATIONS" --concurrency 1 --input-len 48 \
+                --output-len 64 ;;
+            tools-nothink) bench "tools-nothink-$cache-$round" --multi-turn 5 --tool-calls \
+                --shared-prefix-len 200 --num-prompts "$CONVERSATIONS" --concurrency 1 --input-len 48 \
+                --output-len 64 --chat-template-kwargs '{"enable_thinking":false}' ;;
+            # One long system prompt, 16 different questions.
+            sharedprefix) bench "sharedprefix-$cache-$round" --shared-prefix-len 1000 --num-prompts 16 \
+                --concurrency 1 --input-len 32 --output-len 32 ;;
+            *) echo "unknown workload $workload" >&2; exit 2 ;;
+            esac
+        done
         stop "$cache-$round"
     done
 done
