@@ -125,7 +125,7 @@ pub(crate) fn gated_delta_rule(
     };
     let run = |(h, states): (usize, &mut Vec<&mut [f32]>)| {
         let mut o = vec![0.0f32; tokens * dv];
-        let mut scratch = Scratch::new(dk, dv);
+        let mut scratch = Scratch::new(dv);
         for seq in &batch.seqs {
             run_head(isa, &inputs, h, seq, states, &mut scratch, &mut o);
         }
@@ -190,8 +190,9 @@ impl HeadInputs<'_> {
     }
 }
 
-/// Per-task working memory: the state being updated, and for the chunked form the buffers of one
-/// chunk (allocated on first use, so decode steps do not pay for them).
+/// Per-task working memory: a working copy of the state (for prefill and snapshots; decode updates
+/// the slot in place), and for the chunked form the buffers of one chunk, all allocated on first use
+/// so that decode steps do not pay for them.
 struct Scratch {
     state: Vec<f32>,
     delta: Vec<f32>,
@@ -207,9 +208,9 @@ struct Scratch {
 }
 
 impl Scratch {
-    fn new(dk: usize, dv: usize) -> Self {
+    fn new(dv: usize) -> Self {
         Self {
-            state: vec![0.0; dk * dv],
+            state: Vec::new(),
             delta: vec![0.0; dv],
             gamma: Vec::new(),
             a: Vec::new(),
@@ -254,23 +255,31 @@ fn run_head(
         ..
     } = x.shape;
     let kh = h / (value_heads / key_heads);
+    let step = |state: &mut [f32], delta: &mut [f32], o: &mut [f32], row: usize| {
+        recurrent_step(
+            isa,
+            state,
+            x.q(row, kh),
+            x.k(row, kh),
+            x.v(row, h),
+            (x.gate(row, h) as f64).exp() as f32,
+            x.strength(row, h),
+            delta,
+            &mut o[row * dv..(row + 1) * dv],
+        );
+    };
+    if seq.len == 1 && seq.snapshot_slots.is_empty() {
+        // A decode token with no snapshot to take updates the slot's state in place: a working
+        // copy would add a fill, a copy in and a copy out of the whole state per head and token.
+        step(states[seq.slot], &mut s.delta, o, seq.start);
+        return;
+    }
+    s.state.resize(states[seq.slot].len(), 0.0);
     s.state.copy_from_slice(states[seq.slot]);
     let recurrent = seq.len == 1 || !seq.snapshot_slots.is_empty();
     if recurrent {
         for i in 0..seq.len {
-            let row = seq.start + i;
-            let decay = (x.gate(row, h) as f64).exp() as f32;
-            recurrent_step(
-                isa,
-                &mut s.state,
-                x.q(row, kh),
-                x.k(row, kh),
-                x.v(row, h),
-                decay,
-                x.strength(row, h),
-                &mut s.delta,
-                &mut o[row * dv..(row + 1) * dv],
-            );
+            step(&mut s.state, &mut s.delta, o, seq.start + i);
             if let Some(&snap) = seq.snapshot_slots.get(i) {
                 states[snap].copy_from_slice(&s.state);
             }
