@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU half of deltaserve's checks, as run on the H200 for docs/benchmarks.md (issue 7). Takes the
 # directory holding the release binary and the cuda test binaries built on another machine
-# (`cargo build --release` + `cargo test -p deltaserve-cuda --release --no-run`, copied there), and a
+# (scripts/pack_device_binaries.sh packs them small enough to travel, then unpack them there), and a
 # folder for the logs. Part `checks`: every GPU test, doctor on the demo model and the fixtures, serve
 # with MTP + smoke + bench serve. Part `perf`: issue 12's decode figures against same-run floors. Part `bench`: the Qwen3.6-27B-shaped dummy model, with and without
 # MTP, profiled, with the device's read bandwidth; then transformers on the same GPU as the peer.
