@@ -98,7 +98,8 @@ pub(crate) fn gemm(
 
 /// Computes `out[rows, cols]` over the whole depth K with f32 panels (`cols.start` is a multiple
 /// of `PANEL`). A pair matrix reaching here (a CPU without AVX512_BF16) is widened like bf16 and
-/// multiplied with the bf16-rounded activations `xb`.
+/// multiplied with the bf16-rounded activations `xb`; block-FP8 panels are widened to their f32
+/// values (`mat::Fp8Panels`).
 ///
 /// Safety: `x` is `[T, K]` and `out` is `[T, N]` for `w` `[N, K]` with `rows.end <= T`,
 /// `cols.end <= N`; no other thread touches `out[rows, cols]` during the call.
@@ -140,6 +141,13 @@ unsafe fn item_f32(
                 MatData::F32(_) => {}
                 MatData::Bf16(bits) => {
                     widen_bf16(isa, &bits[(p * k + k0) * PANEL..][..kc * PANEL], dst)
+                }
+                MatData::Fp8(fp8) => {
+                    for (e, step) in dst.chunks_exact_mut(PANEL).enumerate() {
+                        for (j, d) in step.iter_mut().enumerate() {
+                            *d = fp8.value(p, k, k0 + e, j);
+                        }
+                    }
                 }
                 MatData::Bf16Pairs(pairs) => {
                     let src =

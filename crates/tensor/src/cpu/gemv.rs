@@ -170,11 +170,48 @@ unsafe fn panel_product(
             (IsaLevel::Scalar, ..) => {}
             (IsaLevel::Avx512, MatData::Bf16(bits), _) => {
                 let w = bits.as_ptr().add(p * k * PANEL);
-                return panel_avx512(nt, w, k, x.as_ptr(), k, out_ptr, ldo, width);
+                let none = BlockFactors::NONE;
+                return panel_avx512::<_, false>(
+                    nt,
+                    w,
+                    k,
+                    x.as_ptr(),
+                    k,
+                    out_ptr,
+                    ldo,
+                    width,
+                    none,
+                );
             }
             (IsaLevel::Avx512, MatData::F32(vals), _) => {
                 let w = vals.as_ptr().add(p * k * PANEL);
-                return panel_avx512(nt, w, k, x.as_ptr(), k, out_ptr, ldo, width);
+                let none = BlockFactors::NONE;
+                return panel_avx512::<_, false>(
+                    nt,
+                    w,
+                    k,
+                    x.as_ptr(),
+                    k,
+                    out_ptr,
+                    ldo,
+                    width,
+                    none,
+                );
+            }
+            (IsaLevel::Avx512, MatData::Fp8(fp8), _) => {
+                let w = fp8.codes.as_ptr().add(p * k * PANEL);
+                let scales = fp8_factors(&fp8, p);
+                return panel_avx512::<_, true>(
+                    nt,
+                    w,
+                    k,
+                    x.as_ptr(),
+                    k,
+                    out_ptr,
+                    ldo,
+                    width,
+                    scales,
+                );
             }
             (IsaLevel::Avx512, MatData::Bf16Pairs(pairs), Some(xb)) if isa.bf16_dot() => {
                 let depth = k.div_ceil(2);
@@ -195,11 +232,18 @@ unsafe fn panel_product(
             }
             (IsaLevel::Avx2, MatData::Bf16(bits), _) => {
                 let w = bits.as_ptr().add(p * k * PANEL);
-                return panel_avx2(nt, w, k, x.as_ptr(), k, out_ptr, ldo, width);
+                let none = BlockFactors::NONE;
+                return panel_avx2::<_, false>(nt, w, k, x.as_ptr(), k, out_ptr, ldo, width, none);
             }
             (IsaLevel::Avx2, MatData::F32(vals), _) => {
                 let w = vals.as_ptr().add(p * k * PANEL);
-                return panel_avx2(nt, w, k, x.as_ptr(), k, out_ptr, ldo, width);
+                let none = BlockFactors::NONE;
+                return panel_avx2::<_, false>(nt, w, k, x.as_ptr(), k, out_ptr, ldo, width, none);
+            }
+            (IsaLevel::Avx2, MatData::Fp8(fp8), _) => {
+                let w = fp8.codes.as_ptr().add(p * k * PANEL);
+                let scales = fp8_factors(&fp8, p);
+                return panel_avx2::<_, true>(nt, w, k, x.as_ptr(), k, out_ptr, ldo, width, scales);
             }
             // Pairs without `vdpbf16ps` (only made when the CPU has it; a capped level lacks it).
             (_, MatData::Bf16Pairs(_), _) => {}
@@ -207,6 +251,15 @@ unsafe fn panel_product(
     }
     let _ = isa;
     panel_portable(w, x, xb, t0, nt, p, out_ptr);
+}
+
+/// The block factors of FP8 panel `p` (its grid row of scales times 2^120).
+#[cfg(target_arch = "x86_64")]
+fn fp8_factors(fp8: &super::mat::Fp8Panels<'_>, p: usize) -> BlockFactors {
+    BlockFactors {
+        factors: fp8.panel_scales(p).as_ptr(),
+        cols: fp8.block[1],
+    }
 }
 
 /// Tokens sharing one pass over the weights at `isa`'s level: as many as fit in registers next
@@ -229,7 +282,7 @@ const AVX2_MAX_TOKENS: usize = 2;
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn panel_avx512<E: Lanes>(
+unsafe fn panel_avx512<E: Lanes, const SCALED: bool>(
     nt: usize,
     w: *const E,
     k: usize,
@@ -238,13 +291,21 @@ unsafe fn panel_avx512<E: Lanes>(
     out: *mut f32,
     ldo: usize,
     width: usize,
+    scales: BlockFactors,
 ) {
     use super::vector::Avx512;
+    let args = (w, k, x, ldx, out, ldo, width, scales);
+    macro_rules! strips {
+        ($nt:literal) => {{
+            let (w, k, x, ldx, out, ldo, width, scales) = args;
+            panel_strips::<Avx512, E, $nt, 4, SCALED>(w, k, x, ldx, out, ldo, width, scales)
+        }};
+    }
     match nt {
-        1 => panel_strips::<Avx512, E, 1, 4>(w, k, x, ldx, out, ldo, width),
-        2 => panel_strips::<Avx512, E, 2, 4>(w, k, x, ldx, out, ldo, width),
-        3 => panel_strips::<Avx512, E, 3, 4>(w, k, x, ldx, out, ldo, width),
-        _ => panel_strips::<Avx512, E, 4, 4>(w, k, x, ldx, out, ldo, width),
+        1 => strips!(1),
+        2 => strips!(2),
+        3 => strips!(3),
+        _ => strips!(4),
     }
 }
 
@@ -256,7 +317,7 @@ unsafe fn panel_avx512<E: Lanes>(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn panel_avx2<E: Lanes>(
+unsafe fn panel_avx2<E: Lanes, const SCALED: bool>(
     nt: usize,
     w: *const E,
     k: usize,
@@ -265,24 +326,46 @@ unsafe fn panel_avx2<E: Lanes>(
     out: *mut f32,
     ldo: usize,
     width: usize,
+    scales: BlockFactors,
 ) {
     use super::vector::Avx2;
     match nt {
-        1 => panel_strips::<Avx2, E, 1, 8>(w, k, x, ldx, out, ldo, width),
-        _ => panel_strips::<Avx2, E, 2, 4>(w, k, x, ldx, out, ldo, width),
+        1 => panel_strips::<Avx2, E, 1, 8, SCALED>(w, k, x, ldx, out, ldo, width, scales),
+        _ => panel_strips::<Avx2, E, 2, 4, SCALED>(w, k, x, ldx, out, ldo, width, scales),
     }
+}
+
+/// Per-block factors a panel's loaded weights are multiplied by before they meet the activations
+/// (block-FP8: the block's scale times 2^120, `mat::Fp8Panels`): `factors[e / cols]` for step `e`.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct BlockFactors {
+    factors: *const f32,
+    cols: usize,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl BlockFactors {
+    /// Weights used as loaded (bf16, f32): one block over the whole depth, never read.
+    const NONE: Self = Self {
+        factors: std::ptr::null(),
+        cols: usize::MAX,
+    };
 }
 
 /// `out[t, j] = sum_e x[t, e] * panel[e, j]` for `t < NT`, `j < width`, in strips of `R`
 /// registers of rows: per output one chain of fused multiply-adds over `e`, whatever `NT` and `R`.
+/// With `SCALED` each loaded weight vector is first multiplied by its block's factor (one
+/// rounding: the weight's f32 value, `mat::Fp8Panels`); the chain is the same.
 ///
 /// Safety: runs inside a function with `V`'s target features; `w` (a panel `[k, PANEL]`) is valid
 /// for `k * PANEL` reads, `x` for `NT` rows of `k` (row stride `ldx`), `out` for writes at
-/// `out + t*ldo + j`, `t < NT`, `j < width <= PANEL`.
+/// `out + t*ldo + j`, `t < NT`, `j < width <= PANEL`; with `SCALED`, `scales.factors` holds
+/// `k.div_ceil(scales.cols)` values.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn panel_strips<V: F32Vec, E: Lanes, const NT: usize, const R: usize>(
+unsafe fn panel_strips<V: F32Vec, E: Lanes, const NT: usize, const R: usize, const SCALED: bool>(
     w: *const E,
     k: usize,
     x: *const f32,
@@ -290,19 +373,33 @@ unsafe fn panel_strips<V: F32Vec, E: Lanes, const NT: usize, const R: usize>(
     out: *mut f32,
     ldo: usize,
     width: usize,
+    scales: BlockFactors,
 ) {
+    let block = if SCALED { scales.cols.max(1) } else { k.max(1) };
     for c0 in (0..width).step_by(R * V::LANES) {
         let mut acc = [[V::zero(); R]; NT];
-        for e in 0..k {
-            let step = w.add(e * PANEL + c0);
-            let mut wv = [V::zero(); R];
-            for (u, v) in wv.iter_mut().enumerate() {
-                *v = E::load::<V>(step.add(u * V::LANES));
-            }
-            for (t, row) in acc.iter_mut().enumerate() {
-                let xv = V::splat(*x.add(t * ldx + e));
-                for (a, &wu) in row.iter_mut().zip(&wv) {
-                    *a = V::mul_add(xv, wu, *a);
+        for b0 in (0..k).step_by(block) {
+            let factor = if SCALED {
+                V::splat(*scales.factors.add(b0 / block))
+            } else {
+                V::zero()
+            };
+            for e in b0..k.min(b0 + block) {
+                let step = w.add(e * PANEL + c0);
+                let mut wv = [V::zero(); R];
+                for (u, v) in wv.iter_mut().enumerate() {
+                    let loaded = E::load::<V>(step.add(u * V::LANES));
+                    *v = if SCALED {
+                        V::mul(loaded, factor)
+                    } else {
+                        loaded
+                    };
+                }
+                for (t, row) in acc.iter_mut().enumerate() {
+                    let xv = V::splat(*x.add(t * ldx + e));
+                    for (a, &wu) in row.iter_mut().zip(&wv) {
+                        *a = V::mul_add(xv, wu, *a);
+                    }
                 }
             }
         }
@@ -345,6 +442,11 @@ unsafe fn panel_portable(
                 }
             }
             MatData::F32(vals) => lanes.copy_from_slice(&vals[(p * k + e) * PANEL..][..PANEL]),
+            MatData::Fp8(fp8) => {
+                for (j, l) in lanes.iter_mut().enumerate() {
+                    *l = fp8.value(p, k, e, j);
+                }
+            }
             MatData::Bf16Pairs(pairs) => {
                 let step = &pairs[(p * k.div_ceil(2) + e / 2) * PANEL..][..PANEL];
                 for (l, &pair) in lanes.iter_mut().zip(step) {

@@ -1,7 +1,9 @@
 //! The weight matrix of the fast CPU backend, stored in row panels: rows are grouped by `PANEL` (64)
 //! and each panel is laid out depth-major, `[cols, 64]`, so a GEMV streams one panel front to back
-//! and the GEMM reads it as ready-made column panels. bf16 stays bf16 (or bf16 pairs), f16 -> f32.
+//! and the GEMM reads it as ready-made column panels. bf16 stays bf16 (or bf16 pairs), f16 -> f32,
+//! block-FP8 stays FP8 (codes and scales, a quarter of the f32 bytes) where its blocks allow.
 
+use crate::block_fp8_matrix::BlockFp8Matrix;
 use crate::dtype::{bf16_to_f32, DType};
 use crate::host::{HostTensor, TensorError};
 use crate::reference::matrix_dims;
@@ -21,12 +23,57 @@ pub(crate) enum MatData<'a> {
     /// bf16 pairs `(e even) | (e + 1) << 16` for `vdpbf16ps`.
     Bf16Pairs(&'a [u32]),
     F32(&'a [f32]),
+    Fp8(Fp8Panels<'a>),
+}
+
+/// Block-FP8 weights in panels: the e4m3fn codes laid out as any panel, and per block of the scale
+/// grid its scale times 2^120. A code's bits placed at the bottom of an f32 (sign to the top,
+/// exponent and mantissa to bits 20-26) are its value times 2^-120 exactly (e4m3 subnormals become
+/// f32 subnormals), so `f32(code bits) * scaled[block]` rounds once, to the same f32 as the
+/// checkpoint's dequantized weight `e4m3(code) * scale`: every kernel computes bit for bit what it
+/// computes on the f32 values. A panel lies in one row of the grid (block rows are a multiple of
+/// `PANEL`).
+#[derive(Clone, Copy)]
+pub(crate) struct Fp8Panels<'a> {
+    pub(crate) codes: &'a [u8],
+    /// `[grid rows, grid cols]` row-major, each `scale * 2^120`.
+    pub(crate) scaled: &'a [f32],
+    pub(crate) grid_cols: usize,
+    pub(crate) block: [usize; 2],
+}
+
+impl Fp8Panels<'_> {
+    /// The scaled factors of panel `p`'s grid row, one per block of `block[1]` columns.
+    pub(crate) fn panel_scales(&self, p: usize) -> &[f32] {
+        let grid_row = p * PANEL / self.block[0];
+        &self.scaled[grid_row * self.grid_cols..(grid_row + 1) * self.grid_cols]
+    }
+
+    /// Weight `(p * PANEL + j, e)`: the checkpoint's f32 value, as the kernels compute it.
+    pub(crate) fn value(&self, p: usize, depth: usize, e: usize, j: usize) -> f32 {
+        let bits = e4m3_bits_scaled_down(self.codes[(p * depth + e) * PANEL + j]);
+        f32::from_bits(bits) * self.panel_scales(p)[e / self.block[1]]
+    }
+}
+
+/// 2^120: what a code's bits placed at the bottom of an f32 lack of its value.
+pub(crate) const E4M3_SCALED_UP: f32 = f32::from_bits((120 + 127) << 23);
+
+/// The f32 bits of an e4m3fn code times 2^-120 (sign to bit 31, exponent and mantissa to bits 20-26).
+pub(crate) fn e4m3_bits_scaled_down(code: u8) -> u32 {
+    ((code as u32 & 0x80) << 24) | ((code as u32 & 0x7f) << 20)
 }
 
 enum Storage {
     Bf16(Aligned<u16>),
     Bf16Pairs(Aligned<u32>),
     F32(Aligned<f32>),
+    Fp8 {
+        codes: Aligned<u8>,
+        scaled: Vec<f32>,
+        grid_cols: usize,
+        block: [usize; 2],
+    },
 }
 
 /// A weight matrix `[rows, cols]` (`[out, in]`), stored in 64-byte aligned row panels.
@@ -91,6 +138,12 @@ impl CpuMat {
     /// `bf16_pairs`), f16 and f32 as f32.
     pub(crate) fn upload(t: &HostTensor, bf16_pairs: bool) -> Result<Self, TensorError> {
         let (rows, cols) = matrix_dims(t)?;
+        if let Some(data) = t
+            .block_fp8()
+            .and_then(|fp8| Self::fp8_storage(rows, cols, fp8))
+        {
+            return Ok(Self { rows, cols, data });
+        }
         let bytes = t.bytes();
         let data = match t.dtype {
             DType::BF16 => {
@@ -113,6 +166,32 @@ impl CpuMat {
             }
         };
         Ok(Self { rows, cols, data })
+    }
+
+    /// FP8 storage for a block-FP8 matrix whose kernels compute exactly its f32 values: block rows
+    /// a multiple of `PANEL` (a panel in one grid row), no NaN code (the bit placement would make
+    /// it a number) and scales whose 2^120 multiple is exact (finite, below 2^7). Otherwise `None`,
+    /// and the matrix is kept as its f32 values.
+    fn fp8_storage(rows: usize, cols: usize, fp8: &BlockFp8Matrix) -> Option<Storage> {
+        let [grid_rows, grid_cols] = crate::block_fp8_matrix::scale_grid(rows, cols, fp8.block);
+        let fits = fp8.block[0] > 0
+            && fp8.block[1] > 0
+            && fp8.block[0].is_multiple_of(PANEL)
+            && fp8.codes.len() == rows * cols
+            && fp8.scales.len() == grid_rows * grid_cols
+            && fp8.codes.iter().all(|&c| c & 0x7f != 0x7f)
+            && fp8.scales.iter().all(|s| s.is_finite() && s.abs() < 128.0);
+        if !fits {
+            return None;
+        }
+        let codes = panels(rows, cols, |row, e| fp8.codes[row * cols + e]);
+        let scaled = fp8.scales.iter().map(|s| s * E4M3_SCALED_UP).collect();
+        Some(Storage::Fp8 {
+            codes,
+            scaled,
+            grid_cols,
+            block: fp8.block,
+        })
     }
 
     /// A bf16 matrix from row-major raw bits.
@@ -165,15 +244,32 @@ impl CpuMat {
             Storage::Bf16(a) => MatData::Bf16(a.as_slice()),
             Storage::Bf16Pairs(a) => MatData::Bf16Pairs(a.as_slice()),
             Storage::F32(a) => MatData::F32(a.as_slice()),
+            Storage::Fp8 {
+                codes,
+                scaled,
+                grid_cols,
+                block,
+            } => MatData::Fp8(Fp8Panels {
+                codes: codes.as_slice(),
+                scaled,
+                grid_cols: *grid_cols,
+                block: *block,
+            }),
         }
     }
 
-    /// The dtype of the values (f16 checkpoints report f32, their storage here).
+    /// The dtype of the values (f16 checkpoints report f32, their storage here; so do block-FP8
+    /// ones, whose kernels compute on their f32 values).
     pub fn dtype(&self) -> DType {
         match self.data {
             Storage::Bf16(_) | Storage::Bf16Pairs(_) => DType::BF16,
-            Storage::F32(_) => DType::F32,
+            Storage::F32(_) | Storage::Fp8 { .. } => DType::F32,
         }
+    }
+
+    /// Whether the weights are kept as block-FP8 codes.
+    pub fn is_fp8(&self) -> bool {
+        matches!(self.data, Storage::Fp8 { .. })
     }
 
     /// Bytes of weight storage a GEMV streams (padding rows of the last panel included).
@@ -182,6 +278,7 @@ impl CpuMat {
             Storage::Bf16(a) => a.as_slice().len() * 2,
             Storage::Bf16Pairs(a) => a.as_slice().len() * 4,
             Storage::F32(a) => a.as_slice().len() * 4,
+            Storage::Fp8 { codes, scaled, .. } => codes.as_slice().len() + scaled.len() * 4,
         }
     }
 
@@ -211,6 +308,11 @@ impl CpuMat {
                     *o = step[j];
                 }
             }
+            MatData::Fp8(fp8) => {
+                for (e, o) in out.iter_mut().enumerate() {
+                    *o = fp8.value(p, self.cols, e, j);
+                }
+            }
         }
     }
 }
@@ -218,6 +320,32 @@ impl CpuMat {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every code, under scales from tiny (subnormal) to just below 2^7, decodes through the bit
+    /// placement to the f32 the checkpoint's dequantization gives, bit for bit.
+    #[test]
+    fn fp8_bits_times_the_scaled_factor_is_the_dequantized_weight() {
+        let scales = [
+            1.0f32,
+            0.002_232_142_8,
+            3.7e-41,
+            1e-30,
+            127.99,
+            0.5,
+            1.0 / 448.0,
+        ];
+        for code in (0u8..=255).filter(|c| c & 0x7f != 0x7f) {
+            for &scale in &scales {
+                let ours = f32::from_bits(e4m3_bits_scaled_down(code)) * (scale * E4M3_SCALED_UP);
+                let want = crate::e4m3::e4m3_to_f32(code) * scale;
+                assert_eq!(
+                    ours.to_bits(),
+                    want.to_bits(),
+                    "code {code:#04x}, scale {scale:e}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn every_layout_keeps_every_row() {
@@ -247,6 +375,7 @@ mod tests {
                 MatData::Bf16(b) => b.as_ptr() as usize,
                 MatData::Bf16Pairs(b) => b.as_ptr() as usize,
                 MatData::F32(v) => v.as_ptr() as usize,
+                MatData::Fp8(fp8) => fp8.codes.as_ptr() as usize,
             };
             assert_eq!(addr % 64, 0, "matrix storage starts on a cache line");
             let mut row = vec![0.0; cols];

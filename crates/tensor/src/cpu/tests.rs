@@ -87,6 +87,90 @@ fn matmul_matches_reference_for_every_kernel_and_dtype() {
     }
 }
 
+/// A random block-FP8 matrix `[n, k]` (128 x 128 blocks, no NaN code) as a checkpoint's loader
+/// gives it: the exactly dequantized f32 values with the codes and scales beside them, and the
+/// same values without them.
+fn block_fp8_pair(rng: &mut Rng, n: usize, k: usize) -> (HostTensor, HostTensor) {
+    use crate::block_fp8_matrix::{scale_grid, BlockFp8Matrix};
+    let block = [128, 128];
+    let [grid_rows, grid_cols] = scale_grid(n, k, block);
+    let codes: Vec<u8> = (0..n * k)
+        .map(|_| {
+            let c = ((rng.next_f32() + 1.0) * 127.99) as u8;
+            if c & 0x7f == 0x7f {
+                c - 1
+            } else {
+                c
+            }
+        })
+        .collect();
+    let scales: Vec<f32> = rng
+        .vec(grid_rows * grid_cols, 1.0)
+        .iter()
+        .map(|v| v.abs() * 0.01 + 1e-4)
+        .collect();
+    let values: Vec<f32> = (0..n * k)
+        .map(|i| {
+            let (r, c) = (i / k, i % k);
+            crate::e4m3::e4m3_to_f32(codes[i]) * scales[(r / block[0]) * grid_cols + c / block[1]]
+        })
+        .collect();
+    let plain = HostTensor::from_f32("w", vec![n, k], &values);
+    let fp8 = plain.clone().with_block_fp8(BlockFp8Matrix {
+        codes,
+        scales,
+        block,
+    });
+    (fp8, plain)
+}
+
+/// Block-FP8 weights kept as codes and scales compute bit for bit what their f32 values compute,
+/// at every level, in the GEMV (1-4 rows), the GEMM (more), a group and an embedding lookup: the
+/// kernels rebuild each weight's f32 value with one rounding, the one the checkpoint's
+/// dequantization makes. The shapes cut the scale grid in partial blocks (200 rows, 300 and 1000
+/// columns) and a panel of rows past the end.
+#[test]
+fn block_fp8_weights_compute_what_their_f32_values_compute() {
+    let mut rng = Rng(31);
+    for (name, be) in backends_and_bf16_precision() {
+        for (n, k) in [(200, 300), (64, 128), (130, 1000)] {
+            let (fp8_t, plain_t) = block_fp8_pair(&mut rng, n, k);
+            let (fp8, plain) = (be.load_mat(&fp8_t).unwrap(), be.load_mat(&plain_t).unwrap());
+            assert!(fp8.is_fp8() && !plain.is_fp8(), "{name}: FP8 kept");
+            assert!(
+                fp8.bytes() * 3 < plain.bytes(),
+                "{name}: a quarter of the bytes, about"
+            );
+            let w_ref = ReferenceBackend.load_mat(&plain_t).unwrap();
+            for tokens in [1, 2, 3, 4, 5, 9, 17] {
+                let x = rng.vec(tokens * k, 1.0);
+                let label = format!("{name} [{tokens}x{k}] @ fp8 [{n}x{k}]^T");
+                let (got, want) = op_check::matmul(&be, &fp8, &w_ref, &x, tokens, Operands::Exact);
+                check(&label, &got, &want, TOL_MATMUL);
+                let (same, _) = op_check::matmul(&be, &plain, &w_ref, &x, tokens, Operands::Exact);
+                assert_eq!(got, same, "{label}: differs from the f32 values' product");
+                let mut group = [vec![f32::NAN; tokens * n], vec![f32::NAN; tokens * n]];
+                let [a, b] = &mut group;
+                be.matmul_group(&x, &[&fp8, &plain], &mut [a, b], tokens);
+                assert_eq!(
+                    (&group[0], &group[1]),
+                    (&same, &same),
+                    "{label}: in a group"
+                );
+            }
+            let ids: Vec<u32> = [0, 1, 63, 64, n - 1]
+                .into_iter()
+                .filter(|&i| i < n)
+                .map(|i| i as u32)
+                .collect();
+            let (mut rows, mut want) = (vec![0.0; ids.len() * k], vec![0.0; ids.len() * k]);
+            be.embedding(&fp8, &ids, &mut rows);
+            be.embedding(&plain, &ids, &mut want);
+            assert_eq!(rows, want, "{name}: embedding rows of the FP8 matrix");
+        }
+    }
+}
+
 #[test]
 fn a_matmul_group_equals_each_matrix_alone() {
     // The group runs the panels of all its matrices in one parallel region; each output must be

@@ -17,11 +17,14 @@ pub(crate) trait F32Vec: Copy {
     unsafe fn load_first(p: *const f32, n: usize) -> Self;
     /// `LANES` bf16 values from `p`, widened exactly.
     unsafe fn load_bf16(p: *const u16) -> Self;
+    /// `LANES` e4m3fn codes from `p`, each as its value times 2^-120 (`mat::e4m3_bits_scaled_down`).
+    unsafe fn load_e4m3_scaled_down(p: *const u8) -> Self;
     unsafe fn store(self, p: *mut f32);
     /// The first `n` lanes to `p` (never writing beyond them; nothing for `n == 0`).
     unsafe fn store_first(self, p: *mut f32, n: usize);
     /// `a * b + acc` with one rounding.
     unsafe fn mul_add(a: Self, b: Self, acc: Self) -> Self;
+    unsafe fn mul(a: Self, b: Self) -> Self;
 }
 
 /// An element type weights are stored in, read into registers as f32.
@@ -41,6 +44,15 @@ impl Lanes for u16 {
     #[inline(always)]
     unsafe fn load<V: F32Vec>(p: *const Self) -> V {
         V::load_bf16(p)
+    }
+}
+
+/// e4m3fn codes, read as their values times 2^-120 (the kernels multiply by the block's scale
+/// times 2^120, `mat::Fp8Panels`).
+impl Lanes for u8 {
+    #[inline(always)]
+    unsafe fn load<V: F32Vec>(p: *const Self) -> V {
+        V::load_e4m3_scaled_down(p)
     }
 }
 
@@ -89,6 +101,18 @@ mod x86 {
         }
 
         #[inline(always)]
+        unsafe fn load_e4m3_scaled_down(p: *const u8) -> Self {
+            // Sign-extended, shifted by 20: the sign lands on bit 31 (with copies on 27-30, masked
+            // off) and exponent and mantissa on bits 20-26.
+            let codes = _mm512_cvtepi8_epi32(_mm_loadu_si128(p as *const __m128i));
+            let bits = _mm512_and_si512(
+                _mm512_slli_epi32::<20>(codes),
+                _mm512_set1_epi32(0x87F0_0000u32 as i32),
+            );
+            Self(_mm512_castsi512_ps(bits))
+        }
+
+        #[inline(always)]
         unsafe fn store(self, p: *mut f32) {
             _mm512_storeu_ps(p, self.0)
         }
@@ -101,6 +125,11 @@ mod x86 {
         #[inline(always)]
         unsafe fn mul_add(a: Self, b: Self, acc: Self) -> Self {
             Self(_mm512_fmadd_ps(a.0, b.0, acc.0))
+        }
+
+        #[inline(always)]
+        unsafe fn mul(a: Self, b: Self) -> Self {
+            Self(_mm512_mul_ps(a.0, b.0))
         }
     }
 
@@ -148,6 +177,17 @@ mod x86 {
         }
 
         #[inline(always)]
+        unsafe fn load_e4m3_scaled_down(p: *const u8) -> Self {
+            // As for AVX-512: sign-extend, shift by 20, keep bit 31 and bits 20-26.
+            let codes = _mm256_cvtepi8_epi32(_mm_loadl_epi64(p as *const __m128i));
+            let bits = _mm256_and_si256(
+                _mm256_slli_epi32::<20>(codes),
+                _mm256_set1_epi32(0x87F0_0000u32 as i32),
+            );
+            Self(_mm256_castsi256_ps(bits))
+        }
+
+        #[inline(always)]
         unsafe fn store(self, p: *mut f32) {
             _mm256_storeu_ps(p, self.0)
         }
@@ -160,6 +200,11 @@ mod x86 {
         #[inline(always)]
         unsafe fn mul_add(a: Self, b: Self, acc: Self) -> Self {
             Self(_mm256_fmadd_ps(a.0, b.0, acc.0))
+        }
+
+        #[inline(always)]
+        unsafe fn mul(a: Self, b: Self) -> Self {
+            Self(_mm256_mul_ps(a.0, b.0))
         }
     }
 }
