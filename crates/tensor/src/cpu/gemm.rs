@@ -7,7 +7,7 @@
 use super::gemv::Bf16Rows;
 use super::isa::Isa;
 use super::mat::{CpuMat, MatData, PANEL};
-use super::pack::widen_bf16;
+use super::pack::{widen_bf16, widen_fp8};
 use super::par::SharedOut;
 use super::tile::{tile_raw, MAX_ROWS, TILE_COLS};
 use rayon::prelude::*;
@@ -143,10 +143,15 @@ unsafe fn item_f32(
                     widen_bf16(isa, &bits[(p * k + k0) * PANEL..][..kc * PANEL], dst)
                 }
                 MatData::Fp8(fp8) => {
-                    for (e, step) in dst.chunks_exact_mut(PANEL).enumerate() {
-                        for (j, d) in step.iter_mut().enumerate() {
-                            *d = fp8.value(p, k, k0 + e, j);
-                        }
+                    // The steps of each scale block at once (contiguous in the panel).
+                    let (factors, block) = (fp8.panel_scales(p), fp8.block[1]);
+                    let mut e = k0;
+                    while e < k0 + kc {
+                        let end = (k0 + kc).min((e / block + 1) * block);
+                        let src = &fp8.codes[(p * k + e) * PANEL..(p * k + end) * PANEL];
+                        let to = &mut dst[(e - k0) * PANEL..(end - k0) * PANEL];
+                        widen_fp8(isa, src, factors[e / block], to);
+                        e = end;
                     }
                 }
                 MatData::Bf16Pairs(pairs) => {

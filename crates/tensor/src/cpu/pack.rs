@@ -1,4 +1,4 @@
-//! Data rearrangement for the tile kernels: bf16 weight blocks widened to f32, f32 transposes in
+//! Data rearrangement for the tile kernels: bf16 and block-FP8 weight blocks widened to f32, f32 transposes in
 //! 16x16 register blocks, and activations rounded to bf16. No arithmetic beyond widening and
 //! rounding, so nothing here changes a value.
 
@@ -57,6 +57,16 @@ multiversion! {
     pub(crate) fn widen_bf16(src: &[u16], dst: &mut [f32]) {
         for (d, &b) in dst.iter_mut().zip(src) {
             *d = f32::from_bits((b as u32) << 16);
+        }
+    }
+}
+
+multiversion! {
+    /// `dst[i]` = the f32 value of e4m3fn code `src[i]` in a block whose scale times 2^120 is
+    /// `factor` (`mat::Fp8Panels`: one rounding, the checkpoint's dequantized weight).
+    pub(crate) fn widen_fp8(src: &[u8], factor: f32, dst: &mut [f32]) {
+        for (d, &c) in dst.iter_mut().zip(src) {
+            *d = f32::from_bits(super::mat::e4m3_bits_scaled_down(c)) * factor;
         }
     }
 }
