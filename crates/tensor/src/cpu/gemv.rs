@@ -166,52 +166,21 @@ unsafe fn panel_product(
     {
         use super::isa::IsaLevel;
         let ldo = n;
+        let none = BlockFactors::NONE;
+        // The level's panel kernel on panel `p` of the weights `$w`, scaled by `$factors` or not.
+        macro_rules! panel {
+            ($kernel:ident, $scaled:literal, $w:expr, $factors:expr) => {{
+                let w = $w.as_ptr().add(p * k * PANEL);
+                let x = x.as_ptr();
+                return $kernel::<_, $scaled>(nt, w, k, x, k, out_ptr, ldo, width, $factors);
+            }};
+        }
         match (isa.level(), w.data(), xb) {
             (IsaLevel::Scalar, ..) => {}
-            (IsaLevel::Avx512, MatData::Bf16(bits), _) => {
-                let w = bits.as_ptr().add(p * k * PANEL);
-                let none = BlockFactors::NONE;
-                return panel_avx512::<_, false>(
-                    nt,
-                    w,
-                    k,
-                    x.as_ptr(),
-                    k,
-                    out_ptr,
-                    ldo,
-                    width,
-                    none,
-                );
-            }
-            (IsaLevel::Avx512, MatData::F32(vals), _) => {
-                let w = vals.as_ptr().add(p * k * PANEL);
-                let none = BlockFactors::NONE;
-                return panel_avx512::<_, false>(
-                    nt,
-                    w,
-                    k,
-                    x.as_ptr(),
-                    k,
-                    out_ptr,
-                    ldo,
-                    width,
-                    none,
-                );
-            }
+            (IsaLevel::Avx512, MatData::Bf16(bits), _) => panel!(panel_avx512, false, bits, none),
+            (IsaLevel::Avx512, MatData::F32(vals), _) => panel!(panel_avx512, false, vals, none),
             (IsaLevel::Avx512, MatData::Fp8(fp8), _) => {
-                let w = fp8.codes.as_ptr().add(p * k * PANEL);
-                let scales = fp8_factors(&fp8, p);
-                return panel_avx512::<_, true>(
-                    nt,
-                    w,
-                    k,
-                    x.as_ptr(),
-                    k,
-                    out_ptr,
-                    ldo,
-                    width,
-                    scales,
-                );
+                panel!(panel_avx512, true, fp8.codes, fp8_factors(&fp8, p))
             }
             (IsaLevel::Avx512, MatData::Bf16Pairs(pairs), Some(xb)) if isa.bf16_dot() => {
                 let depth = k.div_ceil(2);
@@ -230,20 +199,10 @@ unsafe fn panel_product(
                 }
                 return;
             }
-            (IsaLevel::Avx2, MatData::Bf16(bits), _) => {
-                let w = bits.as_ptr().add(p * k * PANEL);
-                let none = BlockFactors::NONE;
-                return panel_avx2::<_, false>(nt, w, k, x.as_ptr(), k, out_ptr, ldo, width, none);
-            }
-            (IsaLevel::Avx2, MatData::F32(vals), _) => {
-                let w = vals.as_ptr().add(p * k * PANEL);
-                let none = BlockFactors::NONE;
-                return panel_avx2::<_, false>(nt, w, k, x.as_ptr(), k, out_ptr, ldo, width, none);
-            }
+            (IsaLevel::Avx2, MatData::Bf16(bits), _) => panel!(panel_avx2, false, bits, none),
+            (IsaLevel::Avx2, MatData::F32(vals), _) => panel!(panel_avx2, false, vals, none),
             (IsaLevel::Avx2, MatData::Fp8(fp8), _) => {
-                let w = fp8.codes.as_ptr().add(p * k * PANEL);
-                let scales = fp8_factors(&fp8, p);
-                return panel_avx2::<_, true>(nt, w, k, x.as_ptr(), k, out_ptr, ldo, width, scales);
+                panel!(panel_avx2, true, fp8.codes, fp8_factors(&fp8, p))
             }
             // Pairs without `vdpbf16ps` (only made when the CPU has it; a capped level lacks it).
             (_, MatData::Bf16Pairs(_), _) => {}
