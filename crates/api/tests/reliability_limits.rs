@@ -162,20 +162,6 @@ async fn request_timeout_ends_a_stream_with_an_error_event_then_done() {
         .any(|e| e["error"]["code"] == "request_timeout"));
 }
 
-/// The named events of a streamed /v1/responses reply, as `(event name, data)`.
-fn response_events(body: &str) -> Vec<(String, Value)> {
-    body.split("\n\n")
-        .filter(|e| !e.is_empty())
-        .map(|event| {
-            let (name, data) = event
-                .strip_prefix("event: ")
-                .and_then(|rest| rest.split_once("\ndata: "))
-                .unwrap_or_else(|| panic!("not a named SSE event: {event:?}"));
-            (name.to_string(), serde_json::from_str(data).unwrap())
-        })
-        .collect()
-}
-
 /// A Responses API generation that fails (here: `--request-timeout` expires) ends its stream with
 /// `response.failed`, whose response has status `failed` and the error, after the text streamed so
 /// far (reasoning text, with the fixture's thinking template); a non-streaming one answers 504 as the chat endpoints do. Either way the engine request is
@@ -186,11 +172,9 @@ async fn request_timeout_fails_a_response_with_response_failed() {
     let reply = server
         .post("/v1/responses", &json!({"input": "hi", "stream": true}))
         .await;
-    assert_eq!(reply.status, 200, "{}", reply.body);
-    let events = response_events(&reply.body);
-    let (last, data) = events.last().expect("no events");
-    assert_eq!(last, "response.failed", "{}", reply.body);
-    assert_eq!(data["type"], "response.failed");
+    let events = reply.named_events();
+    let data = events.last().expect("no events");
+    assert_eq!(data["type"], "response.failed", "{}", reply.body);
     assert_eq!(data["response"]["status"], "failed");
     assert_eq!(data["response"]["error"]["code"], "request_timeout");
     assert!(data["response"]["error"]["message"]
@@ -198,12 +182,14 @@ async fn request_timeout_fails_a_response_with_response_failed() {
         .unwrap()
         .contains("--request-timeout"));
     assert!(
-        events.iter().any(|(name, _)| name.ends_with("_text.delta")),
+        events
+            .iter()
+            .any(|e| e["type"].as_str().unwrap().ends_with("_text.delta")),
         "text streamed before the timeout: {}",
         reply.body
     );
     assert!(
-        !events.iter().any(|(name, _)| name == "response.completed"),
+        !events.iter().any(|e| e["type"] == "response.completed"),
         "{}",
         reply.body
     );

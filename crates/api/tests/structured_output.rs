@@ -733,38 +733,10 @@ async fn responses_api_subset_with_text_format_and_function_tools() {
     }
 }
 
-/// The events of a streamed /v1/responses reply: each an `event:` line naming its type and a `data:`
-/// line, numbered from 0 without gaps.
-fn response_events(reply: &Reply) -> Vec<Value> {
-    assert_eq!(reply.status, 200, "{}", reply.body);
-    assert_eq!(
-        reply.headers.get("content-type").unwrap(),
-        "text/event-stream"
-    );
-    let events: Vec<Value> = reply
-        .body
-        .split("\n\n")
-        .filter(|e| !e.is_empty())
-        .map(|event| {
-            let (name, data) = event
-                .strip_prefix("event: ")
-                .and_then(|rest| rest.split_once("\ndata: "))
-                .unwrap_or_else(|| panic!("not a named SSE event: {event:?}"));
-            let data: Value = serde_json::from_str(data).unwrap();
-            assert_eq!(data["type"], name, "{event}");
-            data
-        })
-        .collect();
-    for (i, event) in events.iter().enumerate() {
-        assert_eq!(event["sequence_number"], i, "{}", reply.body);
-    }
-    events
-}
-
 /// The final `response` of a streamed reply, after checking that the deltas add up to every item's
 /// `.done` text and to the item in the final response, as a client accumulating the stream sees it.
 fn streamed_response(reply: &Reply) -> Value {
-    let events = response_events(reply);
+    let events = reply.named_events();
     let first = &events[0];
     assert_eq!(first["type"], "response.created");
     assert_eq!(first["response"]["status"], "in_progress");

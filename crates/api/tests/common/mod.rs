@@ -407,6 +407,35 @@ impl Reply {
             .collect()
     }
 
+    /// The events of a streamed /v1/responses reply: each an `event:` line naming its type and a
+    /// `data:` line whose `type` is that name, numbered from 0 without gaps (there is no `[DONE]`).
+    #[allow(dead_code)] // not every test binary streams responses
+    pub fn named_events(&self) -> Vec<Value> {
+        assert_eq!(self.status, 200, "{}", self.body);
+        assert_eq!(
+            self.headers.get("content-type").unwrap(),
+            "text/event-stream"
+        );
+        let events: Vec<Value> = self
+            .body
+            .split("\n\n")
+            .filter(|e| !e.is_empty())
+            .map(|event| {
+                let (name, data) = event
+                    .strip_prefix("event: ")
+                    .and_then(|rest| rest.split_once("\ndata: "))
+                    .unwrap_or_else(|| panic!("not a named SSE event: {event:?}"));
+                let data: Value = serde_json::from_str(data).unwrap();
+                assert_eq!(data["type"], name, "{event}");
+                data
+            })
+            .collect();
+        for (i, event) in events.iter().enumerate() {
+            assert_eq!(event["sequence_number"], i, "{}", self.body);
+        }
+        events
+    }
+
     /// Asserts an OpenAI error object with exactly the four fields; returns it.
     pub fn error(&self, status: u16) -> Value {
         assert_eq!(self.status, status, "{}", self.body);
