@@ -15,7 +15,7 @@ use deltaserve_model::safetensors::SafetensorsSource;
 use deltaserve_model::{load_tensor_parallel, Model};
 use deltaserve_tensor::reference::ReferenceBackend;
 use deltaserve_tensor::{Communicator, InProcessGroup};
-use faulty::{Fault, Faulty, INJECTED};
+use faulty::{faulty_pair, Fault, Faulty, INJECTED};
 use std::path::Path;
 use std::sync::atomic::Ordering;
 
@@ -40,18 +40,7 @@ fn faulty_model(fixture: &str) -> (Model<Faulty<ReferenceBackend>>, [Fault; 2]) 
         .join(fixture);
     let config = ModelConfig::from_dir(&dir).unwrap();
     let source = SafetensorsSource::open(&dir).unwrap();
-    let faults = [Fault::default(), Fault::default()];
-    let comms: Vec<Box<dyn Communicator<Faulty<ReferenceBackend>>>> = InProcessGroup::new(2)
-        .into_iter()
-        .map(|g| Box::new(g) as Box<dyn Communicator<Faulty<ReferenceBackend>>>)
-        .collect();
-    let backends = faults
-        .iter()
-        .map(|fault| Faulty {
-            inner: ReferenceBackend,
-            fault: fault.clone(),
-        })
-        .collect();
+    let (faults, backends, comms) = faulty_pair(|| ReferenceBackend);
     let model =
         load_tensor_parallel(backends, comms, &config, &source, true, &mut |_, _| {}).unwrap();
     (model, faults)

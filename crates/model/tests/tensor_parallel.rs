@@ -18,7 +18,7 @@ use deltaserve_model::source::TensorSource;
 use deltaserve_model::{load_tensor_parallel, npy, ForwardInput, Model, MtpInput};
 use deltaserve_tensor::cpu::{CpuBackend, CpuOptions};
 use deltaserve_tensor::{Backend, BatchLayout, Communicator, DType, InProcessGroup};
-use faulty::{Fault, Faulty, INJECTED};
+use faulty::{faulty_pair, INJECTED};
 use fixtures::{blocks_of, fixture_dirs, full_cache, ids, max_abs_diff};
 use serde_json::Value;
 use std::path::Path;
@@ -251,18 +251,7 @@ fn unsupported_split_is_refused_naming_the_field() {
 #[test]
 fn a_group_whose_rank_failed_mid_step_computes_the_same_logits_after() {
     let (config, source) = qwen35_f32();
-    let faults = [Fault::default(), Fault::default()];
-    let comms: Vec<Box<dyn Communicator<Faulty<CpuBackend>>>> = InProcessGroup::new(2)
-        .into_iter()
-        .map(|g| Box::new(g) as Box<dyn Communicator<Faulty<CpuBackend>>>)
-        .collect();
-    let backends = faults
-        .iter()
-        .map(|fault| Faulty {
-            inner: cpu(),
-            fault: fault.clone(),
-        })
-        .collect();
+    let (faults, backends, comms) = faulty_pair(cpu);
     let split =
         load_tensor_parallel(backends, comms, &config, &source, true, &mut |_, _| {}).unwrap();
     let prompt: Vec<u32> = (0..23u32).map(|i| (i * 37 + 5) % 256).collect();

@@ -7,8 +7,9 @@
 use deltaserve_tensor::device::Device;
 use deltaserve_tensor::generated::GeneratedMatrix;
 use deltaserve_tensor::{
-    AttnShape, Backend, BatchLayout, ExpertShape, ExpertTensors, Experts, GdnShape, HostTensor,
-    KvLayerPool, MoeRouting, RouteChoice, RowSampling, SharedExpert, StateLayerPool, TensorError,
+    AttnShape, Backend, BatchLayout, Communicator, ExpertShape, ExpertTensors, Experts, GdnShape,
+    HostTensor, InProcessGroup, KvLayerPool, MoeRouting, RouteChoice, RowSampling, SharedExpert,
+    StateLayerPool, TensorError,
 };
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -57,6 +58,33 @@ impl Fault {
 pub struct Faulty<B> {
     pub inner: B,
     pub fault: Fault,
+}
+
+/// Two ranks of `inner()`, each behind a `Faulty` wrapper, over one in-process group: the faults
+/// the test arms, the backends and the communicators, as `load_tensor_parallel` takes them.
+pub type FaultyPair<B> = (
+    [Fault; 2],
+    Vec<Faulty<B>>,
+    Vec<Box<dyn Communicator<Faulty<B>>>>,
+);
+
+pub fn faulty_pair<B: Backend + 'static>(inner: impl Fn() -> B) -> FaultyPair<B>
+where
+    InProcessGroup: Communicator<Faulty<B>>,
+{
+    let faults = [Fault::default(), Fault::default()];
+    let backends = faults
+        .iter()
+        .map(|fault| Faulty {
+            inner: inner(),
+            fault: fault.clone(),
+        })
+        .collect();
+    let comms = InProcessGroup::new(2)
+        .into_iter()
+        .map(|g| Box::new(g) as Box<dyn Communicator<Faulty<B>>>)
+        .collect();
+    (faults, backends, comms)
 }
 
 impl<B: Backend> Backend for Faulty<B> {
