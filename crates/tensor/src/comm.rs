@@ -230,30 +230,38 @@ mod tests {
     use super::*;
     use crate::reference::ReferenceBackend;
 
-    #[test]
-    fn all_reduce_and_gather_over_threads() {
-        let groups = InProcessGroup::new(3);
-        let results: Vec<(Vec<f32>, Vec<f32>)> = std::thread::scope(|s| {
+    /// `f(group, rank)` on one thread per rank of `groups`, the results in rank order.
+    fn on_every_rank<R: Send>(
+        groups: &[InProcessGroup],
+        f: impl Fn(&InProcessGroup, f32) -> R + Sync,
+    ) -> Vec<R> {
+        std::thread::scope(|s| {
             let handles: Vec<_> = groups
                 .iter()
                 .map(|g| {
-                    s.spawn(move || {
-                        let be = ReferenceBackend;
-                        let r = Communicator::<ReferenceBackend>::rank(g) as f32;
-                        let mut last = (Vec::new(), Vec::new());
-                        // Many rounds in a row: ranks run ahead of each other between them.
-                        for round in 0..50 {
-                            let mut buf = be.upload(&[r, 10.0 * r + round as f32]);
-                            g.all_reduce_sum(&be, &mut buf);
-                            let parts = be.upload(&[r, r + 0.5, -r, -r - 0.5]);
-                            let gathered = g.all_gather_cols(&be, &parts, 2, 2);
-                            last = (buf, gathered);
-                        }
-                        last
-                    })
+                    let f = &f;
+                    s.spawn(move || f(g, Communicator::<ReferenceBackend>::rank(g) as f32))
                 })
                 .collect();
             handles.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    #[test]
+    fn all_reduce_and_gather_over_threads() {
+        let groups = InProcessGroup::new(3);
+        let results = on_every_rank(&groups, |g, r| {
+            let be = ReferenceBackend;
+            let mut last = (Vec::new(), Vec::new());
+            // Many rounds in a row: ranks run ahead of each other between them.
+            for round in 0..50 {
+                let mut buf = be.upload(&[r, 10.0 * r + round as f32]);
+                g.all_reduce_sum(&be, &mut buf);
+                let parts = be.upload(&[r, r + 0.5, -r, -r - 0.5]);
+                let gathered = g.all_gather_cols(&be, &parts, 2, 2);
+                last = (buf, gathered);
+            }
+            last
         });
         for (sum, gathered) in &results {
             assert_eq!(sum, &vec![3.0, 30.0 + 3.0 * 49.0]);
@@ -310,20 +318,11 @@ mod tests {
             "rank 0 leaves the aborted round with a panic"
         );
         assert!(Communicator::<ReferenceBackend>::recover(&groups[0]));
-        let sums: Vec<Vec<f32>> = std::thread::scope(|s| {
-            let handles: Vec<_> = groups
-                .iter()
-                .map(|g| {
-                    s.spawn(move || {
-                        let be = ReferenceBackend;
-                        let r = Communicator::<ReferenceBackend>::rank(g) as f32;
-                        let mut buf = be.upload(&[r, 10.0]);
-                        g.all_reduce_sum(&be, &mut buf);
-                        buf
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        let sums = on_every_rank(&groups, |g, r| {
+            let be = ReferenceBackend;
+            let mut buf = be.upload(&[r, 10.0]);
+            g.all_reduce_sum(&be, &mut buf);
+            buf
         });
         assert_eq!(sums, vec![vec![1.0, 20.0]; 2]);
     }
