@@ -11,17 +11,34 @@
 // snaps = the snapshot slots of all sequences back to back.
 
 // g = -exp(a_log) * softplus(a + dt_bias) (torch softplus: threshold 20), beta = sigmoid(b).
+__device__ __forceinline__ float gdn_decay_gate(float a, float a_log, float dt_bias) {
+    const double x = (double)a + (double)dt_bias;
+    const double softplus = x > 20.0 ? x : log1p(exp(x));
+    return (float)(-exp((double)a_log) * softplus);
+}
+__device__ __forceinline__ float gdn_beta_gate(float b) { return (float)(1.0 / (1.0 + exp(-(double)b))); }
+
 extern "C" __global__ void gdn_gates(const float* a, const float* b, const float* a_log, const float* dt_bias,
                                      float* g, float* beta, i64 n, int heads) {
     AFTER_PREVIOUS_KERNEL();
     FOR_EACH(i, n) {
         const int h = (int)(i % heads);
-        const double x = (double)a[i] + (double)dt_bias[h];
-        const double softplus = x > 20.0 ? x : log1p(exp(x));
-        g[i] = (float)(-exp((double)a_log[h]) * softplus);
-        beta[i] = (float)(1.0 / (1.0 + exp(-(double)b[i])));
+        g[i] = gdn_decay_gate(a[i], a_log[h], dt_bias[h]);
+        beta[i] = gdn_beta_gate(b[i]);
     }
 }
+
+// Where the row kernels take a token's gates from: g and beta as gdn_gates wrote them, or (with
+// `a` set) the raw projections, turned into gates by the same functions, so that decode needs no
+// gates launch and computes them bit for bit alike.
+struct GdnGates {
+    const float* g;
+    const float* beta;
+    const float* a;
+    const float* b;
+    const float* a_log;
+    const float* dt_bias;
+};
 
 // Dynamic shared memory: (2 * key_dim + 32) floats.
 extern "C" __global__ void gated_delta_rule(const float* mixed, const float* g, const float* beta, float* ssm,
@@ -153,8 +170,8 @@ struct RowTokenInputs {
 };
 
 template <int KD, int C>
-__device__ __forceinline__ void fetch_row_token(RowTokenInputs<KD, C>& in, const float* mixed, const float* g,
-                                                const float* beta, i64 row, int conv_dim, int key_heads, int kh,
+__device__ __forceinline__ void fetch_row_token(RowTokenInputs<KD, C>& in, const float* mixed, const GdnGates& gates,
+                                                i64 row, int conv_dim, int key_heads, int kh,
                                                 int h, int value_heads, int value_dim, int col, bool owns) {
     const float* qkv = mixed + row * conv_dim;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -167,12 +184,18 @@ __device__ __forceinline__ void fetch_row_token(RowTokenInputs<KD, C>& in, const
         }
     }
     in.v = owns ? load_cols<C>(qkv + 2 * key_heads * KD + h * value_dim + col) : zero_cols<C>();
-    in.g = g[row * value_heads + h];
-    in.beta = beta[row * value_heads + h];
+    const i64 at = row * value_heads + h;
+    if (gates.a) {
+        in.g = gdn_decay_gate(gates.a[at], gates.a_log[h], gates.dt_bias[h]);
+        in.beta = gdn_beta_gate(gates.b[at]);
+    } else {
+        in.g = gates.g[at];
+        in.beta = gates.beta[at];
+    }
 }
 
 template <int KD, int C>
-__device__ void delta_rule_rows(const float* mixed, const float* g, const float* beta, float* ssm, float* out,
+__device__ void delta_rule_rows(const float* mixed, const GdnGates& gates, float* ssm, float* out,
                                 const int* seqs, const int* snaps, int key_heads, int value_heads, int value_dim) {
     constexpr int R = KD / ROW_WARPS;
     __shared__ float q[2][KD], k[2][KD];
@@ -200,7 +223,7 @@ __device__ void delta_rule_rows(const float* mixed, const float* g, const float*
     RowTokenInputs<KD, C> ring[AHEAD];
 #pragma unroll
     for (int u = 0; u < AHEAD; ++u)
-        if (u < len) fetch_row_token<KD, C>(ring[u], mixed, g, beta, start + u, conv_dim, key_heads, kh, h, value_heads, value_dim, col, owns);
+        if (u < len) fetch_row_token<KD, C>(ring[u], mixed, gates, start + u, conv_dim, key_heads, kh, h, value_heads, value_dim, col, owns);
     for (int i0 = 0; i0 < len; i0 += AHEAD) {
 #pragma unroll
     for (int u = 0; u < AHEAD; ++u) {
@@ -210,7 +233,7 @@ __device__ void delta_rule_rows(const float* mixed, const float* g, const float*
         const i64 row = start + i;
         const RowTokenInputs<KD, C> cur = ring[u];
         if (i + AHEAD < len)
-            fetch_row_token<KD, C>(ring[u], mixed, g, beta, row + AHEAD, conv_dim, key_heads, kh, h, value_heads, value_dim, col, owns);
+            fetch_row_token<KD, C>(ring[u], mixed, gates, row + AHEAD, conv_dim, key_heads, kh, h, value_heads, value_dim, col, owns);
         if (warp < 2) {
             float* dst = warp == 0 ? q[buf] : k[buf];
             float ss = 0.0f;
@@ -282,9 +305,9 @@ __device__ void delta_rule_rows(const float* mixed, const float* g, const float*
 
 #define DELTA_RULE_ROWS(KD, C)                                                                               \
     extern "C" __global__ void __launch_bounds__(ROW_WARPS * 32, 2) gated_delta_rule_rows_k##KD##_c##C(      \
-        const float* mixed, const float* g, const float* beta, float* ssm, float* out, const int* seqs,      \
+        const float* mixed, const GdnGates gates, float* ssm, float* out, const int* seqs,                   \
         const int* snaps, int key_heads, int value_heads, int value_dim) { AFTER_PREVIOUS_KERNEL();                                   \
-        delta_rule_rows<KD, C>(mixed, g, beta, ssm, out, seqs, snaps, key_heads, value_heads, value_dim);    \
+        delta_rule_rows<KD, C>(mixed, gates, ssm, out, seqs, snaps, key_heads, value_heads, value_dim);      \
     }
 DELTA_RULE_ROWS(16, 1)
 DELTA_RULE_ROWS(32, 1)

@@ -167,19 +167,29 @@ __device__ __forceinline__ float e4m3_scaled_down(unsigned int word, int byte) {
 }
 #define E4M3_UNSCALE __int_as_float(0x7b800000)  // 2^120
 
-template <int T, bool ROUNDED_X, int ROWS, int FORMAT, int UNROLL>
+// PAIRED: the group is [gate, up] of equal shape and out[0] receives silu(x gate^T) * (x up^T). A
+// warp's first ROWS / 2 rows are gate rows and the others the up rows of the same indices, so the
+// activation is applied in the epilogue; each row's sum is the unpaired kernel's, bit for bit.
+template <int T, bool ROUNDED_X, int ROWS, int FORMAT, int UNROLL, bool PAIRED>
 __device__ __forceinline__ void gemv_lanes(const GemvGroup& group, const void* __restrict__ x, int k) {
     constexpr int VALUES = FORMAT == WEIGHTS_FP8 ? 16 : 8;  // weights per 16-byte vector
     constexpr int ROW_BYTES_PER_VALUE = FORMAT == WEIGHTS_FP8 ? 1 : 2;
+    constexpr int HALF = PAIRED ? ROWS / 2 : ROWS;
+    static_assert(!PAIRED || ROWS % 2 == 0, "a paired warp holds as many up rows as gate rows");
     const int lane = threadIdx.x & 31;
-    const int first = (blockIdx.x * GEMV_LANE_WARPS + (threadIdx.x >> 5)) * ROWS;
+    const int first = (blockIdx.x * GEMV_LANE_WARPS + (threadIdx.x >> 5)) * HALF;
     const int scale_cols = (k + 127) / 128;
     int local[ROWS], mat[ROWS];
     const unsigned char* w[ROWS];
     const float* scale_row[ROWS];
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
-        mat[r] = group_row(group, first + r, &local[r]);
+        if (PAIRED) {
+            local[r] = first + r % HALF;
+            mat[r] = local[r] < group.first_row[1] ? r / HALF : -1;
+        } else {
+            mat[r] = group_row(group, first + r, &local[r]);
+        }
         w[r] = mat[r] >= 0 ? (const unsigned char*)group.w[mat[r]] + (i64)local[r] * k * ROW_BYTES_PER_VALUE : nullptr;
         scale_row[r] = (FORMAT == WEIGHTS_FP8 && mat[r] >= 0) ? group.scale[mat[r]] + (i64)(local[r] / 128) * scale_cols : nullptr;
     }
@@ -286,21 +296,35 @@ __device__ __forceinline__ void gemv_lanes(const GemvGroup& group, const void* _
         for (int t = 0; t < T; ++t) {
             float s = acc[r][t];
             for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-            if (lane == 0 && mat[r] >= 0) {
+            acc[r][t] = s;
+            if (!PAIRED && lane == 0 && mat[r] >= 0) {
                 const int n = group.first_row[mat[r] + 1] - group.first_row[mat[r]];
                 group.out[mat[r]][(i64)t * n + local[r]] = s;
             }
         }
+    }
+    if (PAIRED && lane == 0) {
+        const int n = group.first_row[1];
+#pragma unroll
+        for (int r = 0; r < HALF; ++r)
+#pragma unroll
+            for (int t = 0; t < T; ++t)
+                if (mat[r] >= 0) group.out[0][(i64)t * n + local[r]] = silu_f(acc[r][t]) * acc[r + HALF][t];
     }
 }
 
 // Grid: ceil(first_row[count] / (GEMV_LANE_WARPS * rows)) blocks of 32 * GEMV_LANE_WARPS
 // threads.
 // x: f32 activations for one token, bf16 (already rounded) for two to four.
+// The *_silu_gate kernels are the PAIRED form (grid: ceil(gate rows / (GEMV_LANE_WARPS * rows / 2))).
 #define GEMV_LANE_KERNEL(T, ROUNDED_X, ROWS)                                                                  \
     extern "C" __global__ void __launch_bounds__(32 * GEMV_LANE_WARPS)                                 \
         gemv_bf16_lanes_t##T(const GemvGroup group, const void* __restrict__ x, int tokens, int k) {    \
-        gemv_lanes<T, ROUNDED_X, ROWS, WEIGHTS_BF16, GEMV_LANE_UNROLL>(group, x, k);                                            \
+        gemv_lanes<T, ROUNDED_X, ROWS, WEIGHTS_BF16, GEMV_LANE_UNROLL, false>(group, x, k);                                     \
+    }                                                                                                   \
+    extern "C" __global__ void __launch_bounds__(32 * GEMV_LANE_WARPS)                                 \
+        gemv_bf16_lanes_silu_gate_t##T(const GemvGroup group, const void* __restrict__ x, int tokens, int k) { \
+        gemv_lanes<T, ROUNDED_X, ROWS, WEIGHTS_BF16, GEMV_LANE_UNROLL, true>(group, x, k);                                      \
     }
 GEMV_LANE_KERNEL(1, false, GEMV_LANE_ROWS)
 GEMV_LANE_KERNEL(2, true, GEMV_LANE_ROWS_MULTI)
@@ -320,7 +344,11 @@ GEMV_LANE_KERNEL(4, true, GEMV_LANE_ROWS_MULTI)
 #define GEMV_FP8_KERNEL(T, ROWS)                                                                             \
     extern "C" __global__ void __launch_bounds__(32 * GEMV_LANE_WARPS)                                 \
         gemv_fp8_lanes_t##T(const GemvGroup group, const void* __restrict__ x, int tokens, int k) {     \
-        gemv_lanes<T, false, ROWS, WEIGHTS_FP8, GEMV_FP8_UNROLL>(group, x, k);                                                 \
+        gemv_lanes<T, false, ROWS, WEIGHTS_FP8, GEMV_FP8_UNROLL, false>(group, x, k);                                          \
+    }                                                                                                   \
+    extern "C" __global__ void __launch_bounds__(32 * GEMV_LANE_WARPS)                                 \
+        gemv_fp8_lanes_silu_gate_t##T(const GemvGroup group, const void* __restrict__ x, int tokens, int k) { \
+        gemv_lanes<T, false, ROWS, WEIGHTS_FP8, GEMV_FP8_UNROLL, true>(group, x, k);                                           \
     }
 GEMV_FP8_KERNEL(1, GEMV_LANE_ROWS)
 GEMV_FP8_KERNEL(2, GEMV_LANE_ROWS_MULTI)

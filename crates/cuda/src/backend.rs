@@ -17,8 +17,8 @@ use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, ValidAsZeroBits,
 };
 use deltaserve_tensor::{
-    AttnShape, Backend, BatchLayout, Device, ExpertShape, ExpertTensors, Experts, GdnShape,
-    GeneratedMatrix, HostTensor, KvDtype, KvLayerPool, MoeRouting, OpTiming, RouteChoice,
+    AttnShape, Backend, BatchLayout, Device, ExpertShape, ExpertTensors, Experts, GdnGateInputs,
+    GdnShape, GeneratedMatrix, HostTensor, KvDtype, KvLayerPool, MoeRouting, OpTiming, RouteChoice,
     RowSampling, SharedExpert, StateLayerPool, StepGraph, StepInputs, TensorError,
 };
 use std::collections::HashMap;
@@ -435,6 +435,42 @@ impl Backend for CudaBackend {
         self.timed("silu_mul", || self.silu_mul_op(gate, up, out))
     }
 
+    fn matmul_silu_gate(
+        &self,
+        x: &CudaBuf,
+        gate: &CudaMat,
+        up: &CudaMat,
+        out: &mut CudaBuf,
+        tokens: usize,
+    ) {
+        self.timed(
+            || {
+                format!(
+                    "matmul_silu_gate {}x{}+{}x{}",
+                    gate.rows, gate.cols, up.rows, up.cols
+                )
+            },
+            || self.matmul_silu_gate_op(x, gate, up, out, tokens),
+        )
+    }
+
+    fn qk_norm_rope(
+        &self,
+        q_raw: &CudaBuf,
+        k_raw: &CudaBuf,
+        norms: [&CudaBuf; 2],
+        eps: f32,
+        positions: &[u32],
+        shape: AttnShape,
+        rope: (usize, f32),
+        q: &mut CudaBuf,
+        k: &mut CudaBuf,
+    ) {
+        self.timed("qk_norm_rope", || {
+            self.qk_norm_rope_op(q_raw, k_raw, norms, eps, positions, shape, rope, q, k)
+        })
+    }
+
     fn sigmoid_mul_inplace(&self, x: &mut CudaBuf, gate: &CudaBuf) {
         self.timed("sigmoid_mul", || self.sigmoid_mul_op(x, gate))
     }
@@ -535,7 +571,23 @@ impl Backend for CudaBackend {
         out: &mut CudaBuf,
     ) {
         self.timed("gated_delta_rule", || {
-            self.gated_delta_rule_op(mixed, g, beta, pool, batch, shape, out)
+            let gates = crate::gdn::GateSource::Computed { g, beta };
+            self.gated_delta_rule_op(mixed, gates, pool, batch, shape, out)
+        })
+    }
+
+    fn gdn_gates_and_delta_rule(
+        &self,
+        mixed: &CudaBuf,
+        gates: GdnGateInputs<'_, CudaBuf>,
+        pool: &mut StateLayerPool<Self>,
+        batch: &BatchLayout,
+        shape: GdnShape,
+        out: &mut CudaBuf,
+    ) {
+        self.timed("gdn_gates_and_delta_rule", || {
+            let gates = crate::gdn::GateSource::Raw(gates);
+            self.gated_delta_rule_op(mixed, gates, pool, batch, shape, out)
         })
     }
 

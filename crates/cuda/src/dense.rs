@@ -8,6 +8,7 @@ use crate::launcher::KernelArg;
 use crate::mat::{CudaMat, MatData};
 use crate::upload_cache::table;
 use cudarc::driver::{CudaSlice, LaunchConfig};
+use deltaserve_tensor::AttnShape;
 use std::sync::Arc;
 
 /// One block per row of `dim` for the norms: enough warps to cover `dim` once, at most 256 threads,
@@ -341,6 +342,80 @@ impl CudaBackend {
                 Arc::new(self.upload("rope frequencies", &values))
             })
             .clone()
+    }
+
+    /// `qk_norm_rope`: one launch of row_config's blocks over the q rows then the k rows.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn qk_norm_rope_op(
+        &self,
+        q_raw: &CudaBuf,
+        k_raw: &CudaBuf,
+        [q_norm, k_norm]: [&CudaBuf; 2],
+        eps: f32,
+        positions: &[u32],
+        shape: AttnShape,
+        (rotary_dim, theta): (usize, f32),
+        q: &mut CudaBuf,
+        k: &mut CudaBuf,
+    ) {
+        let (tokens, d) = (positions.len(), shape.head_dim);
+        let (q_rows, k_rows) = (tokens * shape.q_heads, tokens * shape.kv_heads);
+        assert!(
+            rotary_dim <= d,
+            "qk_norm_rope: rotary_dim {rotary_dim} exceeds head_dim {d}"
+        );
+        assert!(
+            q_raw.len >= q_rows * d && q.len >= q_rows * d,
+            "qk_norm_rope: q_raw {} / q {} too short for {q_rows} rows of {d}",
+            q_raw.len,
+            q.len
+        );
+        assert!(
+            k_raw.len >= k_rows * d && k.len >= k_rows * d,
+            "qk_norm_rope: k_raw {} / k {} too short for {k_rows} rows of {d}",
+            k_raw.len,
+            k.len
+        );
+        assert!(
+            q_norm.len >= d && k_norm.len >= d,
+            "qk_norm_rope: norm weights {} / {} shorter than head_dim {d}",
+            q_norm.len,
+            k_norm.len
+        );
+        if q_rows + k_rows == 0 || d == 0 {
+            return;
+        }
+        let table = self.inv_freq(rotary_dim, theta);
+        let positions_dev = self.upload_cached(table::POSITIONS, positions);
+        let (q_rows64, hq, hk, d32, r32) = (
+            q_rows as i64,
+            shape.q_heads as i32,
+            shape.kv_heads as i32,
+            d as i32,
+            rotary_dim as i32,
+        );
+        // Contract: q_raw/q hold q_rows and k_raw/k k_rows rows of head_dim (checked), one block a
+        // row; the norm weights hold head_dim values; the table holds rotary_dim / 2 and the
+        // positions one per token (rows / heads).
+        launch!(
+            self,
+            "qk_norm_rope",
+            row_config(q_rows + k_rows, d),
+            &q_raw.data,
+            &k_raw.data,
+            &q_norm.data,
+            &k_norm.data,
+            &mut q.data,
+            &mut k.data,
+            positions_dev.as_ref(),
+            table.as_ref(),
+            &q_rows64,
+            &hq,
+            &hk,
+            &d32,
+            &r32,
+            &eps
+        );
     }
 
     pub(crate) fn rope_op(

@@ -7,11 +7,12 @@ use crate::backend::{device_failure, launch, launch_elementwise, CudaBackend};
 use crate::buffer::CudaBuf;
 use crate::gdn_chunked;
 use crate::kernels::MAX_CONV_HISTORY;
+use crate::launcher::ValueArg;
 use crate::layout::{check_state, seq_table};
 use crate::options::{GdnPrefill, GemmPrecision};
 use crate::upload_cache::table;
-use cudarc::driver::LaunchConfig;
-use deltaserve_tensor::{BatchLayout, GdnShape, StateLayerPool};
+use cudarc::driver::{DevicePtr, LaunchConfig};
+use deltaserve_tensor::{Backend, BatchLayout, GdnGateInputs, GdnShape, StateLayerPool};
 
 /// Channels per block of the conv.
 const CONV_THREADS: u32 = 128;
@@ -36,6 +37,26 @@ const ROW_THREADS: u32 = 256;
 const ROW_WIDE_MIN_BLOCKS: usize = 512;
 /// Value columns a lane owns in the row kernel's wide form (the narrow form owns 1).
 const ROW_WIDE_COLUMNS: usize = 4;
+
+/// Where the delta rule takes each token's gates from.
+#[derive(Clone, Copy)]
+pub(crate) enum GateSource<'a> {
+    /// `g` and `beta` `[T, value_heads]` as `gdn_gates` wrote them.
+    Computed { g: &'a CudaBuf, beta: &'a CudaBuf },
+    /// The raw projections: the row kernel turns them into gates as it reads them (no gates
+    /// launch); the other paths run `gdn_gates` first.
+    Raw(GdnGateInputs<'a, CudaBuf>),
+}
+
+/// `GdnGates` of gdn.cu, field for field (g, beta, a, b, a_log, dt_bias): `g`/`beta`, or
+/// (non-null `a`) the raw inputs.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct GdnGatesArg([u64; 6]);
+
+// SAFETY: `GdnGatesArg` is `repr(C)` with six 8-byte pointers in the order of the CUDA struct, so
+// its bytes are what the kernel expects as a by-value parameter.
+unsafe impl ValueArg for GdnGatesArg {}
 
 /// The delta-rule kernel that keeps whole state rows in registers and reads them in coalesced
 /// sweeps, `columns` value columns a lane, compiled for these key dims (a multiple of its 8 warps).
@@ -214,8 +235,7 @@ impl CudaBackend {
     pub(crate) fn gated_delta_rule_op(
         &self,
         mixed: &CudaBuf,
-        g: &CudaBuf,
-        beta: &CudaBuf,
+        gates: GateSource<'_>,
         pool: &mut StateLayerPool<Self>,
         batch: &BatchLayout,
         shape: GdnShape,
@@ -248,11 +268,21 @@ impl CudaBackend {
             mixed.len,
             shape.conv_dim()
         );
+        let (first, second) = match gates {
+            GateSource::Computed { g, beta } => (g.len, beta.len),
+            GateSource::Raw(raw) => {
+                assert!(
+                    raw.a_log.len >= value_heads && raw.dt_bias.len >= value_heads,
+                    "gated_delta_rule: a_log {} / dt_bias {} shorter than {value_heads} heads",
+                    raw.a_log.len,
+                    raw.dt_bias.len
+                );
+                (raw.a.len, raw.b.len)
+            }
+        };
         assert!(
-            g.len >= tokens * value_heads && beta.len >= tokens * value_heads,
-            "gated_delta_rule: g {} / beta {} too short",
-            g.len,
-            beta.len
+            first >= tokens * value_heads && second >= tokens * value_heads,
+            "gated_delta_rule: gates (or their inputs) {first} / {second} too short"
         );
         assert!(
             out.len >= tokens * value_heads * value_dim,
@@ -269,7 +299,22 @@ impl CudaBackend {
         } && gdn_chunked::supports(shape)
             && batch.seqs.iter().any(|s| s.len >= CHUNKED_MIN_TOKENS)
             && batch.seqs.iter().all(|s| s.snapshot_slots.is_empty());
+        let fast_kernel = row_kernel(key_dim, value_dim, 1).is_some();
+        if let GateSource::Raw(raw) = gates {
+            if chunked || !fast_kernel {
+                // Only the row kernel computes gates itself.
+                let n = tokens * value_heads;
+                let (mut g, mut beta) = (self.scratch(n), self.scratch(n));
+                self.gdn_gates_op(raw.a, raw.b, raw.a_log, raw.dt_bias, &mut g, &mut beta);
+                let computed = GateSource::Computed { g: &g, beta: &beta };
+                self.gated_delta_rule_op(mixed, computed, pool, batch, shape, out);
+                return;
+            }
+        }
         if chunked {
+            let GateSource::Computed { g, beta } = gates else {
+                unreachable!("raw gates were computed above")
+            };
             self.chunked_delta_rule(mixed, g, beta, pool, batch, shape, out);
             return;
         }
@@ -300,16 +345,35 @@ impl CudaBackend {
                 block_dim: (threads, 1, 1),
                 shared_mem_bytes: 0,
             };
-            // Contract: the layout was checked (rows within mixed/g/beta/out, slots and snapshot
-            // slots < slots); the blocks cover value_dim columns; the kernel was compiled for
-            // `key_dim`.
+            let buffers = match gates {
+                GateSource::Computed { g, beta } => [Some(g), Some(beta), None, None, None, None],
+                GateSource::Raw(raw) => [
+                    None,
+                    None,
+                    Some(raw.a),
+                    Some(raw.b),
+                    Some(raw.a_log),
+                    Some(raw.dt_bias),
+                ],
+            };
+            let mut arg = GdnGatesArg::default();
+            let mut guards = Vec::with_capacity(4);
+            for (ptr, buf) in arg.0.iter_mut().zip(buffers) {
+                if let Some(buf) = buf {
+                    let (device_ptr, guard) = buf.data.device_ptr(&self.stream);
+                    *ptr = device_ptr;
+                    guards.push(guard);
+                }
+            }
+            // Contract: the layout was checked (rows within mixed/out and the gates or their
+            // inputs, slots and snapshot slots < slots, value_heads within a_log/dt_bias); the
+            // blocks cover value_dim columns; the kernel was compiled for `key_dim`.
             launch!(
                 self,
                 kernel,
                 cfg,
                 &mixed.data,
-                &g.data,
-                &beta.data,
+                &arg,
                 &mut pool.ssm.data,
                 &mut out.data,
                 seqs.as_ref(),
@@ -318,8 +382,12 @@ impl CudaBackend {
                 &hv,
                 &dv
             );
+            drop(guards);
             return;
         }
+        let GateSource::Computed { g, beta } = gates else {
+            unreachable!("raw gates were computed above")
+        };
         let cfg = LaunchConfig {
             grid_dim: (value_heads as u32, batch.seqs.len() as u32, 1),
             block_dim: (threads, 1, 1),

@@ -10,6 +10,7 @@ use cudarc::cublas::sys::{
     cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType_t,
 };
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+use deltaserve_tensor::Backend;
 use std::ffi::c_void;
 
 impl CudaBackend {
@@ -77,6 +78,35 @@ impl CudaBackend {
         for (w, out) in ws.iter().zip(outs.iter_mut()) {
             self.gemm_op(x, &mut x_bf16, w, out, tokens);
         }
+    }
+
+    /// `out = silu(x @ gate^T) * (x @ up^T)`: the paired GEMV kernel for a few rows, else
+    /// `matmul_group_op` and `silu_mul_op`.
+    pub(crate) fn matmul_silu_gate_op(
+        &self,
+        x: &CudaBuf,
+        gate: &CudaMat,
+        up: &CudaMat,
+        out: &mut CudaBuf,
+        tokens: usize,
+    ) {
+        let rows = gate.rows;
+        assert!(
+            out.len >= tokens * rows,
+            "matmul_silu_gate: out holds {} values, {tokens} tokens x {rows} need more",
+            out.len
+        );
+        if tokens > 0
+            && x.len >= tokens * gate.cols
+            && self.silu_gate_gemv_applies(gate, up, tokens)
+        {
+            self.gemv_silu_gate_op(x, gate, up, out, tokens);
+            return;
+        }
+        let mut g = self.scratch(tokens * rows);
+        let mut u = self.scratch(tokens * up.rows);
+        self.matmul_group_op(x, &[gate, up], &mut [&mut g, &mut u], tokens);
+        self.silu_mul_op(&g, &u, out);
     }
 
     /// One cuBLAS GEMM; `x_bf16` caches the bf16 cast of `x` across the matrices of a group.

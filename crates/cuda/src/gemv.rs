@@ -11,7 +11,7 @@ use crate::backend::{launch, CudaBackend};
 use crate::buffer::CudaBuf;
 use crate::launcher::ValueArg;
 use crate::mat::{CudaMat, MatData};
-use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
 
 /// Rows up to which this path runs (at most `8 * GEMV_MAX_TOKEN_TILES` of gemv.cu); `GEMV_MATRICES`
 /// and `GEMV_WARPS` of gemv.cu; each block owns 16 rows. Measured on the H200 (27B shape, batched
@@ -33,6 +33,8 @@ pub(crate) struct LaneShape {
     warps: usize,
     rows_one_token: usize,
     rows_more_tokens: usize,
+    /// Whether `matmul_silu_gate` takes the paired kernel (`GEMV_SILU_GATE=0` measures without).
+    silu_gate: bool,
 }
 
 impl LaneShape {
@@ -41,6 +43,7 @@ impl LaneShape {
             warps: options.define("GEMV_LANE_WARPS").unwrap_or(4),
             rows_one_token: options.define("GEMV_LANE_ROWS").unwrap_or(4),
             rows_more_tokens: options.define("GEMV_LANE_ROWS_MULTI").unwrap_or(2),
+            silu_gate: options.define::<u32>("GEMV_SILU_GATE").unwrap_or(1) != 0,
         }
     }
 
@@ -102,77 +105,160 @@ impl CudaBackend {
         outs: &mut [&mut CudaBuf],
         tokens: usize,
     ) {
+        let x_bf16 = self.gemv_bf16_input(x, ws, tokens);
+        for (chunk_w, chunk_out) in ws.chunks(GEMV_MATRICES).zip(outs.chunks_mut(GEMV_MATRICES)) {
+            let mut out_ptrs = Vec::with_capacity(chunk_out.len());
+            let mut out_guards = Vec::with_capacity(chunk_out.len());
+            for out in chunk_out.iter_mut() {
+                let (ptr, guard) = out.data.device_ptr_mut(&self.stream);
+                out_ptrs.push(ptr);
+                out_guards.push(guard);
+            }
+            self.launch_gemv(x, x_bf16.as_ref(), chunk_w, &out_ptrs, tokens, false);
+            drop(out_guards);
+        }
+    }
+
+    /// Whether `matmul_silu_gate` can take the paired GEMV kernel: the lane kernels' token counts
+    /// and a gate and an up matrix of one shape and format.
+    pub(crate) fn silu_gate_gemv_applies(
+        &self,
+        gate: &CudaMat,
+        up: &CudaMat,
+        tokens: usize,
+    ) -> bool {
+        self.gemv_lane_shape.silu_gate
+            && tokens <= LANE_TOKENS
+            && (gate.rows, gate.cols) == (up.rows, up.cols)
+            && Self::gemv_applies(&[gate, up], tokens)
+    }
+
+    /// `out [tokens, rows] = silu(bf16(x) @ gate^T) * (bf16(x) @ up^T)` in one launch; the caller
+    /// checked `silu_gate_gemv_applies` and the buffer lengths.
+    pub(crate) fn gemv_silu_gate_op(
+        &self,
+        x: &CudaBuf,
+        gate: &CudaMat,
+        up: &CudaMat,
+        out: &mut CudaBuf,
+        tokens: usize,
+    ) {
+        let x_bf16 = self.gemv_bf16_input(x, &[gate, up], tokens);
+        let (out_ptr, out_guard) = out.data.device_ptr_mut(&self.stream);
+        self.launch_gemv(
+            x,
+            x_bf16.as_ref(),
+            &[gate, up],
+            &[out_ptr, out_ptr],
+            tokens,
+            true,
+        );
+        drop(out_guard);
+    }
+
+    /// The activations rounded to bf16 once for a whole group (as the cuBLAS path does), except
+    /// for the one-token kernel, which rounds the f32 values itself the same way and so saves the
+    /// cast's launch (with more tokens the rounding costs more than the launch), and for the FP8
+    /// kernels, which multiply the f32 activations as they are.
+    fn gemv_bf16_input(
+        &self,
+        x: &CudaBuf,
+        ws: &[&CudaMat],
+        tokens: usize,
+    ) -> Option<CudaSlice<u16>> {
+        let fp8 = matches!(ws[0].data, MatData::Fp8 { .. });
+        (tokens > 1 && !fp8).then(|| self.cast_to_bf16(x, tokens * ws[0].cols))
+    }
+
+    /// One GEMV launch over at most `GEMV_MATRICES` matrices writing to `outs`; `paired`: the
+    /// silu-gate kernel over `[gate, up]`, whose result goes to `outs[0]`. `x_bf16`: what
+    /// `gemv_bf16_input` made of `x`.
+    fn launch_gemv(
+        &self,
+        x: &CudaBuf,
+        x_bf16: Option<&CudaSlice<u16>>,
+        ws: &[&CudaMat],
+        outs: &[u64],
+        tokens: usize,
+        paired: bool,
+    ) {
         let k = ws[0].cols;
-        // The kernels read the activations rounded to bf16 once for the whole group (as the cuBLAS
-        // path does), except the one-token kernel, which rounds the f32 values itself the same way
-        // and so saves the cast's launch (with more tokens the rounding costs more than the launch).
         let lanes = tokens <= LANE_TOKENS;
         let fp8 = matches!(ws[0].data, MatData::Fp8 { .. });
-        // The FP8 kernels multiply the f32 activations as they are.
-        let x_bf16 = (tokens > 1 && !fp8).then(|| self.cast_to_bf16(x, tokens * k));
-        for (chunk_w, chunk_out) in ws.chunks(GEMV_MATRICES).zip(outs.chunks_mut(GEMV_MATRICES)) {
-            let mut group = GemvGroup {
-                count: chunk_w.len() as i32,
-                ..GemvGroup::default()
+        let mut group = GemvGroup {
+            count: ws.len() as i32,
+            ..GemvGroup::default()
+        };
+        let mut guards = Vec::with_capacity(2 * ws.len());
+        let mut rows = 0usize;
+        for (m, (w, out)) in ws.iter().zip(outs).enumerate() {
+            let (w_ptr, w_guard) = match &w.data {
+                MatData::Bf16(data) => data.device_ptr(&self.stream),
+                MatData::Fp8 { codes, scales } => {
+                    let (scale_ptr, scale_guard) = scales.device_ptr(&self.stream);
+                    group.scale[m] = scale_ptr;
+                    guards.push(scale_guard);
+                    codes.device_ptr(&self.stream)
+                }
+                MatData::F32(_) => {
+                    unreachable!("gemv_applies admits bf16 and fp8 matrices only")
+                }
             };
-            let mut guards = Vec::with_capacity(2 * chunk_w.len());
-            let mut rows = 0usize;
-            for (m, (w, out)) in chunk_w.iter().zip(chunk_out.iter_mut()).enumerate() {
-                let (w_ptr, w_guard) = match &w.data {
-                    MatData::Bf16(data) => data.device_ptr(&self.stream),
-                    MatData::Fp8 { codes, scales } => {
-                        let (scale_ptr, scale_guard) = scales.device_ptr(&self.stream);
-                        group.scale[m] = scale_ptr;
-                        guards.push(scale_guard);
-                        codes.device_ptr(&self.stream)
-                    }
-                    MatData::F32(_) => {
-                        unreachable!("gemv_applies admits bf16 and fp8 matrices only")
-                    }
-                };
-                let (out_ptr, out_guard) = out.data.device_ptr_mut(&self.stream);
-                guards.push(w_guard);
-                guards.push(out_guard);
-                group.w[m] = w_ptr;
-                group.out[m] = out_ptr;
-                group.first_row[m] = rows as i32;
-                rows += w.rows;
-            }
-            group.first_row[chunk_w.len()] = rows as i32;
-            let (rows_per_block, warps) = if lanes {
-                let shape = self.gemv_lane_shape;
-                (shape.rows_per_block(tokens), shape.warps)
-            } else {
-                (ROWS_PER_BLOCK, GEMV_WARPS)
-            };
-            let cfg = LaunchConfig {
-                grid_dim: (rows.div_ceil(rows_per_block) as u32, 1, 1),
-                block_dim: (32 * warps as u32, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            let (t32, k32) = (tokens as i32, k as i32);
-            // Contract: every matrix is bf16 [rows_m, k] with k % 8 == 0, or block-FP8 codes
-            // [rows_m, k] with k % 16 == 0 and their 128 x 128 scale grid (gemv_applies), so each
-            // row starts 16-byte aligned (and each x_bf16 or f32 x row too); tokens <=
-            // GEMV_MAX_TOKENS (LANE_TOKENS for FP8); x (f32 for one token and for FP8, x_bf16
-            // otherwise) holds tokens * k values and each out tokens * rows_m f32
-            // (checked by the callers); first_row partitions the grid's rows among the matrices.
-            let kernel = match (fp8, tokens) {
-                (true, 1) => "gemv_fp8_lanes_t1",
-                (true, 2) => "gemv_fp8_lanes_t2",
-                (true, 3) => "gemv_fp8_lanes_t3",
-                (true, _) => "gemv_fp8_lanes_t4",
-                (false, 1) => "gemv_bf16_lanes_t1",
-                (false, 2) => "gemv_bf16_lanes_t2",
-                (false, 3) => "gemv_bf16_lanes_t3",
-                (false, 4) => "gemv_bf16_lanes_t4",
-                (false, _) => "gemv_bf16_t1",
-            };
-            match &x_bf16 {
-                Some(xb) => launch!(self, kernel, cfg, &group, xb, &t32, &k32),
-                None => launch!(self, kernel, cfg, &group, &x.data, &t32, &k32),
-            }
-            drop(guards);
+            guards.push(w_guard);
+            group.w[m] = w_ptr;
+            group.out[m] = *out;
+            group.first_row[m] = rows as i32;
+            rows += w.rows;
         }
+        group.first_row[ws.len()] = rows as i32;
+        let (rows_per_block, warps) = if lanes {
+            let shape = self.gemv_lane_shape;
+            (shape.rows_per_block(tokens), shape.warps)
+        } else {
+            (ROWS_PER_BLOCK, GEMV_WARPS)
+        };
+        // A paired warp covers half as many gate rows as it holds rows.
+        let (grid_rows, grid_rows_per_block) = if paired {
+            (ws[0].rows, rows_per_block / 2)
+        } else {
+            (rows, rows_per_block)
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (grid_rows.div_ceil(grid_rows_per_block) as u32, 1, 1),
+            block_dim: (32 * warps as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (t32, k32) = (tokens as i32, k as i32);
+        // Contract: every matrix is bf16 [rows_m, k] with k % 8 == 0, or block-FP8 codes
+        // [rows_m, k] with k % 16 == 0 and their 128 x 128 scale grid (gemv_applies), so each
+        // row starts 16-byte aligned (and each x_bf16 or f32 x row too); tokens <=
+        // GEMV_MAX_TOKENS (LANE_TOKENS for FP8 and paired); x (f32 for one token and for FP8,
+        // x_bf16 otherwise) holds tokens * k values and each out tokens * rows_m f32 (checked by
+        // the callers); first_row partitions the grid's rows among the matrices; a paired group is
+        // a gate and an up matrix of one shape (silu_gate_gemv_applies).
+        let kernel = match (fp8, paired, tokens) {
+            (true, false, 1) => "gemv_fp8_lanes_t1",
+            (true, false, 2) => "gemv_fp8_lanes_t2",
+            (true, false, 3) => "gemv_fp8_lanes_t3",
+            (true, false, _) => "gemv_fp8_lanes_t4",
+            (true, true, 1) => "gemv_fp8_lanes_silu_gate_t1",
+            (true, true, 2) => "gemv_fp8_lanes_silu_gate_t2",
+            (true, true, 3) => "gemv_fp8_lanes_silu_gate_t3",
+            (true, true, _) => "gemv_fp8_lanes_silu_gate_t4",
+            (false, false, 1) => "gemv_bf16_lanes_t1",
+            (false, false, 2) => "gemv_bf16_lanes_t2",
+            (false, false, 3) => "gemv_bf16_lanes_t3",
+            (false, false, 4) => "gemv_bf16_lanes_t4",
+            (false, false, _) => "gemv_bf16_t1",
+            (false, true, 1) => "gemv_bf16_lanes_silu_gate_t1",
+            (false, true, 2) => "gemv_bf16_lanes_silu_gate_t2",
+            (false, true, 3) => "gemv_bf16_lanes_silu_gate_t3",
+            (false, true, _) => "gemv_bf16_lanes_silu_gate_t4",
+        };
+        match x_bf16 {
+            Some(xb) => launch!(self, kernel, cfg, &group, xb, &t32, &k32),
+            None => launch!(self, kernel, cfg, &group, &x.data, &t32, &k32),
+        }
+        drop(guards);
     }
 }

@@ -42,6 +42,14 @@ pub const FILES: [KernelFile; 14] = [
             "gemv_fp8_lanes_t2",
             "gemv_fp8_lanes_t3",
             "gemv_fp8_lanes_t4",
+            "gemv_bf16_lanes_silu_gate_t1",
+            "gemv_bf16_lanes_silu_gate_t2",
+            "gemv_bf16_lanes_silu_gate_t3",
+            "gemv_bf16_lanes_silu_gate_t4",
+            "gemv_fp8_lanes_silu_gate_t1",
+            "gemv_fp8_lanes_silu_gate_t2",
+            "gemv_fp8_lanes_silu_gate_t3",
+            "gemv_fp8_lanes_silu_gate_t4",
         ],
     },
     KernelFile {
@@ -67,7 +75,7 @@ pub const FILES: [KernelFile; 14] = [
     KernelFile {
         name: "rope.cu",
         source: include_str!("../kernels/rope.cu"),
-        functions: &["rope"],
+        functions: &["rope", "qk_norm_rope"],
     },
     KernelFile {
         name: "conv.cu",

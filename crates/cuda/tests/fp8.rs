@@ -100,6 +100,20 @@ fn fp8_gemv_matches_reference_and_is_batch_invariant() {
 
 /// The device quantizer gives the host's codes and scales: the products of the two matrices (the
 /// identity reads a matrix back through the FP8 GEMV one column at a time) are equal bit for bit.
+/// The fused silu gate on FP8 weights (the paired FP8 kernel) is bit for bit its two ops.
+#[test]
+fn fp8_matmul_silu_gate_equals_group_then_silu_mul_bitwise() {
+    let Some(be) = cuda_fp8("fp8_matmul_silu_gate_equals_group_then_silu_mul_bitwise") else {
+        return;
+    };
+    let mut rng = Rng(32);
+    for (rows, cols) in [(300, 144), (1030, 5120)] {
+        let gate = be.load_mat(&random_fp8(&mut rng, rows, cols)).unwrap();
+        let up = be.load_mat(&random_fp8(&mut rng, rows, cols)).unwrap();
+        common::assert_silu_gate_is_the_two_ops(be, &gate, &up, &mut rng, "fp8");
+    }
+}
+
 #[test]
 fn device_quantized_dummy_matrices_equal_host_quantized() {
     // Kept as FP8 (read back through the FP8 GEMV) and widened at load (through the bf16 one).

@@ -25,7 +25,7 @@ use deltaserve_cuda::{CudaBackend, GemmPrecision};
 use deltaserve_tensor::op_check::{self, AttentionPools, Operands, StatePools};
 use deltaserve_tensor::reference::ReferenceBackend;
 use deltaserve_tensor::{
-    AttnShape, Backend, BatchLayout, GdnShape, HostTensor, KvDtype, SeqLayout,
+    AttnShape, Backend, BatchLayout, GdnGateInputs, GdnShape, HostTensor, KvDtype, SeqLayout,
 };
 
 const TOL_MATMUL: f32 = 1e-5;
@@ -224,6 +224,28 @@ fn gemv_rows_are_batch_invariant_bitwise() {
     );
 }
 
+/// The gated MLP's fused first half is bit for bit its two ops, for row counts that leave a
+/// paired warp's or block's rows partly past the end (1, 37, 300) and widths up to the 27B shape's.
+#[test]
+fn matmul_silu_gate_equals_group_then_silu_mul_bitwise() {
+    let Some(be) = cuda(
+        GemmPrecision::Bf16,
+        "matmul_silu_gate_equals_group_then_silu_mul_bitwise",
+    ) else {
+        return;
+    };
+    let mut rng = Rng(24);
+    for (rows, k) in [(1, 8), (37, 1000), (300, 5120), (64, 17408)] {
+        let mut load = || {
+            let values = rng.vec(rows * k, 1.0);
+            be.load_mat(&HostTensor::from_f32_as_bf16("w", vec![rows, k], &values))
+                .unwrap()
+        };
+        let (gate, up) = (load(), load());
+        common::assert_silu_gate_is_the_two_ops(be, &gate, &up, &mut rng, "bf16");
+    }
+}
+
 /// The fused residual add + RMSNorm is bit for bit the two ops one after the other.
 #[test]
 fn add_rms_norm_equals_add_then_norm_bitwise() {
@@ -416,6 +438,73 @@ fn rope_matches_reference() {
             &got,
             &want,
             TOL_DENSE,
+        );
+    }
+}
+
+/// The attention's fused q/k norms and RoPE are bit for bit the four ops (two norms, two
+/// rotations), for the 27B shape (24 q heads, 4 kv heads of 256, 64 rotated dims), a head dim that
+/// is no multiple of a warp, and one or several tokens.
+#[test]
+fn qk_norm_rope_equals_norms_then_ropes_bitwise() {
+    let Some(be) = cuda(
+        GemmPrecision::Bf16,
+        "qk_norm_rope_equals_norms_then_ropes_bitwise",
+    ) else {
+        return;
+    };
+    let mut rng = Rng(25);
+    for (q_heads, kv_heads, head_dim, rotary_dim, positions) in [
+        (24, 4, 256, 64, vec![543u32]),
+        (6, 2, 48, 16, vec![0, 1, 64, 262_143]),
+        (2, 2, 256, 256, vec![7, 8, 9]),
+    ] {
+        let shape = AttnShape {
+            q_heads,
+            kv_heads,
+            head_dim,
+        };
+        let t = positions.len();
+        let q_raw = be.upload(&rng.vec(t * q_heads * head_dim, 2.0));
+        let k_raw = be.upload(&rng.vec(t * kv_heads * head_dim, 2.0));
+        let norms = [
+            be.upload(&rng.vec(head_dim, 0.5)),
+            be.upload(&rng.vec(head_dim, 0.5)),
+        ];
+        let poisoned = |n: usize| be.upload(&vec![f32::NAN; n]);
+        let (mut q, mut k) = (
+            poisoned(t * q_heads * head_dim),
+            poisoned(t * kv_heads * head_dim),
+        );
+        let rope = (rotary_dim, 1e7f32);
+        be.qk_norm_rope(
+            &q_raw,
+            &k_raw,
+            [&norms[0], &norms[1]],
+            1e-6,
+            &positions,
+            shape,
+            rope,
+            &mut q,
+            &mut k,
+        );
+        let (mut q_ref, mut k_ref) = (
+            be.zeros(t * q_heads * head_dim),
+            be.zeros(t * kv_heads * head_dim),
+        );
+        be.rms_norm(&q_raw, &norms[0], 1e-6, head_dim, &mut q_ref);
+        be.rms_norm(&k_raw, &norms[1], 1e-6, head_dim, &mut k_ref);
+        be.rope(&mut q_ref, &positions, q_heads, head_dim, rotary_dim, 1e7);
+        be.rope(&mut k_ref, &positions, kv_heads, head_dim, rotary_dim, 1e7);
+        assert_eq!(
+            be.to_host(&q),
+            be.to_host(&q_ref),
+            "q {shape:?} at {positions:?}"
+        );
+        assert_eq!(
+            be.to_host(&k),
+            be.to_host(&k_ref),
+            "k {shape:?} at {positions:?}"
         );
     }
 }
@@ -825,6 +914,79 @@ fn check_gated_delta_rule(be: &CudaBackend, prefill: &str, tol: f32) {
             &states_ref,
             tol,
         );
+    }
+}
+
+/// The gates computed inside the delta rule (decode's row kernel; the other paths run the gates
+/// op first) give bit for bit the outputs and states of the gates op then the rule, on every
+/// shape and batch of `gdn_shapes`, with the chunked prefill and without.
+#[test]
+fn gates_and_delta_rule_equal_gates_then_rule_bitwise() {
+    let test = "gates_and_delta_rule_equal_gates_then_rule_bitwise";
+    let (Some(recurrent), Some(chunked)) = (cuda(GemmPrecision::F32, test), cuda_chunked_gdn(test))
+    else {
+        return;
+    };
+    for be in [recurrent, chunked] {
+        let mut rng = Rng(12);
+        for (shape, lens) in gdn_shapes() {
+            let (batch, slots) = gdn_batch(lens);
+            let (t, hv) = (batch.total_tokens(), shape.value_heads);
+            let conv = rng.vec(slots * 3 * shape.conv_dim(), 1.0);
+            let ssm = rng.vec(slots * hv * shape.key_dim * shape.value_dim, 0.5);
+            let mixed = be.upload(&rng.vec(t * shape.conv_dim(), 1.0));
+            let (a, b) = (
+                be.upload(&rng.vec(t * hv, 25.0)),
+                be.upload(&rng.vec(t * hv, 6.0)),
+            );
+            let (a_log, dt_bias) = (be.upload(&rng.vec(hv, 1.0)), be.upload(&rng.vec(hv, 1.0)));
+            let run = |fused: bool| {
+                let mut pools = StatePools::new(
+                    be,
+                    slots,
+                    shape.conv_dim(),
+                    4,
+                    hv,
+                    shape.key_dim,
+                    shape.value_dim,
+                );
+                pools.hold(be, &conv, &ssm);
+                let mut out = be.upload(&vec![f32::NAN; t * hv * shape.value_dim]);
+                if fused {
+                    let gates = GdnGateInputs {
+                        a: &a,
+                        b: &b,
+                        a_log: &a_log,
+                        dt_bias: &dt_bias,
+                    };
+                    be.gdn_gates_and_delta_rule(
+                        &mixed,
+                        gates,
+                        &mut pools.ours,
+                        &batch,
+                        shape,
+                        &mut out,
+                    );
+                } else {
+                    let (mut g, mut beta) = (be.zeros(t * hv), be.zeros(t * hv));
+                    be.gdn_gates(&a, &b, &a_log, &dt_bias, &mut g, &mut beta);
+                    be.gated_delta_rule(
+                        &mixed,
+                        &g,
+                        &beta,
+                        &mut pools.ours,
+                        &batch,
+                        shape,
+                        &mut out,
+                    );
+                }
+                let (_, (states, _)) = pools.contents(be);
+                (be.to_host(&out), states)
+            };
+            let (fused, separate) = (run(true), run(false));
+            assert_eq!(fused.0, separate.0, "outputs {shape:?} lens {lens:?}");
+            assert_eq!(fused.1, separate.1, "states {shape:?} lens {lens:?}");
+        }
     }
 }
 

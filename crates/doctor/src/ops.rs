@@ -278,6 +278,22 @@ impl<B: Backend> Checker<'_, B> {
                     self.matmul(name, layer, kind, wr, wt, PREFILL, 62);
                     self.matmul(name, layer, kind, wr, wt, 1, 63);
                 }
+                // The forward runs gate and up as one fused op (matmul_silu_gate).
+                for (tokens, seed) in [(PREFILL, 65), (1, 66)] {
+                    let x = uniform(tokens * r.gate.cols, seed, 1.0);
+                    let (ours, reference) = op_check::matmul_silu_gate(
+                        &self.t.backend,
+                        &t.gate,
+                        &t.up,
+                        &r.gate,
+                        &r.up,
+                        &x,
+                        tokens,
+                        Operands::Exact,
+                    );
+                    let what = format!("mlp silu(gate) * up [{tokens} x {}]", r.gate.cols);
+                    self.push(what, layer, kind, Comparison::of(&ours, &reference));
+                }
             }
             (Mlp::Moe(r), Mlp::Moe(t)) => {
                 self.matmul(

@@ -7,7 +7,9 @@ use crate::config::ModelConfig;
 use crate::step_graphs::StepGraphs;
 use crate::tp::{RankCommand, TpRank};
 use crate::weights::{AttentionWeights, DenseMlp, GdnWeights, Layer, Mixer, Mlp, MoeMlp, Weights};
-use deltaserve_tensor::{Backend, BatchLayout, Communicator, MoeRouting, SharedExpert};
+use deltaserve_tensor::{
+    Backend, BatchLayout, Communicator, GdnGateInputs, MoeRouting, SharedExpert,
+};
 
 /// What one forward step computes.
 pub struct ForwardInput<'a> {
@@ -366,16 +368,21 @@ impl<B: Backend> Model<B> {
     ) -> B::Buf {
         let (be, c) = (&self.backend, &self.config);
         let shape = c.attn_shape();
-        let d = shape.head_dim;
         let eps = c.rms_norm_eps;
         let [q_raw, gate, k_raw, v] = self.linears(x, [&w.q, &w.gate, &w.k, &w.v], t);
         let mut q = be.scratch(be.buf_len(&q_raw));
-        be.rms_norm(&q_raw, &w.q_norm, eps, d, &mut q);
         let mut k = be.scratch(be.buf_len(&k_raw));
-        be.rms_norm(&k_raw, &w.k_norm, eps, d, &mut k);
-        let theta = c.rope_theta as f32;
-        be.rope(&mut q, positions, shape.q_heads, d, c.rotary_dim, theta);
-        be.rope(&mut k, positions, shape.kv_heads, d, c.rotary_dim, theta);
+        be.qk_norm_rope(
+            &q_raw,
+            &k_raw,
+            [&w.q_norm, &w.k_norm],
+            eps,
+            positions,
+            shape,
+            (c.rotary_dim, c.rope_theta as f32),
+            &mut q,
+            &mut k,
+        );
         let mut attn = be.scratch(be.buf_len(&q));
         be.attention(&q, &k, &v, kv, batch, shape, &mut attn);
         be.sigmoid_mul_inplace(&mut attn, &gate);
@@ -395,11 +402,14 @@ impl<B: Backend> Model<B> {
         let [mixed, z, b, a] = self.linears(x, [&w.qkv, &w.z, &w.b, &w.a], t);
         let mut conv_out = be.scratch(be.buf_len(&mixed));
         be.causal_conv1d(&mixed, &w.conv, state, batch, &mut conv_out);
-        let mut g = be.scratch(be.buf_len(&a));
-        let mut beta = be.scratch(be.buf_len(&b));
-        be.gdn_gates(&a, &b, &w.a_log, &w.dt_bias, &mut g, &mut beta);
+        let gates = GdnGateInputs {
+            a: &a,
+            b: &b,
+            a_log: &w.a_log,
+            dt_bias: &w.dt_bias,
+        };
         let mut core = be.scratch(t * shape.value_heads * shape.value_dim);
-        be.gated_delta_rule(&conv_out, &g, &beta, state, batch, shape, &mut core);
+        be.gdn_gates_and_delta_rule(&conv_out, gates, state, batch, shape, &mut core);
         let mut normed = be.scratch(be.buf_len(&core));
         be.gated_rms_norm(
             &core,
@@ -414,9 +424,8 @@ impl<B: Backend> Model<B> {
 
     fn dense_mlp(&self, w: &DenseMlp<B>, x: &B::Buf, t: usize) -> B::Buf {
         let be = &self.backend;
-        let [gate, up] = self.linears(x, [&w.gate, &w.up], t);
-        let mut act = be.scratch(be.buf_len(&gate));
-        be.silu_mul(&gate, &up, &mut act);
+        let mut act = be.scratch(t * be.mat_shape(&w.gate).0);
+        be.matmul_silu_gate(x, &w.gate, &w.up, &mut act, t);
         self.linear(&act, &w.down, t)
     }
 

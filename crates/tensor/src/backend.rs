@@ -52,6 +52,23 @@ pub struct RouteChoice {
     pub weight: f32,
 }
 
+/// What a GDN layer's gates are made of: the `a` and `b` projections `[T, value_heads]` and the
+/// layer's `A_log` and `dt_bias` `[value_heads]` (`Backend::gdn_gates`).
+pub struct GdnGateInputs<'a, Buf> {
+    pub a: &'a Buf,
+    pub b: &'a Buf,
+    pub a_log: &'a Buf,
+    pub dt_bias: &'a Buf,
+}
+
+// Four shared references: copyable whatever `Buf` is (a derive would ask `Buf: Copy`).
+impl<Buf> Clone for GdnGateInputs<'_, Buf> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<Buf> Copy for GdnGateInputs<'_, Buf> {}
+
 /// The ops of the model. `&self` everywhere: a backend is shared by the engine thread and `doctor`.
 pub trait Backend: Send + Sync {
     /// f32 activations and small parameter vectors (norm weights, gates, caches).
@@ -135,6 +152,23 @@ pub trait Backend: Send + Sync {
     fn add_inplace(&self, acc: &mut Self::Buf, x: &Self::Buf);
     /// `out = silu(gate) * up`.
     fn silu_mul(&self, gate: &Self::Buf, up: &Self::Buf, out: &mut Self::Buf);
+    /// `out [T, rows] = silu(x @ gate^T) * (x @ up^T)`, the gated MLP's first half, in one op so
+    /// that a backend can apply the activation where it sums the products. Same result as
+    /// `matmul_group` over `[gate, up]` then `silu_mul`.
+    fn matmul_silu_gate(
+        &self,
+        x: &Self::Buf,
+        gate: &Self::Mat,
+        up: &Self::Mat,
+        out: &mut Self::Buf,
+        tokens: usize,
+    ) {
+        let rows = self.mat_shape(gate).0;
+        let mut g = self.scratch(tokens * rows);
+        let mut u = self.scratch(tokens * rows);
+        self.matmul_group(x, &[gate, up], &mut [&mut g, &mut u], tokens);
+        self.silu_mul(&g, &u, out);
+    }
     /// `x *= sigmoid(gate)`, elementwise.
     fn sigmoid_mul_inplace(&self, x: &mut Self::Buf, gate: &Self::Buf);
     /// Rotate-half (NeoX) RoPE on the first `rotary_dim` dims of every head; x `[T, heads, head_dim]`.
@@ -147,6 +181,28 @@ pub trait Backend: Send + Sync {
         rotary_dim: usize,
         theta: f32,
     );
+    /// The gated attention's per-head norms and RoPE in one op: `q = rope(rms_norm(q_raw, q_norm))`
+    /// over `[T, q_heads, head_dim]` and `k` likewise over the kv heads, the norms over `head_dim`
+    /// and the rotation on its first `rotary_dim` dims at `positions`. Same result as the four ops.
+    #[allow(clippy::too_many_arguments)]
+    fn qk_norm_rope(
+        &self,
+        q_raw: &Self::Buf,
+        k_raw: &Self::Buf,
+        [q_norm, k_norm]: [&Self::Buf; 2],
+        eps: f32,
+        positions: &[u32],
+        shape: AttnShape,
+        (rotary_dim, theta): (usize, f32),
+        q: &mut Self::Buf,
+        k: &mut Self::Buf,
+    ) {
+        let d = shape.head_dim;
+        self.rms_norm(q_raw, q_norm, eps, d, q);
+        self.rms_norm(k_raw, k_norm, eps, d, k);
+        self.rope(q, positions, shape.q_heads, d, rotary_dim, theta);
+        self.rope(k, positions, shape.kv_heads, d, rotary_dim, theta);
+    }
     /// `out [T, a_dim + b_dim] = concat(a [T, a_dim], b [T, b_dim])` along columns.
     fn concat_cols(
         &self,
@@ -223,6 +279,29 @@ pub trait Backend: Send + Sync {
         shape: GdnShape,
         out: &mut Self::Buf,
     );
+    /// `gdn_gates` then `gated_delta_rule` in one op, so that a backend can compute each token's
+    /// gates where the rule reads them. Same result as the two ops.
+    fn gdn_gates_and_delta_rule(
+        &self,
+        mixed: &Self::Buf,
+        gates: GdnGateInputs<'_, Self::Buf>,
+        pool: &mut StateLayerPool<Self>,
+        batch: &BatchLayout,
+        shape: GdnShape,
+        out: &mut Self::Buf,
+    ) {
+        let n = self.buf_len(gates.a);
+        let (mut g, mut beta) = (self.scratch(n), self.scratch(n));
+        self.gdn_gates(
+            gates.a,
+            gates.b,
+            gates.a_log,
+            gates.dt_bias,
+            &mut g,
+            &mut beta,
+        );
+        self.gated_delta_rule(mixed, &g, &beta, pool, batch, shape, out);
+    }
     /// Zeroes a state slot (a new sequence starts from an empty state).
     fn reset_state_slot(&self, pool: &mut StateLayerPool<Self>, slot: usize);
     /// Copies the conv window and recurrent state of slot `src` into `dst`.

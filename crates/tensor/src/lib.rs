@@ -22,7 +22,7 @@ pub mod op_profile;
 pub mod reference;
 pub mod step_graph;
 
-pub use backend::{AttnShape, Backend, GdnShape, RouteChoice};
+pub use backend::{AttnShape, Backend, GdnGateInputs, GdnShape, RouteChoice};
 pub use batch::{BatchLayout, SeqLayout};
 pub use block_fp8_matrix::BlockFp8Matrix;
 pub use cache::{kv_offset, KvLayerPool, StateLayerPool};

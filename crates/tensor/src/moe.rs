@@ -118,11 +118,8 @@ pub fn moe_per_expert<B: Backend + ?Sized>(
         let n = rows.len();
         let xe = backend.gather_rows(x, hidden, &rows);
         let im = experts.shape.intermediate;
-        let mut g = backend.scratch(n * im);
-        let mut u = backend.scratch(n * im);
-        backend.matmul_group(&xe, &[&gate[e], &up[e]], &mut [&mut g, &mut u], n);
         let mut act = backend.scratch(n * im);
-        backend.silu_mul(&g, &u, &mut act);
+        backend.matmul_silu_gate(&xe, &gate[e], &up[e], &mut act, n);
         let mut ye = backend.scratch(n * hidden);
         backend.matmul(&act, &down[e], &mut ye, n);
         backend.scatter_add_rows(&mut out, &ye, hidden, &rows, &weights);
@@ -143,11 +140,8 @@ pub fn shared_expert_output<B: Backend + ?Sized>(
     tokens: usize,
 ) -> B::Buf {
     let (ims, hidden) = backend.mat_shape(shared.gate);
-    let mut g = backend.scratch(tokens * ims);
-    let mut u = backend.scratch(tokens * ims);
-    backend.matmul_group(x, &[shared.gate, shared.up], &mut [&mut g, &mut u], tokens);
     let mut act = backend.scratch(tokens * ims);
-    backend.silu_mul(&g, &u, &mut act);
+    backend.matmul_silu_gate(x, shared.gate, shared.up, &mut act, tokens);
     let mut out = backend.scratch(tokens * hidden);
     backend.matmul(&act, shared.down, &mut out, tokens);
     out

@@ -78,3 +78,31 @@ fn shared_backend(
 
 /// The op harness's inputs and error measure, shared with the cpu backend's tests and doctor.
 pub use deltaserve_tensor::op_check::{check, Rng};
+
+/// `matmul_silu_gate` against `matmul_group` over `[gate, up]` then `silu_mul`, bit for bit, for
+/// token counts on both sides of the paired GEMV kernel's limit of 4 (the fused kernel below, the
+/// two ops above), into an output poisoned with NaN so that an unwritten element fails.
+pub fn assert_silu_gate_is_the_two_ops(
+    be: &CudaBackend,
+    gate: &deltaserve_cuda::CudaMat,
+    up: &deltaserve_cuda::CudaMat,
+    rng: &mut Rng,
+    what: &str,
+) {
+    use deltaserve_tensor::Backend;
+    let (rows, k) = be.mat_shape(gate);
+    for tokens in 1..=6 {
+        let x = be.upload(&rng.vec(tokens * k, 1.0));
+        let mut fused = be.upload(&vec![f32::NAN; tokens * rows]);
+        be.matmul_silu_gate(&x, gate, up, &mut fused, tokens);
+        let (mut g, mut u) = (be.zeros(tokens * rows), be.zeros(tokens * rows));
+        be.matmul_group(&x, &[gate, up], &mut [&mut g, &mut u], tokens);
+        let mut act = be.zeros(tokens * rows);
+        be.silu_mul(&g, &u, &mut act);
+        assert_eq!(
+            be.to_host(&fused),
+            be.to_host(&act),
+            "{what} [{rows}x{k}], {tokens} tokens: the fused silu gate differs from its two ops"
+        );
+    }
+}

@@ -183,6 +183,25 @@ pub fn silu_mul<B: Backend>(be: &B, gate: &[f32], up: &[f32]) -> Outputs {
     (be.to_host(&out), want)
 }
 
+/// `silu(x @ gate^T) * (x @ up^T)`, the gated MLP's first half in one op.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_silu_gate<B: Backend>(
+    be: &B,
+    gate: &B::Mat,
+    up: &B::Mat,
+    gate_ref: &RefMat,
+    up_ref: &RefMat,
+    x: &[f32],
+    tokens: usize,
+    operands: Operands,
+) -> Outputs {
+    let mut want = vec![0.0; tokens * gate_ref.rows];
+    ReferenceBackend.matmul_silu_gate(&operands.seen(x), gate_ref, up_ref, &mut want, tokens);
+    let mut out = poisoned(be, tokens * gate_ref.rows);
+    be.matmul_silu_gate(&be.upload(x), gate, up, &mut out, tokens);
+    (be.to_host(&out), want)
+}
+
 /// `x * sigmoid(gate)`, elementwise.
 pub fn sigmoid_mul_inplace<B: Backend>(be: &B, x: &[f32], gate: &[f32]) -> Outputs {
     let mut want = x.to_vec();
