@@ -151,26 +151,37 @@ __device__ __forceinline__ void load_lane(const bf16_bits* p, float* dst) {
     }
 }
 
-template <int DPL, typename KV>
+// A block takes G query heads of one kv head together (G divides q_heads / kv_heads; G = 1 is one
+// head a block): each K and V row is loaded once for the G heads instead of once per head, G times
+// less traffic for grouped-query attention. Every head's arithmetic (its dot, online softmax, merge
+// and partials) is the one-head kernel's, in the same order, so any G gives bitwise the same output.
+// grid = (tokens * q_heads / G, splits).
+template <int DPL, typename KV, int G>
 __device__ void attention_by_warps(const float* q, const KV* k_pool, const KV* v_pool, float* out,
                                    float* part_stats, float* part_acc, const int* rows, const unsigned int* blocks,
                                    int q_heads, int kv_heads, int block_size, float scale) {
-    extern __shared__ float warp_acc[];
-    __shared__ float warp_max[ATTENTION_WARPS], warp_sum[ATTENTION_WARPS];
+    extern __shared__ float warp_acc[];  // [G][ATTENTION_WARPS][head_dim]
+    __shared__ float warp_max[G][ATTENTION_WARPS], warp_sum[G][ATTENTION_WARPS];
     const int head_dim = DPL * 32;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const i64 t = blockIdx.x / q_heads;
-    const int h = blockIdx.x % q_heads;
-    const int kvh = h / (q_heads / kv_heads);
+    const int groups = q_heads / G;
+    const i64 t = blockIdx.x / groups;
+    const int h0 = (blockIdx.x % groups) * G;
+    const int kvh = h0 / (q_heads / kv_heads);
     const int visible = rows[2 * t];
     if (blockIdx.y * ATTENTION_SPLIT >= visible) return;  // the combine reads only the splits a row uses
     const unsigned int* table = blocks + rows[2 * t + 1];
     const i64 kv_row = (i64)kv_heads * head_dim;
-    float qv[DPL], kv[DPL], vv[DPL], acc[DPL];
-    load_lane<DPL>(q + (t * q_heads + h) * head_dim + lane * DPL, qv);
+    float qv[G][DPL], kv[DPL], vv[DPL], acc[G][DPL];
+    float running_max[G], running_sum[G];
 #pragma unroll
-    for (int i = 0; i < DPL; ++i) acc[i] = 0.0f;
-    float running_max = NEG_INF, running_sum = 0.0f;
+    for (int j = 0; j < G; ++j) {
+        load_lane<DPL>(q + (t * q_heads + h0 + j) * head_dim + lane * DPL, qv[j]);
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) acc[j][i] = 0.0f;
+        running_max[j] = NEG_INF;
+        running_sum[j] = 0.0f;
+    }
     // Block y takes chunks y, y + splits, ... of ATTENTION_SPLIT positions (one chunk when the grid
     // has a split per chunk; several when the partials' workspace was capped).
     for (int chunk = blockIdx.y; chunk * ATTENTION_SPLIT < visible; chunk += gridDim.y) {
@@ -179,67 +190,91 @@ __device__ void attention_by_warps(const float* q, const KV* k_pool, const KV* v
         const i64 at = ((i64)table[p / block_size] * block_size + p % block_size) * kv_row + (i64)kvh * head_dim + lane * DPL;
         load_lane<DPL>(k_pool + at, kv);
         load_lane<DPL>(v_pool + at, vv);
-        float dot = 0.0f;
 #pragma unroll
-        for (int i = 0; i < DPL; ++i) dot = fmaf(qv[i], kv[i], dot);
-        for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-        const float score = dot * scale;
-        const float new_max = fmaxf(running_max, score);
-        const float rescale = expf(running_max - new_max);  // 0 on the first position
-        const float weight = expf(score - new_max);
-        running_sum = running_sum * rescale + weight;
+        for (int j = 0; j < G; ++j) {
+            float dot = 0.0f;
 #pragma unroll
-        for (int i = 0; i < DPL; ++i) acc[i] = fmaf(weight, vv[i], acc[i] * rescale);
-        running_max = new_max;
-    }
-    }
-    if (lane == 0) {
-        warp_max[warp] = running_max;
-        warp_sum[warp] = running_sum;
-    }
+            for (int i = 0; i < DPL; ++i) dot = fmaf(qv[j][i], kv[i], dot);
+            for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+            const float score = dot * scale;
+            const float new_max = fmaxf(running_max[j], score);
+            const float rescale = expf(running_max[j] - new_max);  // 0 on the first position
+            const float weight = expf(score - new_max);
+            running_sum[j] = running_sum[j] * rescale + weight;
 #pragma unroll
-    for (int i = 0; i < DPL; ++i) warp_acc[warp * head_dim + lane * DPL + i] = acc[i];
-    __syncthreads();
-    float block_max_v = NEG_INF;
-    for (int w = 0; w < ATTENTION_WARPS; ++w) block_max_v = fmaxf(block_max_v, warp_max[w]);
-    float factor[ATTENTION_WARPS];
-    float total = 0.0f;
-    for (int w = 0; w < ATTENTION_WARPS; ++w) {
-        // A warp that saw no position has max -inf and contributes nothing.
-        factor[w] = warp_max[w] == NEG_INF ? 0.0f : expf(warp_max[w] - block_max_v);
-        total += warp_sum[w] * factor[w];
-    }
-    const int splits = gridDim.y;
-    const i64 part = (i64)blockIdx.x * splits + blockIdx.y;
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-        float a = 0.0f;
-        for (int w = 0; w < ATTENTION_WARPS; ++w) a += warp_acc[w * head_dim + d] * factor[w];
-        if (splits == 1) {
-            out[(t * q_heads + h) * head_dim + d] = a / total;
-        } else {
-            part_acc[part * head_dim + d] = a;
+            for (int i = 0; i < DPL; ++i) acc[j][i] = fmaf(weight, vv[i], acc[j][i] * rescale);
+            running_max[j] = new_max;
         }
     }
-    if (splits > 1 && threadIdx.x == 0) {
-        part_stats[2 * part] = block_max_v;
-        part_stats[2 * part + 1] = total;
+    }
+#pragma unroll
+    for (int j = 0; j < G; ++j) {
+        if (lane == 0) {
+            warp_max[j][warp] = running_max[j];
+            warp_sum[j][warp] = running_sum[j];
+        }
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) warp_acc[(j * ATTENTION_WARPS + warp) * head_dim + lane * DPL + i] = acc[j][i];
+    }
+    __syncthreads();
+    const int splits = gridDim.y;
+    for (int j = 0; j < G; ++j) {
+        float block_max_v = NEG_INF;
+        for (int w = 0; w < ATTENTION_WARPS; ++w) block_max_v = fmaxf(block_max_v, warp_max[j][w]);
+        float factor[ATTENTION_WARPS];
+        float total = 0.0f;
+        for (int w = 0; w < ATTENTION_WARPS; ++w) {
+            // A warp that saw no position has max -inf and contributes nothing.
+            factor[w] = warp_max[j][w] == NEG_INF ? 0.0f : expf(warp_max[j][w] - block_max_v);
+            total += warp_sum[j][w] * factor[w];
+        }
+        const i64 row_head = t * q_heads + h0 + j;
+        const i64 part = row_head * splits + blockIdx.y;
+        for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+            float a = 0.0f;
+            for (int w = 0; w < ATTENTION_WARPS; ++w) a += warp_acc[(j * ATTENTION_WARPS + w) * head_dim + d] * factor[w];
+            if (splits == 1) {
+                out[row_head * head_dim + d] = a / total;
+            } else {
+                part_acc[part * head_dim + d] = a;
+            }
+        }
+        if (splits > 1 && threadIdx.x == 0) {
+            part_stats[2 * part] = block_max_v;
+            part_stats[2 * part + 1] = total;
+        }
     }
 }
 
-#define ATTENTION_BY_WARPS(DPL, NAME, KV)                                                                    \
-    extern "C" __global__ void paged_attention_d##DPL##_##NAME(                                              \
+// One head a block: paged_attention_d<DPL>_<dtype>; G heads: paged_attention_d<DPL>_g<G>_<dtype>.
+#define ATTENTION_BY_WARPS_KERNEL(KERNEL, DPL, KV, G)                                                       \
+    extern "C" __global__ void KERNEL(                                                                       \
         const float* q, const KV* k_pool, const KV* v_pool, float* out, float* part_stats, float* part_acc,  \
         const int* rows, const unsigned int* blocks, int q_heads, int kv_heads, int block_size, float scale) {  \
         AFTER_PREVIOUS_KERNEL();                                                                             \
-        attention_by_warps<DPL, KV>(q, k_pool, v_pool, out, part_stats, part_acc, rows, blocks, q_heads,       \
-                                    kv_heads, block_size, scale);                                            \
+        attention_by_warps<DPL, KV, G>(q, k_pool, v_pool, out, part_stats, part_acc, rows, blocks, q_heads,    \
+                                       kv_heads, block_size, scale);                                         \
     }
+#define ATTENTION_BY_WARPS(DPL, NAME, KV) ATTENTION_BY_WARPS_KERNEL(paged_attention_d##DPL##_##NAME, DPL, KV, 1)
 #define ATTENTION_BY_WARPS_ALL_DPL(NAME, KV) \
     ATTENTION_BY_WARPS(1, NAME, KV)          \
     ATTENTION_BY_WARPS(2, NAME, KV)          \
     ATTENTION_BY_WARPS(4, NAME, KV)          \
     ATTENTION_BY_WARPS(8, NAME, KV)
 FOR_EACH_KV_DTYPE(ATTENTION_BY_WARPS_ALL_DPL)
+// Grouped heads for the head dims of the model family (128, 256) and its group sizes.
+#define ATTENTION_GROUPED(DPL, G, NAME, KV) \
+    ATTENTION_BY_WARPS_KERNEL(paged_attention_d##DPL##_g##G##_##NAME, DPL, KV, G)
+#define ATTENTION_GROUPED_ALL(NAME, KV)  \
+    ATTENTION_GROUPED(4, 2, NAME, KV)    \
+    ATTENTION_GROUPED(4, 4, NAME, KV)    \
+    ATTENTION_GROUPED(4, 6, NAME, KV)    \
+    ATTENTION_GROUPED(4, 8, NAME, KV)    \
+    ATTENTION_GROUPED(8, 2, NAME, KV)    \
+    ATTENTION_GROUPED(8, 4, NAME, KV)    \
+    ATTENTION_GROUPED(8, 6, NAME, KV)    \
+    ATTENTION_GROUPED(8, 8, NAME, KV)
+FOR_EACH_KV_DTYPE(ATTENTION_GROUPED_ALL)
 
 // Merges the partials of the splits a row used: one block per (token, q head). A row with no visible
 // position is another kernel's (flash_attention.cu) and is left alone.

@@ -43,6 +43,8 @@ pub struct CudaBackend {
     /// Whether kernels that wait for their predecessor themselves are launched early (PDL).
     pub(crate) dependent_launch: bool,
     pub(crate) gemv_lane_shape: crate::gemv::LaneShape,
+    /// Whether decode attention takes a kv head's query heads in one block (attention.rs).
+    pub(crate) grouped_attention: bool,
     pub(crate) gemm_precision: GemmPrecision,
     /// `CudaOptions::keep_fp8_weights` under bf16 precision.
     pub(crate) keep_fp8_weights: bool,
@@ -201,6 +203,7 @@ impl CudaBackend {
             kernels: Arc::new(kernels),
             dependent_launch: options.dependent_launch,
             gemv_lane_shape: crate::gemv::LaneShape::from_options(options),
+            grouped_attention: options.define::<u32>("ATTENTION_GQA").unwrap_or(1) != 0,
             gemm_precision: options.gemm_precision,
             keep_fp8_weights: options.keep_fp8_weights
                 && options.gemm_precision == GemmPrecision::Bf16,

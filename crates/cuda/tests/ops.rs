@@ -21,7 +21,7 @@
 mod common;
 
 use common::{check, cuda, cuda_chunked_gdn, Rng};
-use deltaserve_cuda::{CudaBackend, GemmPrecision};
+use deltaserve_cuda::{CudaBackend, CudaOptions, GemmPrecision};
 use deltaserve_tensor::op_check::{self, AttentionPools, Operands, StatePools};
 use deltaserve_tensor::reference::ReferenceBackend;
 use deltaserve_tensor::{
@@ -633,6 +633,45 @@ fn paged_attention_matches_reference() {
             let ((k_pool, k_ref), (v_pool, v_ref)) = case.pools.contents(be);
             check(&format!("{label} k pool"), &k_pool, &k_ref, 0.0);
             check(&format!("{label} v pool"), &v_pool, &v_ref, 0.0);
+        }
+    }
+}
+
+/// Decode attention that takes a kv head's query heads in one block (batches of 8+ rows; groups of
+/// 2, 4, 6 and 8 at head dims 128 and 256: the 27B's 24/4 at 256, the 9B's 16/4, Qwen3-Next's 16/2
+/// at 256) equals the reference and, bit for bit, the same attention one head a block
+/// (`ATTENTION_GQA=0`), on both pool dtypes, with decode rows, short verifies and contexts that are
+/// split and combined.
+#[test]
+fn grouped_decode_attention_equals_one_head_a_block_bitwise() {
+    let test = "grouped_decode_attention_equals_one_head_a_block_bitwise";
+    // At least GROUPED_ATTENTION_MIN_ROWS (8) rows each: fewer take one head a block either way.
+    let cases: [AttentionCase; 4] = [
+        (24, 4, 256, &[(1, 543), (1, 2047), (4, 100), (1, 0), (1, 7)]),
+        (16, 4, 128, &[(1, 63), (2, 64), (1, 300), (4, 1)]),
+        (16, 2, 256, &[(1, 1000), (3, 5), (4, 9)]),
+        (4, 2, 128, &[(1, 129), (8, 0)]),
+    ];
+    for dtype in [KvDtype::F32, KvDtype::Bf16] {
+        let Some(grouped) = common::cuda_kv(GemmPrecision::Bf16, dtype, test) else {
+            return;
+        };
+        let options = CudaOptions {
+            gemm_precision: GemmPrecision::Bf16,
+            kv_dtype: Some(dtype),
+            defines: vec![("ATTENTION_GQA".to_string(), "0".to_string())],
+            ..CudaOptions::default()
+        };
+        let one_head = CudaBackend::with_options(0, options).expect("a second backend on GPU 0");
+        for (seed, case) in cases.into_iter().enumerate() {
+            let inputs = |be: &CudaBackend| {
+                attention_inputs(be, &mut Rng(40 + seed as u64), case, dtype, false)
+            };
+            let (got, want) = inputs(grouped).attend(grouped);
+            let (single, _) = inputs(&one_head).attend(&one_head);
+            let label = format!("grouped attention, {} pool, {case:?}", dtype.name());
+            check(&label, &got, &want, TOL_ATTENTION);
+            assert_eq!(got, single, "{label}: differs from one head a block");
         }
     }
 }
