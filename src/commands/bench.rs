@@ -8,7 +8,6 @@ use crate::model_flags::ModelFlags;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use deltaserve_model::config::ModelConfig;
-use deltaserve_tensor::DType;
 use serde_json::{json, Value};
 use std::time::Instant;
 
@@ -70,64 +69,6 @@ pub struct BenchArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
-}
-
-/// Parameters of one gated full-attention block (q, gate, k, v, o).
-fn attention_params(c: &ModelConfig) -> usize {
-    let (h, d) = (c.hidden_size, c.head_dim);
-    h * c.num_attention_heads * d * 3 + 2 * h * c.num_key_value_heads * d
-}
-
-/// Parameters of one Gated DeltaNet block (qkv, z, b, a, out).
-fn gdn_params(c: &ModelConfig) -> usize {
-    let h = c.hidden_size;
-    let g = c.gdn_shape();
-    let (key_len, value_len) = (g.key_heads * g.key_dim, g.value_heads * g.value_dim);
-    h * (2 * key_len + value_len) + h * value_len + 2 * h * g.value_heads + value_len * h
-}
-
-/// Parameters one token reads from an MLP: all of a dense one; router, routed and shared experts of
-/// an MoE one.
-fn mlp_params(c: &ModelConfig, moe: bool) -> usize {
-    let h = c.hidden_size;
-    match &c.moe {
-        Some(m) if moe => {
-            m.num_experts * h
-                + m.top_k * 3 * h * m.moe_intermediate_size
-                + 3 * h * m.shared_expert_intermediate_size
-                + h
-        }
-        _ => 3 * h * c.intermediate_size,
-    }
-}
-
-/// Bytes of weights one decode step reads for one token: every matrix except the embedding table
-/// (one row of it), with only the routed experts of MoE layers. Norm and conv vectors are ignored.
-pub fn decode_weight_bytes(c: &ModelConfig, bytes_per_param: usize) -> usize {
-    let mut params = 0;
-    for layer in 0..c.num_hidden_layers {
-        params += if c.is_full_attention(layer) {
-            attention_params(c)
-        } else {
-            gdn_params(c)
-        };
-        let moe = c
-            .moe
-            .as_ref()
-            .is_some_and(|m| m.layer_is_moe.get(layer).copied().unwrap_or(false));
-        params += mlp_params(c, moe);
-    }
-    params += c.vocab_size * c.hidden_size + c.hidden_size; // lm_head (or tied table) + one row
-    params * bytes_per_param
-}
-
-/// Bytes of weights one single-token MTP forward reads (docs/model.md, "MTP head"): `fc`, its
-/// full-attention layer (MLP of the trunk's kind), and the shared lm_head plus one embedding row.
-pub fn mtp_forward_weight_bytes(c: &ModelConfig, bytes_per_param: usize) -> usize {
-    let h = c.hidden_size;
-    let params =
-        2 * h * h + attention_params(c) + mlp_params(c, c.moe.is_some()) + c.vocab_size * h + h;
-    params * bytes_per_param
 }
 
 /// Streams over 1 GiB with `threads` threads and returns bytes per second.
@@ -264,6 +205,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let cpu_kernels = model.cpu_kernels();
     let kv_cache_dtype =
         with_model!(&model, m => deltaserve_tensor::Backend::kv_dtype(&m.backend)).name();
+    // What the loaded matrices occupy as stored (FP8 codes and scales where they were kept).
+    let weight_bytes = with_model!(&model, m => m.decode_weight_bytes());
+    let mtp_bytes = with_model!(&model, m => m.mtp_forward_weight_bytes()).unwrap_or(0);
     drop(model);
     let backend = measured.backend;
     let threads = if settings.threads == 0 {
@@ -271,9 +215,6 @@ pub fn run(args: BenchArgs) -> Result<()> {
     } else {
         settings.threads
     };
-    let bytes_per_param = config.dtype.unwrap_or(DType::BF16).size_bytes();
-    let weight_bytes = decode_weight_bytes(&config, bytes_per_param);
-    let mtp_bytes = mtp_forward_weight_bytes(&config, bytes_per_param);
     let plain = &measured.plain;
     let prefill_s = plain.prefill.total_s();
     let decode_median = plain.decode.median_s();

@@ -374,6 +374,10 @@ impl Backend for CudaBackend {
         (m.rows, m.cols)
     }
 
+    fn mat_bytes(&self, m: &CudaMat) -> usize {
+        m.stored_bytes()
+    }
+
     fn embedding(&self, table: &CudaMat, ids: &[u32], out: &mut CudaBuf) {
         self.timed("embedding", || self.embedding_op(table, ids, out))
     }

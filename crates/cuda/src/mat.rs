@@ -32,6 +32,15 @@ pub struct CudaMat {
 }
 
 impl CudaMat {
+    /// Bytes of device memory the matrix holds (codes and scales for FP8).
+    pub(crate) fn stored_bytes(&self) -> usize {
+        match &self.data {
+            MatData::Bf16(data) => data.len() * 2,
+            MatData::F32(data) => data.len() * 4,
+            MatData::Fp8 { codes, scales } => codes.len() + scales.len() * 4,
+        }
+    }
+
     /// Uploads a 2-D host tensor: bf16 checkpoints keep their bits under `Bf16`; every other case
     /// goes through f32 (rounded to bf16 nearest-even under `Bf16`, kept under `F32`). With
     /// `keep_fp8` (bf16 precision only) a tensor that carries its block-FP8 form is stored in it.

@@ -17,6 +17,7 @@ pub mod safetensors;
 pub mod source;
 pub mod step_graphs;
 pub mod tp;
+pub mod weight_bytes;
 pub mod weights;
 
 pub use cache::{CacheGeometry, HybridCache};

@@ -101,6 +101,9 @@ pub trait Backend: Send + Sync {
     }
     /// `(rows, cols)` of a matrix.
     fn mat_shape(&self, m: &Self::Mat) -> (usize, usize);
+    /// Bytes the matrix occupies as this backend stores it (what one pass over it reads: bf16,
+    /// f32, or FP8 codes plus their block scales; a backend's padding included).
+    fn mat_bytes(&self, m: &Self::Mat) -> usize;
 
     // ---- dense ops ----------------------------------------------------------------------------
     /// `out[t] = table[ids[t]]`; out `[T, hidden]`.

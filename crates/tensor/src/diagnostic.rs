@@ -59,6 +59,9 @@ impl<B: Backend> Backend for BrokenAttention<B> {
     fn mat_shape(&self, m: &Self::Mat) -> (usize, usize) {
         self.inner.mat_shape(m)
     }
+    fn mat_bytes(&self, m: &Self::Mat) -> usize {
+        self.inner.mat_bytes(m)
+    }
     fn embedding(&self, table: &Self::Mat, ids: &[u32], out: &mut Self::Buf) {
         self.inner.embedding(table, ids, out)
     }

@@ -206,6 +206,10 @@ impl Backend for CpuBackend {
         (m.rows(), m.cols())
     }
 
+    fn mat_bytes(&self, m: &CpuMat) -> usize {
+        m.bytes()
+    }
+
     fn run_step<R: Send>(&self, step: impl FnOnce() -> R + Send) -> R {
         // Inside, every op's `pool.install` runs inline on this worker and its parallel pieces
         // go to the other workers, which spin for a while after each op before they sleep.

@@ -78,6 +78,10 @@ impl Backend for ReferenceBackend {
         (m.rows, m.cols)
     }
 
+    fn mat_bytes(&self, m: &RefMat) -> usize {
+        m.data.len() * std::mem::size_of::<f32>()
+    }
+
     fn embedding(&self, table: &RefMat, ids: &[u32], out: &mut Vec<f32>) {
         let h = table.cols;
         for (t, &id) in ids.iter().enumerate() {
