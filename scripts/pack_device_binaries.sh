@@ -6,7 +6,8 @@
 #
 #   scripts/pack_device_binaries.sh [CARRY_DIR]      # default .carry; add it to .git/info/exclude
 #
-# On the device: tar -xJf CARRY_DIR/bins.tar.xz -C /tmp/b, then run /tmp/b/deltaserve and the tests
+# On the device: scripts/h200_call.sh STEP... unpacks them and runs tests, benches and checks in one
+# call; by hand: tar -xJf CARRY_DIR/bins.tar.xz -C /tmp/b, then run /tmp/b/deltaserve and the tests
 # (they find the fixtures through /work/main: ln -s "$PWD" /work/main, as scripts/h200_checks.sh does).
 set -euo pipefail
 cd "$(dirname "$0")/.."

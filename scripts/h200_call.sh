@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# One device call as the H200 sessions make them: the binaries packed by scripts/pack_device_binaries.sh
+# are unpacked, then each STEP runs in order inside a deadline (steps that would start with less than
+# 20 s left are skipped and said so), and everything lands in one tarball under $OUT (the device tool
+# brings back at most 8 files, so one archive plus the summary).
+#
+#   DEADLINE=540 scripts/h200_call.sh STEP...      # on the device, from the repository root
+#
+# Steps:
+#   test:NAME                 a cuda test binary (ops skips paged_attention: 160 s; run it as test:ops_attention)
+#   variants:SHAPE+SHAPE:D,D  scripts/h200_decode_variants.sh over the shapes, one run per DELTASERVE_CUDA_DEFINES
+#                             value (comma-separated; an empty one is the defaults)
+#   mtp:SHAPES:D,D            the same with MTP k=3, forced acceptance
+#   floor:SHAPE               scripts/gemv_floor.py (torch/cuBLAS GEMV sweep in a CUDA graph) for the shape
+#   doctor                    doctor --backend cuda on the demo model
+#   serve                     serve with MTP k=3, then deltaserve smoke against it
+#   sh:COMMAND                any command (its output in sh.log)
+# Each step's one-line result goes to summary.log (also printed); the raw files to $OUT/results.tgz.
+# CARRY (default .carry) is the folder the binaries were packed into.
+set -u
+t0=$(date +%s)
+deadline=${DEADLINE:-540}
+carry=${CARRY:-.carry}
+left() { echo $((deadline - ($(date +%s) - t0))); }
+res=/tmp/res
+bins=/tmp/b
+mkdir -p "$res" "$bins"
+tar -xJf "$carry/bins.tar.xz" -C "$bins"
+# The test binaries find their fixtures through the path they were built in.
+if [ ! -e /work/main ]; then mkdir -p /work && ln -s "$PWD" /work/main; fi
+export PYTHONUNBUFFERED=1
+finish() {
+  tar -czf "$OUT/results.tgz" -C "$res" .
+  cp "$res/summary.log" "$OUT/" 2>/dev/null
+}
+trap finish EXIT
+log() { echo "$*" | tee -a "$res/summary.log"; }
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv >"$res/nvidia-smi.txt" 2>&1
+for step in "$@"; do
+  if [ "$(left)" -lt 20 ]; then
+    log "== skipped $step (deadline)"
+    continue
+  fi
+  s=$(date +%s)
+  case $step in
+    variants:* | mtp:*)
+      IFS=: read -r kind shapes defs <<<"$step"
+      IFS=, read -ra d <<<"$defs"
+      spec=0
+      [ "$kind" = mtp ] && spec=1
+      SPEC=$spec timeout "$(left)" scripts/h200_decode_variants.sh "$bins/deltaserve" "$res/v" "${shapes//+/ }" "${d[@]}" 2>&1 |
+        tee -a "$res/summary.log"
+      ;;
+    floor:*)
+      shape=${step#floor:}
+      timeout "$(left)" python3 scripts/gemv_floor.py --config "examples/$shape/config.json" \
+        >"$res/floor-$shape.json" 2>"$res/floor-$shape.err"
+      log "== floor $shape rc=$? $(cat "$res/floor-$shape.json")"
+      ;;
+    test:*)
+      t=${step#test:}
+      filter=()
+      case $t in
+        ops) filter=(--skip paged_attention) ;;
+        ops_attention)
+          t=ops
+          filter=(paged_attention)
+          ;;
+      esac
+      cap=$(($(left) < 240 ? $(left) : 240))
+      timeout "$cap" "$bins/$t" --test-threads=1 --nocapture "${filter[@]}" >"$res/test-${step#test:}.log" 2>&1
+      log "== test ${step#test:} rc=$? $(($(date +%s) - s)) s $(grep -E '^test result' "$res/test-${step#test:}.log" | tail -1)"
+      ;;
+    doctor)
+      timeout 120 "$bins/deltaserve" doctor --backend cuda --model-path demo >"$res/doctor.log" 2>&1
+      log "== doctor demo rc=$? $(tail -1 "$res/doctor.log")"
+      ;;
+    serve)
+      port=18080
+      "$bins/deltaserve" serve --port $port --enable-metrics --speculative-algorithm NEXTN --speculative-num-steps 3 \
+        --speculative-eagle-topk 1 --speculative-num-draft-tokens 4 >"$res/serve.log" 2>&1 &
+      server=$!
+      for _ in $(seq 120); do curl -sf http://127.0.0.1:$port/health >/dev/null && break; sleep 1; done
+      timeout 90 "$bins/deltaserve" smoke --url http://127.0.0.1:$port >"$res/smoke.log" 2>&1
+      log "== smoke rc=$? $(tail -1 "$res/smoke.log")"
+      kill -TERM $server
+      wait $server
+      log "== serve exit $?"
+      ;;
+    sh:*)
+      timeout "$(left)" bash -c "${step#sh:}" >>"$res/sh.log" 2>&1
+      log "== sh rc=$?"
+      ;;
+    *) log "== unknown step $step" ;;
+  esac
+done
+log "total $(($(date +%s) - t0)) s"
