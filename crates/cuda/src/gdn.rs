@@ -299,9 +299,25 @@ impl CudaBackend {
         } && gdn_chunked::supports(shape)
             && batch.seqs.iter().any(|s| s.len >= CHUNKED_MIN_TOKENS)
             && batch.seqs.iter().all(|s| s.snapshot_slots.is_empty());
-        let fast_kernel = row_kernel(key_dim, value_dim, 1).is_some();
+        let grid = |columns_per_block: usize| {
+            (
+                value_heads as u32,
+                batch.seqs.len() as u32,
+                value_dim.div_ceil(columns_per_block) as u32,
+            )
+        };
+        let wide_blocks =
+            value_heads * batch.seqs.len() * value_dim.div_ceil(32 * ROW_WIDE_COLUMNS);
+        let columns =
+            if wide_blocks >= ROW_WIDE_MIN_BLOCKS && value_dim.is_multiple_of(ROW_WIDE_COLUMNS) {
+                ROW_WIDE_COLUMNS
+            } else {
+                1
+            };
+        let fast = row_kernel(key_dim, value_dim, columns)
+            .map(|kernel| (kernel, grid(32 * columns), ROW_THREADS));
         if let GateSource::Raw(raw) = gates {
-            if chunked || !fast_kernel {
+            if chunked || fast.is_none() {
                 // Only the row kernel computes gates itself.
                 let n = tokens * value_heads;
                 let (mut g, mut beta) = (self.scratch(n), self.scratch(n));
@@ -322,23 +338,6 @@ impl CudaBackend {
         let seqs = self.upload_cached(table::SEQUENCES, &table.seqs);
         let snaps = self.upload_cached(table::SNAPSHOT_SLOTS, &table.snaps);
         let (hk, hv, dv) = (key_heads as i32, value_heads as i32, value_dim as i32);
-        let grid = |columns_per_block: usize| {
-            (
-                value_heads as u32,
-                batch.seqs.len() as u32,
-                value_dim.div_ceil(columns_per_block) as u32,
-            )
-        };
-        let wide_blocks =
-            value_heads * batch.seqs.len() * value_dim.div_ceil(32 * ROW_WIDE_COLUMNS);
-        let columns =
-            if wide_blocks >= ROW_WIDE_MIN_BLOCKS && value_dim.is_multiple_of(ROW_WIDE_COLUMNS) {
-                ROW_WIDE_COLUMNS
-            } else {
-                1
-            };
-        let fast = row_kernel(key_dim, value_dim, columns)
-            .map(|kernel| (kernel, grid(32 * columns), ROW_THREADS));
         if let Some((kernel, grid_dim, threads)) = fast {
             let cfg = LaunchConfig {
                 grid_dim,
