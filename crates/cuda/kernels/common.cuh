@@ -38,6 +38,16 @@ __device__ float block_sum(float v, float* scratch) {
     return total;
 }
 
+// Zero-centred RMSNorm of one row by one block: `out = x * rsqrt(mean(x^2) + eps) * (1 + w)`
+// (rms_norm, and the per-head norms of qk_norm_rope, which must match it bit for bit).
+__device__ __forceinline__ void rms_norm_row(const float* x, const float* w, float* out, int dim, float eps,
+                                             float* scratch) {
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += x[i] * x[i];
+    const float inv = 1.0f / sqrtf(block_sum(ss, scratch) / (float)dim + eps);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) out[i] = x[i] * inv * (1.0f + w[i]);
+}
+
 // Maximum of `v` over the block; every thread gets the same value. `scratch` holds 32 floats.
 __device__ float block_max(float v, float* scratch) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));

@@ -5,12 +5,7 @@
 extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, int dim, float eps) {
     AFTER_PREVIOUS_KERNEL();
     __shared__ float scratch[32];
-    const float* xr = x + (i64)blockIdx.x * dim;
-    float* orow = out + (i64)blockIdx.x * dim;
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
-    const float inv = 1.0f / sqrtf(block_sum(ss, scratch) / (float)dim + eps);
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) orow[i] = xr[i] * inv * (1.0f + w[i]);
+    rms_norm_row(x + (i64)blockIdx.x * dim, w, out + (i64)blockIdx.x * dim, dim, eps, scratch);
 }
 
 // The residual add fused with the next norm: acc += x, then out = rms_norm(acc). Each thread reads
