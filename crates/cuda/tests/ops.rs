@@ -971,8 +971,7 @@ fn gates_and_delta_rule_equal_gates_then_rule_bitwise() {
         for (shape, lens) in gdn_shapes() {
             let (batch, slots) = gdn_batch(lens);
             let (t, hv) = (batch.total_tokens(), shape.value_heads);
-            let conv = rng.vec(slots * 3 * shape.conv_dim(), 1.0);
-            let ssm = rng.vec(slots * hv * shape.key_dim * shape.value_dim, 0.5);
+            let pool_seed = 100 + t as u64;
             let mixed = be.upload(&rng.vec(t * shape.conv_dim(), 1.0));
             let (a, b) = (
                 be.upload(&rng.vec(t * hv, 25.0)),
@@ -980,16 +979,9 @@ fn gates_and_delta_rule_equal_gates_then_rule_bitwise() {
             );
             let (a_log, dt_bias) = (be.upload(&rng.vec(hv, 1.0)), be.upload(&rng.vec(hv, 1.0)));
             let run = |fused: bool| {
-                let mut pools = StatePools::new(
-                    be,
-                    slots,
-                    shape.conv_dim(),
-                    4,
-                    hv,
-                    shape.key_dim,
-                    shape.value_dim,
-                );
-                pools.hold(be, &conv, &ssm);
+                // The same seed: both runs start from the same random windows and states.
+                let mut pools =
+                    state_pools(be, &mut Rng(pool_seed), slots, shape.conv_dim(), shape);
                 let mut out = be.upload(&vec![f32::NAN; t * hv * shape.value_dim]);
                 if fused {
                     let gates = GdnGateInputs {
