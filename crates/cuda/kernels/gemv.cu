@@ -365,3 +365,178 @@ GEMV_FP8_KERNEL(4, GEMV_LANE_ROWS_MULTI)
         gemv_block<TILES>(group, xb, tokens, k);                                                        \
     }
 GEMV_KERNEL(1)
+
+// ---- block-FP8 weights for 2-8 tokens: the streamed tensor-core kernel ----
+// The FP8 lane kernels spend 16 multiply-adds per code vector and token on the CUDA cores (a
+// k=3 verify of 4 tokens took twice a one-token step); here the multiply-adds run on the tensor
+// cores (`mma.m16n8k16`, bf16 in, f32 out), token t being column t of the mma's 8-column operand,
+// so eight tokens cost no more instructions than one. A block owns 16 output rows (or, PAIRED, 8
+// gate rows and the 8 up rows of the same indices) and its GEMV_MMA_WARPS warps take its 128-column
+// blocks in turn (warp w: blocks w, w + WARPS, ...), streaming them like the lane kernels: the
+// loads of the next blocks are in flight while the current ones are multiplied. Per 128 columns
+// (one scale block) a warp sums each row from zero (the tensor cores' accumulation is exact enough
+// over 128 columns), then adds the piece times the block's scale to its f32 total; the warps'
+// totals are added in warp order through shared memory. Nothing in that order depends on the token
+// count, so a row's result does not depend on what else is batched with it here.
+//
+// Thread (g = lane / 4, c = lane % 4) loads rows g and g + 8 of the block, 16 codes at columns
+// 64 v + 16 c of a 128-column block (v = 0, 1): a quad reads 64 contiguous bytes of a row per
+// load. The mma's k index is only a name for a column, the same for weights and activations: the
+// codes are widened to bf16 in the pairs (0, 2) and (1, 3) of each 4-code word (fewest integer
+// operations) and the activations are paired to match. The f32 activations of token g are rounded
+// to bf16 here (as the cuBLAS path's cast rounds them), so no cast launches before the kernel.
+// One token stays on the lane kernel: measured on the H200 (27B shape, one-token decode), this
+// kernel at its best shape 83.1 tok/s against 87.0 (docs/fp8.md).
+#ifndef GEMV_MMA_WARPS
+#define GEMV_MMA_WARPS 4
+#endif
+// Column blocks per register buffer of a warp (two buffers). Measured on the H200 (27B shape,
+// FP8, one-token decode, tok/s in one call): 4 warps x 2 blocks 83.1, 8 x 1 77.4, 4 x 1 77.9,
+// 8 x 2 74.1; a ring of 2-4 one-block slots instead of two buffers 56.6-79.2.
+#ifndef GEMV_MMA_UNROLL
+#define GEMV_MMA_UNROLL 2
+#endif
+#define GEMV_MMA_TOKENS 8
+
+// Codes 0 and 2 (`even`) or 1 and 3 (`odd`) of a word of e4m3fn codes as a bf16 pair, each the
+// code's value times 2^-120 exactly (e4m3_scaled_down's placement at the bf16 width: exponent and
+// mantissa bits at the bottom of the bf16's, subnormals onto bf16 subnormals). The first code of the
+// pair is the low half. Five integer operations and two shifts for four codes.
+__device__ __forceinline__ unsigned int e4m3_pair_odd(unsigned int word) {
+    return (word & 0x80008000u) | ((word >> 4) & 0x07f007f0u);
+}
+__device__ __forceinline__ unsigned int e4m3_pair_even(unsigned int word) {
+    return ((word << 8) & 0x80008000u) | ((word << 4) & 0x07f007f0u);
+}
+
+// bf16(lo) in the low half and bf16(hi) in the high half, rounded to nearest even.
+__device__ __forceinline__ unsigned int pack_bf16(float lo, float hi) {
+    unsigned int d;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+}
+
+template <bool PAIRED>
+__device__ __forceinline__ void gemv_fp8_mma(const GemvGroup& group, const float* __restrict__ x, int tokens, int k) {
+    constexpr int VALUES = 16;  // codes per 16-byte vector
+    constexpr int VECS = 2;     // vectors of a row per lane and column block
+    __shared__ float totals[GEMV_MMA_WARPS][4][32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+    int local[2], mat[2];
+    if (PAIRED) {
+        local[0] = local[1] = blockIdx.x * 8 + g;
+        mat[0] = local[0] < group.first_row[1] ? 0 : -1;
+        mat[1] = mat[0] < 0 ? -1 : 1;
+    } else {
+        mat[0] = group_row(group, blockIdx.x * 16 + g, &local[0]);
+        mat[1] = group_row(group, blockIdx.x * 16 + g + 8, &local[1]);
+    }
+    const int col_blocks = (k + 127) / 128;
+    const unsigned char* w[2];
+    const float* scale_row[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        w[h] = mat[h] >= 0 ? (const unsigned char*)group.w[mat[h]] + (i64)local[h] * k : nullptr;
+        scale_row[h] = mat[h] >= 0 ? group.scale[mat[h]] + (i64)(local[h] / 128) * col_blocks : nullptr;
+    }
+    let_next_kernel_start();
+
+    // A warp's i-th column block is warp + i * GEMV_MMA_WARPS; a buffer holds GEMV_MMA_UNROLL
+    // consecutive ones of them, and one buffer is in flight while the other is multiplied.
+    struct Piece {
+        uint4 v[GEMV_MMA_UNROLL][2][VECS];
+        float scale[GEMV_MMA_UNROLL][2];
+    };
+    auto load = [&](Piece& p, int first) {
+#pragma unroll
+        for (int u = 0; u < GEMV_MMA_UNROLL; ++u) {
+            const int cb = warp + (first + u) * GEMV_MMA_WARPS;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+#pragma unroll
+                for (int v = 0; v < VECS; ++v) {
+                    const int col = cb * 128 + VALUES * (4 * v + c);
+                    p.v[u][h][v] = (cb < col_blocks && col < k && w[h])
+                                       ? load_streaming((const bf16_bits*)(w[h] + col))
+                                       : make_uint4(0u, 0u, 0u, 0u);
+                }
+                // Rows past the group's end have no scales (and zero weights).
+                p.scale[u][h] = (cb < col_blocks && w[h]) ? scale_row[h][cb] : 0.0f;
+            }
+        }
+    };
+    float total[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const float* xg = g < tokens ? x + (i64)g * k : nullptr;
+    auto multiply = [&](const Piece& p, int first) {
+#pragma unroll
+        for (int u = 0; u < GEMV_MMA_UNROLL; ++u) {
+            const int cb = warp + (first + u) * GEMV_MMA_WARPS;
+            if (cb >= col_blocks) return;
+            float piece[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int v = 0; v < VECS; ++v) {
+                const int col = cb * 128 + VALUES * (4 * v + c);
+                float xf[VALUES];
+#pragma unroll
+                for (int q = 0; q < VALUES / 4; ++q) {
+                    const float4 a = (xg && col < k) ? *(const float4*)(xg + col + 4 * q) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                    xf[4 * q] = a.x; xf[4 * q + 1] = a.y; xf[4 * q + 2] = a.z; xf[4 * q + 3] = a.w;
+                }
+                const unsigned int lo[4] = {p.v[u][0][v].x, p.v[u][0][v].y, p.v[u][0][v].z, p.v[u][0][v].w};
+                const unsigned int hi[4] = {p.v[u][1][v].x, p.v[u][1][v].y, p.v[u][1][v].z, p.v[u][1][v].w};
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+                    mma_bf16(piece, e4m3_pair_even(lo[j]), e4m3_pair_even(hi[j]), e4m3_pair_odd(lo[j]), e4m3_pair_odd(hi[j]),
+                             pack_bf16(xf[4 * j], xf[4 * j + 2]), pack_bf16(xf[4 * j + 1], xf[4 * j + 3]));
+            }
+            // piece: rows g (0, 1) and g + 8 (2, 3), tokens 2c and 2c + 1.
+#pragma unroll
+            for (int i = 0; i < 4; ++i) total[i] = fmaf(piece[i] * E4M3_UNSCALE, p.scale[u][i / 2], total[i]);
+        }
+    };
+
+    // The weights do not depend on earlier kernels: the first column blocks' loads are issued before
+    // the wait, so they overlap the previous kernel's tail.
+    Piece pa, pb;
+    load(pa, 0);
+    wait_for_previous_kernel();
+    const int mine = (col_blocks - warp + GEMV_MMA_WARPS - 1) / GEMV_MMA_WARPS;  // this warp's column blocks
+    for (int first = 0; first < mine; first += 2 * GEMV_MMA_UNROLL) {
+        load(pb, first + GEMV_MMA_UNROLL);
+        multiply(pa, first);
+        load(pa, first + 2 * GEMV_MMA_UNROLL);
+        multiply(pb, first + GEMV_MMA_UNROLL);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) totals[warp][i][lane] = total[i];
+    __syncthreads();
+    if (warp != 0) return;
+    float sum[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        sum[i] = 0.0f;
+        for (int u = 0; u < GEMV_MMA_WARPS; ++u) sum[i] += totals[u][i][lane];
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int token = 2 * c + (i & 1), h = i / 2;
+        if (token >= tokens || mat[h] < 0) continue;
+        if (PAIRED) {
+            if (h == 0) group.out[0][(i64)token * group.first_row[1] + local[0]] = silu_f(sum[i]) * sum[i + 2];
+        } else {
+            const int n = group.first_row[mat[h] + 1] - group.first_row[mat[h]];
+            group.out[mat[h]][(i64)token * n + local[h]] = sum[i];
+        }
+    }
+}
+
+// Grid: ceil(first_row[count] / 16) blocks (PAIRED: ceil(gate rows / 8)) of 32 * GEMV_MMA_WARPS
+// threads. x: the f32 activations of `tokens` <= GEMV_MMA_TOKENS tokens. Block-FP8 matrices as for
+// the lane kernels (k % 16 == 0, 16-byte aligned rows, checked by the launcher).
+#define GEMV_FP8_MMA_KERNEL(NAME, PAIRED)                                                               \
+    extern "C" __global__ void __launch_bounds__(32 * GEMV_MMA_WARPS)                                  \
+        NAME(const GemvGroup group, const float* __restrict__ x, int tokens, int k) {                   \
+        gemv_fp8_mma<PAIRED>(group, x, tokens, k);                                                      \
+    }
+GEMV_FP8_MMA_KERNEL(gemv_fp8_mma, false)
+GEMV_FP8_MMA_KERNEL(gemv_fp8_mma_silu_gate, true)

@@ -70,7 +70,7 @@ impl CudaBackend {
             }
             return;
         }
-        if Self::gemv_applies(ws, tokens) {
+        if self.gemv_applies(ws, tokens) {
             self.gemv_op(x, ws, outs, tokens);
             return;
         }

@@ -1,7 +1,8 @@
 //! The skinny-GEMM path of `matmul` for decode and verify (gemv.cu): up to `GEMV_MAX_TOKENS` rows
 //! against up to `GEMV_MATRICES` bf16 weight matrices that share their input, in one launch, or up
-//! to `LANE_TOKENS` rows against block-FP8 matrices (W8A16: the codes are read, one scale a
-//! 16-code vector, and multiply the f32 activations; half the bytes of bf16). cuBLAS
+//! to `MMA_TOKENS` rows against block-FP8 matrices (W8A16, half the bytes of bf16: one token on
+//! the CUDA cores with the f32 activations, one scale a 16-code vector; 2-8 tokens on the tensor
+//! cores with the activations rounded to bf16, one scale a 128-column piece). cuBLAS
 //! picks GEMM tilings that leave bandwidth unused on these shapes and needs a separate cast of the
 //! activations per matrix; this path rounds the activations once per group and streams each weight
 //! byte once with 16-byte loads into tensor-core multiply-adds, K split over a block's warps.
@@ -25,8 +26,14 @@ const ROWS_PER_BLOCK: usize = 16;
 /// `GEMV_LANE_TOKENS` of gemv.cu: token counts of the CUDA-core kernel.
 const LANE_TOKENS: usize = 4;
 
-/// The CUDA-core kernel's block shape: `GEMV_LANE_WARPS` warps of `GEMV_LANE_ROWS` rows (one
-/// token) or `GEMV_LANE_ROWS_MULTI` rows (two to four tokens) each, the defaults of gemv.cu unless
+/// `GEMV_MMA_TOKENS` of gemv.cu: token counts of the FP8 tensor-core kernel.
+const MMA_TOKENS: usize = 8;
+/// Rows a block of the FP8 tensor-core kernel owns (8 gate + 8 up rows when paired).
+const MMA_ROWS_PER_BLOCK: usize = 16;
+
+/// The GEMV kernels' block shapes and which one runs: the CUDA-core kernel's `GEMV_LANE_WARPS`
+/// warps of `GEMV_LANE_ROWS` rows (one token) or `GEMV_LANE_ROWS_MULTI` rows (two to four tokens)
+/// each, the FP8 tensor-core kernel's `GEMV_MMA_WARPS`; the defaults of gemv.cu unless
 /// `CudaOptions::defines` overrides them (for measuring variants).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct LaneShape {
@@ -35,6 +42,11 @@ pub(crate) struct LaneShape {
     rows_more_tokens: usize,
     /// Whether `matmul_silu_gate` takes the paired kernel (`GEMV_SILU_GATE=0` measures without).
     silu_gate: bool,
+    mma_warps: usize,
+    /// Block-FP8 weights take the tensor-core kernel from this many tokens to `MMA_TOKENS`
+    /// (`GEMV_FP8_MMA_FROM`; the CUDA-core kernel below it; past `MMA_TOKENS`: never, and then
+    /// the CUDA-core kernel takes 1-4 tokens and cuBLAS the rest, as before the kernel existed).
+    fp8_mma_from: usize,
 }
 
 impl LaneShape {
@@ -44,6 +56,24 @@ impl LaneShape {
             rows_one_token: options.define("GEMV_LANE_ROWS").unwrap_or(4),
             rows_more_tokens: options.define("GEMV_LANE_ROWS_MULTI").unwrap_or(2),
             silu_gate: options.define::<u32>("GEMV_SILU_GATE").unwrap_or(1) != 0,
+            mma_warps: options.define("GEMV_MMA_WARPS").unwrap_or(4),
+            fp8_mma_from: options.define("GEMV_FP8_MMA_FROM").unwrap_or(2),
+        }
+    }
+
+    /// Whether `tokens` rows against matrices of this format take the FP8 tensor-core kernel.
+    fn mma(&self, fp8: bool, tokens: usize) -> bool {
+        fp8 && (self.fp8_mma_from..=MMA_TOKENS).contains(&tokens)
+    }
+
+    /// The most tokens the GEMV kernels take for this format.
+    fn max_tokens(&self, fp8: bool) -> usize {
+        if !fp8 {
+            GEMV_MAX_TOKENS
+        } else if self.fp8_mma_from <= LANE_TOKENS + 1 {
+            MMA_TOKENS
+        } else {
+            LANE_TOKENS
         }
     }
 
@@ -77,18 +107,19 @@ impl CudaBackend {
     /// Whether `matmul_group` can take the GEMV path for these matrices and this many rows: one
     /// shared input width, few rows, and either bf16 weights whose rows are whole 16-byte vectors
     /// or block-FP8 ones whose rows are whole 16-code vectors (at most `LANE_TOKENS` rows).
-    pub(crate) fn gemv_applies(ws: &[&CudaMat], tokens: usize) -> bool {
+    pub(crate) fn gemv_applies(&self, ws: &[&CudaMat], tokens: usize) -> bool {
         let Some(first) = ws.first() else {
             return false;
         };
         let k = first.cols;
+        let shape = self.gemv_lane_shape;
         let fits = |w: &&CudaMat| w.cols == k && w.rows > 0;
-        let bf16 = (1..=GEMV_MAX_TOKENS).contains(&tokens)
+        let bf16 = (1..=shape.max_tokens(false)).contains(&tokens)
             && k % 8 == 0
             && ws
                 .iter()
                 .all(|w| fits(w) && matches!(w.data, MatData::Bf16(_)));
-        let fp8 = (1..=LANE_TOKENS).contains(&tokens)
+        let fp8 = (1..=shape.max_tokens(true)).contains(&tokens)
             && k % 16 == 0
             && ws
                 .iter()
@@ -119,18 +150,21 @@ impl CudaBackend {
         }
     }
 
-    /// Whether `matmul_silu_gate` can take the paired GEMV kernel: the lane kernels' token counts
-    /// and a gate and an up matrix of one shape and format.
+    /// Whether `matmul_silu_gate` can take a paired GEMV kernel: the token counts of the lane
+    /// kernels or of the streamed tensor-core kernel, and a gate and an up matrix of one shape and
+    /// format.
     pub(crate) fn silu_gate_gemv_applies(
         &self,
         gate: &CudaMat,
         up: &CudaMat,
         tokens: usize,
     ) -> bool {
-        self.gemv_lane_shape.silu_gate
-            && tokens <= LANE_TOKENS
+        let shape = self.gemv_lane_shape;
+        let fp8 = matches!(gate.data, MatData::Fp8 { .. });
+        shape.silu_gate
+            && (tokens <= LANE_TOKENS || shape.mma(fp8, tokens))
             && (gate.rows, gate.cols) == (up.rows, up.cols)
-            && Self::gemv_applies(&[gate, up], tokens)
+            && self.gemv_applies(&[gate, up], tokens)
     }
 
     /// `out [tokens, rows] = silu(bf16(x) @ gate^T) * (bf16(x) @ up^T)` in one launch; the caller
@@ -157,9 +191,10 @@ impl CudaBackend {
     }
 
     /// The activations rounded to bf16 once for a whole group (as the cuBLAS path does), except
-    /// for the one-token kernel, which rounds the f32 values itself the same way and so saves the
-    /// cast's launch (with more tokens the rounding costs more than the launch), and for the FP8
-    /// kernels, which multiply the f32 activations as they are.
+    /// for the kernels that read the f32 values: the one-token bf16 lane kernel and the FP8
+    /// tensor-core kernel round them themselves the same way and so save the cast's launch (with
+    /// 2-4 tokens on the CUDA cores the rounding costs more than the launch), and the FP8 lane
+    /// kernels multiply them as they are.
     fn gemv_bf16_input(
         &self,
         x: &CudaBuf,
@@ -167,7 +202,8 @@ impl CudaBackend {
         tokens: usize,
     ) -> Option<CudaSlice<u16>> {
         let fp8 = matches!(ws[0].data, MatData::Fp8 { .. });
-        (tokens > 1 && !fp8).then(|| self.cast_to_bf16(x, tokens * ws[0].cols))
+        let reads_f32 = fp8 || tokens == 1;
+        (!reads_f32).then(|| self.cast_to_bf16(x, tokens * ws[0].cols))
     }
 
     /// One GEMV launch over at most `GEMV_MATRICES` matrices writing to `outs`; `paired`: the
@@ -183,8 +219,10 @@ impl CudaBackend {
         paired: bool,
     ) {
         let k = ws[0].cols;
-        let lanes = tokens <= LANE_TOKENS;
         let fp8 = matches!(ws[0].data, MatData::Fp8 { .. });
+        let shape = self.gemv_lane_shape;
+        let mma = shape.mma(fp8, tokens);
+        let lanes = !mma && tokens <= LANE_TOKENS;
         let mut group = GemvGroup {
             count: ws.len() as i32,
             ..GemvGroup::default()
@@ -211,8 +249,9 @@ impl CudaBackend {
             rows += w.rows;
         }
         group.first_row[ws.len()] = rows as i32;
-        let (rows_per_block, warps) = if lanes {
-            let shape = self.gemv_lane_shape;
+        let (rows_per_block, warps) = if mma {
+            (MMA_ROWS_PER_BLOCK, shape.mma_warps)
+        } else if lanes {
             (shape.rows_per_block(tokens), shape.warps)
         } else {
             (ROWS_PER_BLOCK, GEMV_WARPS)
@@ -236,24 +275,26 @@ impl CudaBackend {
         // x_bf16 otherwise) holds tokens * k values and each out tokens * rows_m f32 (checked by
         // the callers); first_row partitions the grid's rows among the matrices; a paired group is
         // a gate and an up matrix of one shape (silu_gate_gemv_applies).
-        let kernel = match (fp8, paired, tokens) {
-            (true, false, 1) => "gemv_fp8_lanes_t1",
-            (true, false, 2) => "gemv_fp8_lanes_t2",
-            (true, false, 3) => "gemv_fp8_lanes_t3",
-            (true, false, _) => "gemv_fp8_lanes_t4",
-            (true, true, 1) => "gemv_fp8_lanes_silu_gate_t1",
-            (true, true, 2) => "gemv_fp8_lanes_silu_gate_t2",
-            (true, true, 3) => "gemv_fp8_lanes_silu_gate_t3",
-            (true, true, _) => "gemv_fp8_lanes_silu_gate_t4",
-            (false, false, 1) => "gemv_bf16_lanes_t1",
-            (false, false, 2) => "gemv_bf16_lanes_t2",
-            (false, false, 3) => "gemv_bf16_lanes_t3",
-            (false, false, 4) => "gemv_bf16_lanes_t4",
-            (false, false, _) => "gemv_bf16_t1",
-            (false, true, 1) => "gemv_bf16_lanes_silu_gate_t1",
-            (false, true, 2) => "gemv_bf16_lanes_silu_gate_t2",
-            (false, true, 3) => "gemv_bf16_lanes_silu_gate_t3",
-            (false, true, _) => "gemv_bf16_lanes_silu_gate_t4",
+        let kernel = match (mma, fp8, paired, tokens) {
+            (true, _, false, _) => "gemv_fp8_mma",
+            (true, _, true, _) => "gemv_fp8_mma_silu_gate",
+            (false, true, false, 1) => "gemv_fp8_lanes_t1",
+            (false, true, false, 2) => "gemv_fp8_lanes_t2",
+            (false, true, false, 3) => "gemv_fp8_lanes_t3",
+            (false, true, false, _) => "gemv_fp8_lanes_t4",
+            (false, true, true, 1) => "gemv_fp8_lanes_silu_gate_t1",
+            (false, true, true, 2) => "gemv_fp8_lanes_silu_gate_t2",
+            (false, true, true, 3) => "gemv_fp8_lanes_silu_gate_t3",
+            (false, true, true, _) => "gemv_fp8_lanes_silu_gate_t4",
+            (false, false, false, 1) => "gemv_bf16_lanes_t1",
+            (false, false, false, 2) => "gemv_bf16_lanes_t2",
+            (false, false, false, 3) => "gemv_bf16_lanes_t3",
+            (false, false, false, 4) => "gemv_bf16_lanes_t4",
+            (false, false, false, _) => "gemv_bf16_t1",
+            (false, false, true, 1) => "gemv_bf16_lanes_silu_gate_t1",
+            (false, false, true, 2) => "gemv_bf16_lanes_silu_gate_t2",
+            (false, false, true, 3) => "gemv_bf16_lanes_silu_gate_t3",
+            (false, false, true, _) => "gemv_bf16_lanes_silu_gate_t4",
         };
         match x_bf16 {
             Some(xb) => launch!(self, kernel, cfg, &group, xb, &t32, &k32),

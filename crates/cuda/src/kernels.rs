@@ -50,6 +50,8 @@ pub const FILES: [KernelFile; 14] = [
             "gemv_fp8_lanes_silu_gate_t2",
             "gemv_fp8_lanes_silu_gate_t3",
             "gemv_fp8_lanes_silu_gate_t4",
+            "gemv_fp8_mma",
+            "gemv_fp8_mma_silu_gate",
         ],
     },
     KernelFile {

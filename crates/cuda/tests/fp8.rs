@@ -1,13 +1,16 @@
-//! Block-FP8 weights on the GPU (W8A16): the FP8 GEMV (1-4 rows) against the reference on the exactly
-//! dequantized weights, its rows batch-invariant bit for bit, the bf16 widening behind cuBLAS (more
+//! Block-FP8 weights on the GPU (W8A16): the FP8 GEMV (1-8 rows) against the reference on the exactly
+//! dequantized weights, its rows batch-invariant bit for bit over 2-8 rows (one row has a kernel of
+//! its own), the bf16 widening behind cuBLAS (more
 //! rows) within the bf16 GEMM tolerance, and the device quantizer of `--load-format dummy
 //! --quantization fp8` equal to the host's, with the weights kept as FP8
 //! (`CudaOptions::keep_fp8_weights`) and widened to bf16 at load (the default). Skipped without a
 //! GPU.
 //!
-//! Tolerances: the FP8 GEMV multiplies the exact FP8 values with the f32 activations and sums in f32
-//! (a vector's 16 products, then its block scale), so it differs from the reference only by the
-//! order of f32 sums over K: `TOL_FP8_GEMV` is `TOL_MATMUL` of ops.rs (K up to 5120 here). The
+//! Tolerances: the FP8 GEMV multiplies the exact FP8 values with the f32 activations (one token, on
+//! the CUDA cores) or with the activations rounded to bf16 (2-8 tokens, on the tensor cores; the
+//! reference is given them rounded alike) and sums in f32 (a vector's products or a 128-column
+//! piece, then the block's scale), so it differs from the reference only by the order and the
+//! accumulator of f32 sums over K: `TOL_FP8_GEMV` is `TOL_MATMUL` of ops.rs (K up to 17408 here). The
 //! widened path rounds weights and activations to bf16 as any bf16 GEMM: `TOL_BF16_GEMM`, as in
 //! golden.rs.
 
@@ -20,7 +23,7 @@ use deltaserve_model::online_fp8::Fp8QuantizingSource;
 use deltaserve_model::quantization::Fp8Quantization;
 use deltaserve_model::source::TensorSource;
 use deltaserve_tensor::e4m3::e4m3_to_f32;
-use deltaserve_tensor::op_check::{check, matmul, Operands, Rng};
+use deltaserve_tensor::op_check::{check, matmul, matmul_group, Operands, Rng};
 use deltaserve_tensor::reference::ReferenceBackend;
 use deltaserve_tensor::{Backend, BlockFp8Matrix, DType, HostTensor};
 
@@ -69,22 +72,29 @@ fn fp8_gemv_matches_reference_and_is_batch_invariant() {
         let w = be.load_mat(&t).unwrap();
         let w_ref = ReferenceBackend.load_mat(&t).unwrap();
         let x = rng.vec(9 * cols, 1.0);
-        let mut four = Vec::new();
-        for tokens in [4, 1, 2, 3] {
-            let (got, want) = matmul(be, &w, &w_ref, &x[..tokens * cols], tokens, Operands::Exact);
+        let (got, want) = matmul(be, &w, &w_ref, &x[..cols], 1, Operands::Exact);
+        check(
+            &format!("fp8 gemv [{rows}x{cols}] x 1 row"),
+            &got,
+            &want,
+            TOL_FP8_GEMV,
+        );
+        let mut eight = Vec::new();
+        for tokens in [8, 2, 3, 4, 5, 6, 7] {
+            let (got, want) = matmul(be, &w, &w_ref, &x[..tokens * cols], tokens, Operands::Bf16);
             check(
                 &format!("fp8 gemv [{rows}x{cols}] x {tokens} rows"),
                 &got,
                 &want,
                 TOL_FP8_GEMV,
             );
-            if tokens == 4 {
-                four = got;
+            if tokens == 8 {
+                eight = got;
             } else {
                 assert_eq!(
                     got,
-                    four[..tokens * rows],
-                    "fp8 gemv [{rows}x{cols}]: {tokens} rows differ from the same rows among 4"
+                    eight[..tokens * rows],
+                    "fp8 gemv [{rows}x{cols}]: {tokens} rows differ from the same rows among 8"
                 );
             }
         }
@@ -98,8 +108,44 @@ fn fp8_gemv_matches_reference_and_is_batch_invariant() {
     }
 }
 
-/// The device quantizer gives the host's codes and scales: the products of the two matrices (the
-/// identity reads a matrix back through the FP8 GEMV one column at a time) are equal bit for bit.
+/// A group of FP8 matrices in one launch (row counts that split a block's 16 rows between
+/// matrices, as the q/k/v and gate/up groups may) equals the reference for each matrix.
+#[test]
+fn fp8_matmul_group_matches_reference_for_each_matrix() {
+    let Some(be) = cuda_fp8("fp8_matmul_group_matches_reference_for_each_matrix") else {
+        return;
+    };
+    let mut rng = Rng(33);
+    let cols = 1040;
+    let host: Vec<HostTensor> = [37, 300, 129, 8]
+        .iter()
+        .map(|&rows| random_fp8(&mut rng, rows, cols))
+        .collect();
+    let ws: Vec<_> = host.iter().map(|t| be.load_mat(t).unwrap()).collect();
+    let w_refs: Vec<_> = host
+        .iter()
+        .map(|t| ReferenceBackend.load_mat(t).unwrap())
+        .collect();
+    let (w_list, w_ref_list): (Vec<_>, Vec<_>) = ws.iter().zip(&w_refs).unzip();
+    // One token multiplies the f32 activations, more their bf16 rounding.
+    for (tokens, operands) in [
+        (1, Operands::Exact),
+        (3, Operands::Bf16),
+        (8, Operands::Bf16),
+    ] {
+        let x = rng.vec(tokens * cols, 1.0);
+        let outputs = matmul_group(be, &w_list, &w_ref_list, &x, tokens, operands);
+        for (m, (got, want)) in outputs.iter().enumerate() {
+            check(
+                &format!("fp8 group matrix {m}, {tokens} rows"),
+                got,
+                want,
+                TOL_FP8_GEMV,
+            );
+        }
+    }
+}
+
 /// The fused silu gate on FP8 weights (the paired FP8 kernel) is bit for bit its two ops.
 #[test]
 fn fp8_matmul_silu_gate_equals_group_then_silu_mul_bitwise() {
@@ -114,6 +160,8 @@ fn fp8_matmul_silu_gate_equals_group_then_silu_mul_bitwise() {
     }
 }
 
+/// The device quantizer gives the host's codes and scales: the products of the two matrices (the
+/// identity reads a matrix back through the FP8 GEMV one column at a time) are equal bit for bit.
 #[test]
 fn device_quantized_dummy_matrices_equal_host_quantized() {
     // Kept as FP8 (read back through the FP8 GEMV) and widened at load (through the bf16 one).

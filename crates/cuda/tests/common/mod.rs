@@ -80,8 +80,9 @@ fn shared_backend(
 pub use deltaserve_tensor::op_check::{check, Rng};
 
 /// `matmul_silu_gate` against `matmul_group` over `[gate, up]` then `silu_mul`, bit for bit, for
-/// token counts on both sides of the paired GEMV kernel's limit of 4 (the fused kernel below, the
-/// two ops above), into an output poisoned with NaN so that an unwritten element fails.
+/// token counts on both sides of the paired kernels' limits (4 for the CUDA-core kernel, 8 for the
+/// streamed tensor-core one; the two ops past them), into an output poisoned with NaN so that an
+/// unwritten element fails.
 pub fn assert_silu_gate_is_the_two_ops(
     be: &CudaBackend,
     gate: &deltaserve_cuda::CudaMat,
@@ -91,7 +92,7 @@ pub fn assert_silu_gate_is_the_two_ops(
 ) {
     use deltaserve_tensor::Backend;
     let (rows, k) = be.mat_shape(gate);
-    for tokens in 1..=6 {
+    for tokens in 1..=10 {
         let x = be.upload(&rng.vec(tokens * k, 1.0));
         let mut fused = be.upload(&vec![f32::NAN; tokens * rows]);
         be.matmul_silu_gate(&x, gate, up, &mut fused, tokens);
