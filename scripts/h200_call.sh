@@ -11,6 +11,8 @@
 #   variants:SHAPE+SHAPE:D,D  scripts/h200_decode_variants.sh over the shapes, one run per DELTASERVE_CUDA_DEFINES
 #                             value (comma-separated; an empty one is the defaults)
 #   mtp:SHAPES:D,D            the same with MTP k=3, forced acceptance
+#   fp8:SHAPES:D,D, fp8mtp:SHAPES:D,D  the same two with block-FP8 weights kept on the device
+#                             (--quantization fp8, DELTASERVE_CUDA_FP8_WEIGHTS=1)
 #   floor:SHAPE               scripts/gemv_floor.py (torch/cuBLAS GEMV sweep in a CUDA graph) for the shape
 #   doctor                    doctor --backend cuda on the demo model
 #   serve                     serve with MTP k=3, then deltaserve smoke against it
@@ -43,12 +45,15 @@ for step in "$@"; do
   fi
   s=$(date +%s)
   case $step in
-    variants:* | mtp:*)
+    variants:* | mtp:* | fp8:* | fp8mtp:*)
       IFS=: read -r kind shapes defs <<<"$step"
       IFS=, read -ra d <<<"$defs"
-      spec=0
-      [ "$kind" = mtp ] && spec=1
-      SPEC=$spec timeout "$(left)" scripts/h200_decode_variants.sh "$bins/deltaserve" "$res/v" "${shapes//+/ }" "${d[@]}" 2>&1 |
+      [ ${#d[@]} -eq 0 ] && d=("")  # "SHAPE:" alone: the defaults once
+      spec=0 fp8=0 args="" tag=""
+      case $kind in mtp | fp8mtp) spec=1 ;; esac
+      case $kind in fp8 | fp8mtp) fp8=1 args="--quantization fp8" tag=fp8 ;; esac
+      DELTASERVE_CUDA_FP8_WEIGHTS=$fp8 ARGS=$args TAG=$tag SPEC=$spec timeout "$(left)" \
+        scripts/h200_decode_variants.sh "$bins/deltaserve" "$res/v" "${shapes//+/ }" "${d[@]}" 2>&1 |
         tee -a "$res/summary.log"
       ;;
     floor:*)

@@ -2,7 +2,8 @@
 # Decode speed of kernel variants in one call, each against the same binary: for every model shape
 # and every DELTASERVE_CUDA_DEFINES value given, one `bench` (batch 1, MTP k=3 with forced acceptance
 # when SPEC=1), its JSON under OUT named after the shape and the defines. An empty defines value
-# ("") is the binary's defaults. Usage:
+# ("") is the binary's defaults. ARGS: more bench flags (e.g. "--quantization fp8"), TAG: a suffix for
+# the names of those runs. Usage:
 #   scripts/h200_decode_variants.sh BIN OUT "qwen3.6-27b qwen3.5-9b" "" "GEMV_SPLIT_BLOCKS=0" ...
 set -u
 ds=${1:?deltaserve binary}
@@ -12,13 +13,13 @@ shift 3
 mkdir -p "$out"
 for shape in $shapes; do
   for defines in "$@"; do
-    name="$shape-${defines:-default}"
+    name="$shape${TAG:+-$TAG}-${defines:-default}"
     name=${name//[^A-Za-z0-9._-]/_}
     spec=()
     [ "${SPEC:-0}" = 1 ] && spec=(--speculative-num-steps 3) && name="$name-mtp3"
     start=$(date +%s)
     DELTASERVE_CUDA_DEFINES="$defines" timeout "${BENCH_TIMEOUT:-120}" "$ds" bench --backend cuda --model-path "examples/$shape" \
-      --load-format dummy --prefill-len "${PREFILL:-512}" --decode-len "${DECODE:-64}" "${spec[@]}" \
+      --load-format dummy --prefill-len "${PREFILL:-512}" --decode-len "${DECODE:-64}" "${spec[@]}" ${ARGS:-} \
       --measure-bandwidth --json >"$out/$name.json" 2>"$out/$name.err"
     rc=$?
     python3 - "$out/$name.json" "$name" "$rc" "$(( $(date +%s) - start ))" <<'PY'
