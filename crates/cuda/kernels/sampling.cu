@@ -313,3 +313,16 @@ extern "C" __global__ void sample_rows(const float* logits, int vocab, const Row
         out[r] = result;
     }
 }
+
+// out[n] = the logits row src_rows[n], every token its mask forbids at -infinity: bit id % 32 of
+// words[word_offsets[n] + id / 32] (a grammar's token mask); word_offsets[n] < 0 copies the row
+// whole. Grid (ceil(vocab / blockDim.x), rows); one thread per token.
+extern "C" __global__ void mask_rows(const float* logits, int vocab, const int* src_rows, const int* word_offsets,
+                                     const unsigned int* words, float* out) {
+    AFTER_PREVIOUS_KERNEL();
+    const int n = blockIdx.y, id = blockIdx.x * blockDim.x + threadIdx.x;
+    if (id >= vocab) return;
+    const int offset = word_offsets[n];
+    const bool allowed = offset < 0 || ((words[offset + id / 32] >> (id % 32)) & 1u);
+    out[(i64)n * vocab + id] = allowed ? logits[(i64)src_rows[n] * vocab + id] : NEG_INF;
+}

@@ -172,7 +172,7 @@ pub const FILES: [KernelFile; 14] = [
     KernelFile {
         name: "sampling.cu",
         source: include_str!("../kernels/sampling.cu"),
-        functions: &["sample_rows"],
+        functions: &["sample_rows", "mask_rows"],
     },
     KernelFile {
         name: "block_fp8.cu",

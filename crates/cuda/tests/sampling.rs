@@ -9,7 +9,7 @@ mod common;
 use common::{cuda, Rng};
 use deltaserve_cuda::GemmPrecision;
 use deltaserve_engine::sampler::{argmax, processed_distribution, PenaltyHistory};
-use deltaserve_engine::SamplingParams;
+use deltaserve_engine::{SamplingParams, TokenMask};
 use deltaserve_tensor::{Backend, RowSampling};
 
 /// Cumulative masses are f64 on both sides, the weights f32 exponentials on the device: a uniform
@@ -75,7 +75,7 @@ fn settings() -> Vec<(&'static str, SamplingParams)> {
     ]
 }
 
-fn row_sampling(row: u32, p: &SamplingParams, uniform: f64) -> RowSampling {
+fn row_sampling(row: u32, p: &SamplingParams, uniform: f64) -> RowSampling<'static> {
     RowSampling {
         row,
         temperature: p.temperature,
@@ -83,6 +83,7 @@ fn row_sampling(row: u32, p: &SamplingParams, uniform: f64) -> RowSampling {
         top_p: p.top_p,
         min_p: p.min_p,
         uniform,
+        allowed: None,
     }
 }
 
@@ -207,4 +208,100 @@ fn device_sampling_leaves_logits_untouched_and_handles_repeated_rows() {
         "the same row and number give the same token"
     );
     assert_eq!(be.to_host(&buf), x, "sampling must not write to the logits");
+}
+
+/// Grammar masks on the device: each masked row is sampled as the host samples the row with every
+/// forbidden logit at -infinity (greedy: the best allowed token; sampled: the host's distribution of
+/// the masked row walked in id order), beside unmasked rows of the same call, and the logits are
+/// left as they were. Masks: a sparse random set, everything but the argmax, a single token, and a
+/// mask shorter than the row (ids past its words are forbidden).
+#[test]
+fn masked_rows_draw_from_the_allowed_tokens_as_the_host_does() {
+    let Some(be) = cuda(
+        GemmPrecision::Bf16,
+        "masked_rows_draw_from_the_allowed_tokens_as_the_host_does",
+    ) else {
+        return;
+    };
+    for (vocab, quantize) in [(248_320, false), (3000, true)] {
+        let rows = 5;
+        let x = logits_rows(vocab, rows, 17 + vocab as u64, quantize);
+        let buf = be.upload(&x);
+        let words = vocab.div_ceil(32);
+        let mut rng = Rng(5);
+        let mut sparse = vec![0u32; words];
+        for id in 0..vocab {
+            if rng.next_f32() > 0.98 {
+                sparse[id / 32] |= 1 << (id % 32);
+            }
+        }
+        let row1_argmax = argmax(&x[vocab..2 * vocab]) as usize;
+        let mut all_but_argmax = vec![u32::MAX; words];
+        all_but_argmax[row1_argmax / 32] &= !(1 << (row1_argmax % 32));
+        let mut single = vec![0u32; words];
+        single[(vocab - 3) / 32] |= 1 << ((vocab - 3) % 32);
+        let short = vec![u32::MAX; words / 2];
+        // Row 4 has no mask.
+        let masks: Vec<Option<Vec<u32>>> = vec![
+            Some(sparse),
+            Some(all_but_argmax),
+            Some(single),
+            Some(short),
+            None,
+        ];
+        let masked_rows: Vec<Vec<f32>> = (0..rows)
+            .map(|r| {
+                let row = &x[r * vocab..][..vocab];
+                match &masks[r] {
+                    Some(words) => TokenMask {
+                        words: words.clone(),
+                    }
+                    .apply(row),
+                    None => row.to_vec(),
+                }
+            })
+            .collect();
+        let mut settings = settings();
+        settings.push(("greedy", SamplingParams::default()));
+        for (label, params) in settings {
+            let mut uniforms = Rng(41);
+            let mut requests = Vec::new();
+            for (r, mask) in masks.iter().enumerate() {
+                for i in 0..20 {
+                    let u = match i {
+                        0 => 0.0,
+                        1 => 1.0 - 1e-12,
+                        _ => (uniforms.next_f32() as f64 + 1.0) / 2.0,
+                    };
+                    let mut req = row_sampling(r as u32, &params, u);
+                    req.allowed = mask.as_deref();
+                    requests.push(req);
+                }
+            }
+            let got = be
+                .sample_rows(&buf, vocab, &requests)
+                .expect("cuda samples");
+            for (req, &token) in requests.iter().zip(&got) {
+                let row = &masked_rows[req.row as usize];
+                let dist = processed_distribution(row, &params, &PenaltyHistory::default());
+                assert!(
+                    row[token as usize] > f32::NEG_INFINITY,
+                    "{label} (vocab {vocab}, row {}): token {token} is forbidden by the mask",
+                    req.row
+                );
+                let want = match params.temperature == 0.0 {
+                    true => Some(argmax(row)),
+                    false => expected_draw(&dist, req.uniform),
+                };
+                if let Some(want) = want {
+                    assert_eq!(
+                        token, want,
+                        "{label} (vocab {vocab}, row {}, u {})",
+                        req.row, req.uniform
+                    );
+                }
+            }
+        }
+        assert_eq!(be.to_host(&buf), x, "masking must not write to the logits");
+    }
 }

@@ -163,6 +163,11 @@ impl<B: Backend> Worker<B> {
         let seq = self.scheduler.seq_mut(index);
         if let Some(tokens) = &out.sampled {
             let token = tokens[rows.first_logit];
+            // Drawn under the mask computed ahead (device_sampling.rs): the grammar takes it.
+            seq.mask_ahead = None;
+            if let Some(constraint) = seq.constraint.as_mut() {
+                constraint.commit(token)?;
+            }
             seq.history.record(token);
             return Ok((token, None));
         }

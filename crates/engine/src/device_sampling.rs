@@ -1,12 +1,17 @@
 //! Sampling on the backend's device when it has a sampler (the cuda backend): a step's logits stay
-//! on the GPU and only token ids come back. Used only when no request in the step needs the logits
-//! themselves (logprobs, penalties, a sampled speculative verify, which compares distributions, or a
-//! grammar, whose token mask is applied to host logits); otherwise the logits come to the host and the host sampler runs, exactly as on the CPU backends.
+//! on the GPU and only token ids come back. A grammar's token mask goes to the device with its row
+//! (computed during the forward pass, `Worker::forward_with_masks`). Used only when no request in
+//! the step needs the logits themselves (logprobs, penalties, a sampled speculative verify, which
+//! compares distributions, or a constrained verify, whose masks follow the accepted drafts one by
+//! one) and every mask allows some token (a failed or empty mask ends its request on the host
+//! path, with its message); otherwise the logits come to the host and the host sampler runs,
+//! exactly as on the CPU backends.
 
-use crate::api::SamplingParams;
+use crate::api::{SamplingParams, TokenMask};
 use crate::engine::Worker;
 use crate::sampler::has_penalties;
 use crate::scheduler::Scheduled;
+use crate::sequence::Sequence;
 use deltaserve_tensor::{Backend, RowSampling};
 
 /// Whether a row of this request must be sampled from host logits: logprobs and penalties need the
@@ -15,7 +20,12 @@ pub(crate) fn needs_host_logits(p: &SamplingParams, speculative: bool) -> bool {
     p.logprobs.is_some() || has_penalties(p) || (speculative && p.temperature != 0.0)
 }
 
-fn row_sampling(row: u32, p: &SamplingParams, uniform: f64) -> RowSampling {
+fn row_sampling<'a>(
+    row: u32,
+    p: &SamplingParams,
+    uniform: f64,
+    allowed: Option<&'a [u32]>,
+) -> RowSampling<'a> {
     RowSampling {
         row,
         temperature: p.temperature,
@@ -23,6 +33,18 @@ fn row_sampling(row: u32, p: &SamplingParams, uniform: f64) -> RowSampling {
         top_p: p.top_p,
         min_p: p.min_p,
         uniform,
+        allowed,
+    }
+}
+
+/// The mask a constrained sequence's next token is sampled under on the device: `Some(None)` for
+/// any token, `None` when the host path must take the row (the mask failed or allows no token of a
+/// `vocab`-sized row, which the host sampler reports; or it was not computed ahead).
+fn device_mask(seq: &Sequence, vocab: usize) -> Option<Option<&TokenMask>> {
+    match seq.mask_ahead.as_ref()? {
+        Ok(None) => Some(None),
+        Ok(Some(mask)) if !mask.allows_none(vocab) => Some(Some(mask)),
+        _ => None,
     }
 }
 
@@ -39,31 +61,48 @@ impl<B: Backend> Worker<B> {
         if !self.model.backend.samples_on_device() {
             return None;
         }
+        let vocab = self.model.config.vocab_size;
         let scheduler = &self.scheduler;
         if work.iter().any(|w| {
             let seq = scheduler.seq(w.index);
-            // A constrained request's row is masked by its grammar on the host (no device mask yet).
-            (w.samples && seq.constrained) || needs_host_logits(&seq.request.sampling, w.drafts > 0)
+            let unmaskable =
+                w.samples && seq.constrained && (w.drafts > 0 || device_mask(seq, vocab).is_none());
+            unmaskable || needs_host_logits(&seq.request.sampling, w.drafts > 0)
         }) {
             return None;
         }
+        // Each sampled row's uniform number, drawn before any mask is borrowed.
+        let uniforms: Vec<f64> = work
+            .iter()
+            .map(|w| {
+                let seq = self.scheduler.seq_mut(w.index);
+                match w.drafts == 0 && w.samples && seq.request.sampling.temperature > 0.0 {
+                    true => seq.rng.next_f64(),
+                    false => 0.0,
+                }
+            })
+            .collect();
         let mut rows = Vec::new();
-        for (w, &first) in work.iter().zip(first_logits) {
-            let seq = self.scheduler.seq_mut(w.index);
+        for ((w, &first), &uniform) in work.iter().zip(first_logits).zip(&uniforms) {
+            let seq = self.scheduler.seq(w.index);
             if w.drafts > 0 {
                 // Greedy verification needs only each row's argmax.
                 rows.extend((first..first + w.len).map(|r| RowSampling::greedy(r as u32)));
             } else if w.samples {
-                let p = &seq.request.sampling;
-                let uniform = if p.temperature > 0.0 {
-                    seq.rng.next_f64()
-                } else {
-                    0.0
+                let allowed = match seq.constrained {
+                    true => device_mask(seq, vocab)
+                        .flatten()
+                        .map(|m| m.words.as_slice()),
+                    false => None,
                 };
-                rows.push(row_sampling(first as u32, p, uniform));
+                rows.push(row_sampling(
+                    first as u32,
+                    &seq.request.sampling,
+                    uniform,
+                    allowed,
+                ));
             }
         }
-        let vocab = self.model.config.vocab_size;
         self.model.backend.sample_rows(logits, vocab, &rows)
     }
 

@@ -8,7 +8,7 @@ use crate::prefix_cache::{PrefixCacheConfig, SnapshotGrid};
 use crate::scheduler::{Scheduled, Scheduler, SchedulerLimits};
 use crate::sequence::{Sequence, SpecState};
 use crate::speculative::SpecConfig;
-use deltaserve_model::{CacheGeometry, ForwardInput, HybridCache, Model};
+use deltaserve_model::{CacheGeometry, ForwardInput, ForwardOutput, HybridCache, Model};
 use deltaserve_tensor::{Backend, BatchLayout, SeqLayout};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -436,11 +436,12 @@ impl<B: Backend> Worker<B> {
     }
 
     /// `forward`, with the grammar masks of the constrained rows this step samples (without drafts)
-    /// computed ahead of sampling; each lands in its sequence's `mask_ahead`. With a device backend
-    /// they are computed on another thread while the device runs the forward. A host backend's
-    /// forward already keeps every core busy, so there a mask thread would only take turns with
-    /// it and add a thread start to every step: the masks are computed first (on the demo model at
-    /// batch 1, 12 % slower decoding with the thread, none measurable without; docs/benchmarks.md).
+    /// computed ahead of sampling; each lands in its sequence's `mask_ahead`, where the device
+    /// sampler or the host one finds it. With a device backend they are computed on another
+    /// thread while the device runs the forward. A host backend's forward already keeps every
+    /// core busy, so there a mask thread would only take turns with it and add a thread start to
+    /// every step: the masks are computed first (on the demo model at batch 1, 12 % slower
+    /// decoding with the thread, none measurable without; docs/benchmarks.md).
     fn forward_with_masks(&mut self, work: &[Scheduled]) -> StepOutput {
         let mut ahead: Vec<(usize, Box<dyn TokenConstraint>)> = Vec::new();
         for w in work.iter().filter(|w| w.samples && w.drafts == 0) {
@@ -448,22 +449,23 @@ impl<B: Backend> Worker<B> {
                 ahead.push((w.index, constraint));
             }
         }
-        if ahead.is_empty() {
-            return self.forward(work);
-        }
-        if self.model.backend.device().is_none() {
+        let forwarded = if ahead.is_empty() {
+            self.forward(work)
+        } else if self.model.backend.device().is_none() {
             self.keep_masks(next_masks(ahead));
-            return self.forward(work);
-        }
-        std::thread::scope(|scope| {
-            let masks = scope.spawn(move || next_masks(ahead));
-            let out = self.forward(work);
-            let masks = masks
-                .join()
-                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-            self.keep_masks(masks);
-            out
-        })
+            self.forward(work)
+        } else {
+            std::thread::scope(|scope| {
+                let masks = scope.spawn(move || next_masks(ahead));
+                let forwarded = self.forward(work);
+                let masks = masks
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+                self.keep_masks(masks);
+                forwarded
+            })
+        };
+        self.sample_or_fetch(work, forwarded)
     }
 
     /// Gives each constrained sequence back its constraint, with the mask of its next token.
@@ -475,8 +477,8 @@ impl<B: Backend> Worker<B> {
         }
     }
 
-    /// Runs one ragged forward over the scheduled work.
-    fn forward(&mut self, work: &[Scheduled]) -> StepOutput {
+    /// Runs one ragged forward over the scheduled work; its outputs stay on the device.
+    fn forward(&mut self, work: &[Scheduled]) -> Forwarded<B> {
         let mut tokens = Vec::new();
         let mut seqs = Vec::with_capacity(work.len());
         let mut logit_rows = Vec::new();
@@ -532,6 +534,13 @@ impl<B: Backend> Worker<B> {
             },
             &mut self.cache,
         );
+        Forwarded { out, rows }
+    }
+
+    /// The step's tokens picked on the device where it can (only ids come to the host), else its
+    /// logits brought to the host for the host sampler; the hidden states to the host either way.
+    fn sample_or_fetch(&mut self, work: &[Scheduled], forwarded: Forwarded<B>) -> StepOutput {
+        let Forwarded { out, rows } = forwarded;
         let first_logits: Vec<usize> = rows.iter().map(|r| r.first_logit).collect();
         let sampled = self.sample_step_on_device(work, &first_logits, &out.logits);
         StepOutput {
@@ -591,6 +600,12 @@ impl<B: Backend> Worker<B> {
 pub(crate) struct WorkRows {
     pub(crate) first_logit: usize,
     pub(crate) first_hidden: usize,
+}
+
+/// A step's forward outputs, still on the device, and where each work item's rows are in them.
+struct Forwarded<B: Backend> {
+    out: ForwardOutput<B>,
+    rows: Vec<WorkRows>,
 }
 
 pub(crate) struct StepOutput {

@@ -2,8 +2,9 @@
 //! wrapper around the reference backend that claims a device sampler and implements it on the host
 //! exactly as the device must behave (greedy = argmax; otherwise the host sampler's kept tokens
 //! walked in id order with the given uniform number). Greedy replies, with and without MTP
-//! speculation, must equal the plain backend's token for token; requests that need their logits
-//! (logprobs, penalties, sampled speculation) must not reach the device sampler.
+//! speculation, must equal the plain backend's token for token, also under a grammar's mask (which
+//! goes to the device with its row); requests that need their logits (logprobs, penalties, sampled
+//! speculation) must not reach the device sampler.
 
 mod common;
 
@@ -20,7 +21,7 @@ use deltaserve_tensor::{
     StateLayerPool, TensorError,
 };
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// The reference backend with a host stand-in for a device sampler; counts the rows it sampled.
 #[derive(Default)]
@@ -262,7 +263,18 @@ impl Backend for HostSampled {
         self.sampled_rows.fetch_add(rows.len(), Ordering::Relaxed);
         Some(
             rows.iter()
-                .map(|r| draw_like_the_device(&logits[r.row as usize * vocab..][..vocab], r))
+                .map(|r| {
+                    let row = &logits[r.row as usize * vocab..][..vocab];
+                    match r.allowed {
+                        Some(words) => {
+                            let mask = TokenMask {
+                                words: words.to_vec(),
+                            };
+                            draw_like_the_device(&mask.apply(row), r)
+                        }
+                        None => draw_like_the_device(row, r),
+                    }
+                })
                 .collect(),
         )
     }
@@ -434,4 +446,129 @@ fn sampled_requests_use_the_device_sampler_and_stay_seed_reproducible() {
         replies[0], replies[1],
         "the same seeds give the same replies"
     );
+}
+
+/// Allows the tokens congruent to the output position modulo 5 (many tokens, so sampling has a
+/// choice); fails at `fail_at` when set. Records every committed token.
+struct EveryFifth {
+    committed: Arc<Mutex<Vec<u32>>>,
+    fail_at: Option<usize>,
+}
+
+impl EveryFifth {
+    fn mask_at(position: usize) -> TokenMask {
+        let mut words = vec![0u32; 256 / 32];
+        for id in (position % 5..256).step_by(5) {
+            words[id / 32] |= 1 << (id % 32);
+        }
+        TokenMask { words }
+    }
+}
+
+impl TokenConstraint for EveryFifth {
+    fn allowed(&mut self) -> Result<Option<TokenMask>, String> {
+        let position = self.committed.lock().unwrap().len();
+        if Some(position) == self.fail_at {
+            return Err("scripted failure".into());
+        }
+        Ok(Some(Self::mask_at(position)))
+    }
+    fn commit(&mut self, token: u32) -> Result<(), String> {
+        let mut committed = self.committed.lock().unwrap();
+        if token as usize % 5 != committed.len() % 5 {
+            return Err(format!("token {token} at position {}", committed.len()));
+        }
+        committed.push(token);
+        Ok(())
+    }
+    fn allows_after(&mut self, drafts: &[u32], token: u32) -> Result<bool, String> {
+        let position = self.committed.lock().unwrap().len() + drafts.len();
+        Ok(token as usize % 5 == position % 5)
+    }
+    fn allowed_after(&mut self, drafts: &[u32]) -> Result<Option<TokenMask>, String> {
+        let position = self.committed.lock().unwrap().len() + drafts.len();
+        Ok(Some(Self::mask_at(position)))
+    }
+}
+
+/// Submits `request(i, params)` under an `EveryFifth` constraint; its tokens or error, and what the
+/// constraint was told.
+fn run_constrained(
+    engine: &LocalEngine,
+    i: usize,
+    params: &SamplingParams,
+    fail_at: Option<usize>,
+) -> (Vec<u32>, Option<String>, Vec<u32>) {
+    let committed = Arc::new(Mutex::new(Vec::new()));
+    let constraint = EveryFifth {
+        committed: Arc::clone(&committed),
+        fail_at,
+    };
+    let (_, mut rx) = engine
+        .submit_constrained(request(i, params.clone()), Some(Box::new(constraint)))
+        .expect("submit");
+    let mut tokens = Vec::new();
+    let error = loop {
+        match rx.blocking_recv().expect("the engine ends every request") {
+            EngineEvent::Token { id, .. } => tokens.push(id),
+            EngineEvent::Finished { .. } => break None,
+            EngineEvent::Error { message } => break Some(message),
+        }
+    };
+    let committed = committed.lock().unwrap().clone();
+    (tokens, error, committed)
+}
+
+#[test]
+fn constrained_rows_are_masked_on_the_device_path_as_on_the_host() {
+    let greedy = SamplingParams::default();
+    let sampled = SamplingParams {
+        temperature: 0.9,
+        top_k: 20,
+        seed: Some(3),
+        ..Default::default()
+    };
+    for speculative in [None, mtp(2)] {
+        let label = format!("{speculative:?}");
+        let host = LocalEngine::spawn(fixture_model(FIXTURE), config(speculative.clone()));
+        let (model, device_rows) = wrapped_fixture(FIXTURE);
+        let device = LocalEngine::spawn(model, config(speculative.clone()));
+        for i in 0..3 {
+            let (want, error, _) = run_constrained(&host, i, &greedy, None);
+            assert_eq!(error, None, "{label}");
+            let (got, error, committed) = run_constrained(&device, i, &greedy, None);
+            assert_eq!(error, None, "{label}");
+            assert_eq!(got, want, "greedy under the mask, device path ({label})");
+            assert_eq!(
+                committed, got,
+                "every token committed once, in order ({label})"
+            );
+            let (tokens, error, committed) = run_constrained(&device, i, &sampled, None);
+            assert_eq!(error, None, "{label}");
+            assert_eq!(tokens.len(), 12, "{label}");
+            assert_eq!(committed, tokens, "sampled tokens committed ({label})");
+            for (position, &token) in tokens.iter().enumerate() {
+                assert_eq!(token as usize % 5, position % 5, "{label}: forbidden token");
+            }
+        }
+        let used = device_rows.load(Ordering::Relaxed);
+        // Without speculation every constrained token is sampled on the device; with it, the
+        // token after each prompt (verify steps mask on the host).
+        let least = if speculative.is_none() {
+            2 * 3 * 12
+        } else {
+            2 * 3
+        };
+        assert!(
+            used >= least,
+            "{label}: {used} device rows, expected {least}+"
+        );
+        // A constraint that fails mid-request ends it with its message on the device path too.
+        let (tokens, error, _) = run_constrained(&device, 0, &greedy, Some(4));
+        assert_eq!(tokens.len(), 4, "{label}");
+        assert!(
+            error.is_some_and(|e| e.contains("scripted failure")),
+            "{label}"
+        );
+    }
 }
