@@ -16,10 +16,7 @@ use deltaserve_model::safetensors::SafetensorsSource;
 use deltaserve_model::weights::Weights;
 use deltaserve_model::Model;
 use deltaserve_tensor::reference::{RefMat, ReferenceBackend};
-use deltaserve_tensor::{
-    AttnShape, Backend, BatchLayout, GdnShape, HostTensor, KvLayerPool, RouteChoice, RowSampling,
-    StateLayerPool, TensorError,
-};
+use deltaserve_tensor::{Backend, RowSampling};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -61,196 +58,6 @@ impl Backend for HostSampled {
     fn name(&self) -> &'static str {
         "host-sampled-reference"
     }
-    fn zeros(&self, len: usize) -> Self::Buf {
-        self.inner.zeros(len)
-    }
-    fn scratch(&self, len: usize) -> Self::Buf {
-        self.inner.scratch(len)
-    }
-    fn upload(&self, data: &[f32]) -> Self::Buf {
-        self.inner.upload(data)
-    }
-    fn to_host(&self, buf: &Self::Buf) -> Vec<f32> {
-        self.inner.to_host(buf)
-    }
-    fn buf_len(&self, buf: &Self::Buf) -> usize {
-        self.inner.buf_len(buf)
-    }
-    fn load_mat(&self, t: &HostTensor) -> Result<Self::Mat, TensorError> {
-        self.inner.load_mat(t)
-    }
-    fn load_vec(&self, t: &HostTensor) -> Result<Self::Buf, TensorError> {
-        self.inner.load_vec(t)
-    }
-    fn mat_shape(&self, m: &Self::Mat) -> (usize, usize) {
-        self.inner.mat_shape(m)
-    }
-    fn mat_bytes(&self, m: &Self::Mat) -> usize {
-        self.inner.mat_bytes(m)
-    }
-    fn embedding(&self, table: &Self::Mat, ids: &[u32], out: &mut Self::Buf) {
-        self.inner.embedding(table, ids, out)
-    }
-    fn matmul(&self, x: &Self::Buf, w: &Self::Mat, out: &mut Self::Buf, tokens: usize) {
-        self.inner.matmul(x, w, out, tokens)
-    }
-    fn matmul_group(
-        &self,
-        x: &Self::Buf,
-        ws: &[&Self::Mat],
-        outs: &mut [&mut Self::Buf],
-        tokens: usize,
-    ) {
-        self.inner.matmul_group(x, ws, outs, tokens)
-    }
-    fn add_rms_norm(
-        &self,
-        acc: &mut Self::Buf,
-        x: &Self::Buf,
-        w: &Self::Buf,
-        eps: f32,
-        dim: usize,
-        out: &mut Self::Buf,
-    ) {
-        self.inner.add_rms_norm(acc, x, w, eps, dim, out)
-    }
-    fn rms_norm(&self, x: &Self::Buf, w: &Self::Buf, eps: f32, dim: usize, out: &mut Self::Buf) {
-        self.inner.rms_norm(x, w, eps, dim, out)
-    }
-    fn gated_rms_norm(
-        &self,
-        x: &Self::Buf,
-        z: &Self::Buf,
-        w: &Self::Buf,
-        eps: f32,
-        dim: usize,
-        out: &mut Self::Buf,
-    ) {
-        self.inner.gated_rms_norm(x, z, w, eps, dim, out)
-    }
-    fn add_inplace(&self, acc: &mut Self::Buf, x: &Self::Buf) {
-        self.inner.add_inplace(acc, x)
-    }
-    fn silu_mul(&self, gate: &Self::Buf, up: &Self::Buf, out: &mut Self::Buf) {
-        self.inner.silu_mul(gate, up, out)
-    }
-    fn sigmoid_mul_inplace(&self, x: &mut Self::Buf, gate: &Self::Buf) {
-        self.inner.sigmoid_mul_inplace(x, gate)
-    }
-    fn rope(
-        &self,
-        x: &mut Self::Buf,
-        positions: &[u32],
-        heads: usize,
-        head_dim: usize,
-        rotary_dim: usize,
-        theta: f32,
-    ) {
-        self.inner
-            .rope(x, positions, heads, head_dim, rotary_dim, theta)
-    }
-    fn concat_cols(
-        &self,
-        a: &Self::Buf,
-        b: &Self::Buf,
-        a_dim: usize,
-        b_dim: usize,
-        out: &mut Self::Buf,
-    ) {
-        self.inner.concat_cols(a, b, a_dim, b_dim, out)
-    }
-    fn gather_rows(&self, src: &Self::Buf, dim: usize, rows: &[u32]) -> Self::Buf {
-        self.inner.gather_rows(src, dim, rows)
-    }
-    fn scatter_add_rows(
-        &self,
-        acc: &mut Self::Buf,
-        src: &Self::Buf,
-        dim: usize,
-        rows: &[u32],
-        weights: &[f32],
-    ) {
-        self.inner.scatter_add_rows(acc, src, dim, rows, weights)
-    }
-    fn sigmoid_scale_rows(&self, x: &mut Self::Buf, gate: &Self::Buf, dim: usize) {
-        self.inner.sigmoid_scale_rows(x, gate, dim)
-    }
-
-    fn attention(
-        &self,
-        q: &Self::Buf,
-        k: &Self::Buf,
-        v: &Self::Buf,
-        pool: &mut KvLayerPool<Self>,
-        batch: &BatchLayout,
-        shape: AttnShape,
-        out: &mut Self::Buf,
-    ) {
-        let mut lent = KvLayerPool::<ReferenceBackend> {
-            k: std::mem::take(&mut pool.k),
-            v: std::mem::take(&mut pool.v),
-            num_blocks: pool.num_blocks,
-            block_size: pool.block_size,
-            kv_heads: pool.kv_heads,
-            head_dim: pool.head_dim,
-            dtype: pool.dtype,
-        };
-        self.inner.attention(q, k, v, &mut lent, batch, shape, out);
-        pool.k = lent.k;
-        pool.v = lent.v;
-    }
-
-    fn causal_conv1d(
-        &self,
-        x: &Self::Buf,
-        w: &Self::Buf,
-        pool: &mut StateLayerPool<Self>,
-        batch: &BatchLayout,
-        out: &mut Self::Buf,
-    ) {
-        with_inner_state(pool, |p| self.inner.causal_conv1d(x, w, p, batch, out))
-    }
-    fn gdn_gates(
-        &self,
-        a: &Self::Buf,
-        b: &Self::Buf,
-        a_log: &Self::Buf,
-        dt_bias: &Self::Buf,
-        g: &mut Self::Buf,
-        beta: &mut Self::Buf,
-    ) {
-        self.inner.gdn_gates(a, b, a_log, dt_bias, g, beta)
-    }
-    fn gated_delta_rule(
-        &self,
-        mixed: &Self::Buf,
-        g: &Self::Buf,
-        beta: &Self::Buf,
-        pool: &mut StateLayerPool<Self>,
-        batch: &BatchLayout,
-        shape: GdnShape,
-        out: &mut Self::Buf,
-    ) {
-        with_inner_state(pool, |p| {
-            self.inner
-                .gated_delta_rule(mixed, g, beta, p, batch, shape, out)
-        })
-    }
-    fn reset_state_slot(&self, pool: &mut StateLayerPool<Self>, slot: usize) {
-        with_inner_state(pool, |p| self.inner.reset_state_slot(p, slot))
-    }
-    fn copy_state_slot(&self, pool: &mut StateLayerPool<Self>, src: usize, dst: usize) {
-        with_inner_state(pool, |p| self.inner.copy_state_slot(p, src, dst))
-    }
-    fn route_top_k(
-        &self,
-        logits: &Self::Buf,
-        experts: usize,
-        top_k: usize,
-        renormalize: bool,
-    ) -> Vec<RouteChoice> {
-        self.inner.route_top_k(logits, experts, top_k, renormalize)
-    }
     fn samples_on_device(&self) -> bool {
         true
     }
@@ -278,27 +85,12 @@ impl Backend for HostSampled {
                 .collect(),
         )
     }
-}
-
-/// Lends a state pool typed for the wrapper to the reference backend (same buffers, moved out and back).
-fn with_inner_state<R>(
-    pool: &mut StateLayerPool<HostSampled>,
-    f: impl FnOnce(&mut StateLayerPool<ReferenceBackend>) -> R,
-) -> R {
-    let mut lent = StateLayerPool::<ReferenceBackend> {
-        conv: std::mem::take(&mut pool.conv),
-        ssm: std::mem::take(&mut pool.ssm),
-        slots: pool.slots,
-        conv_dim: pool.conv_dim,
-        conv_history: pool.conv_history,
-        value_heads: pool.value_heads,
-        key_dim: pool.key_dim,
-        value_dim: pool.value_dim,
-    };
-    let result = f(&mut lent);
-    pool.conv = lent.conv;
-    pool.ssm = lent.ssm;
-    result
+    deltaserve_tensor::forward_ops!(inner;
+        zeros, scratch, upload, to_host, buf_len, load_mat, load_vec, mat_shape, mat_bytes,
+        embedding, matmul, matmul_group, add_rms_norm, rms_norm, gated_rms_norm, add_inplace,
+        silu_mul, sigmoid_mul_inplace, rope, concat_cols, gather_rows, scatter_add_rows,
+        sigmoid_scale_rows, attention, causal_conv1d, gdn_gates, gated_delta_rule,
+        reset_state_slot, copy_state_slot, route_top_k);
 }
 
 fn mtp(k: usize) -> Option<SpecConfig> {

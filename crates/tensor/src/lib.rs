@@ -13,6 +13,7 @@ pub mod device_sampling;
 pub mod diagnostic;
 pub mod dtype;
 pub mod e4m3;
+pub mod forwarding;
 pub mod generated;
 pub mod host;
 pub mod kv_dtype;
