@@ -366,25 +366,26 @@ GEMV_FP8_KERNEL(4, GEMV_LANE_ROWS_MULTI)
     }
 GEMV_KERNEL(1)
 
-// ---- block-FP8 weights for 2-8 tokens: the streamed tensor-core kernel ----
+// ---- block-FP8 weights for 2-32 tokens: the streamed tensor-core kernel ----
 // The FP8 lane kernels spend 16 multiply-adds per code vector and token on the CUDA cores (a
 // k=3 verify of 4 tokens took twice a one-token step); here the multiply-adds run on the tensor
-// cores (`mma.m16n8k16`, bf16 in, f32 out), token t being column t of the mma's 8-column operand,
-// so eight tokens cost no more instructions than one. A block owns 16 output rows (or, PAIRED, 8
-// gate rows and the 8 up rows of the same indices) and its GEMV_MMA_WARPS warps take its 128-column
-// blocks in turn (warp w: blocks w, w + WARPS, ...), streaming them like the lane kernels: the
-// loads of the next blocks are in flight while the current ones are multiplied. Per 128 columns
+// cores (`mma.m16n8k16`, bf16 in, f32 out), token 8t + n being column n of tile t's 8-column
+// operand, so eight tokens cost no more instructions than one, and each further tile of eight only
+// its activation loads and mma (the codes are widened once for all tiles). A block owns 16 output
+// rows (or, PAIRED, 8 gate rows and the 8 up rows of the same indices) and its GEMV_MMA_WARPS warps
+// take its 128-column blocks in turn (warp w: blocks w, w + WARPS, ...), streaming them like the
+// lane kernels: the loads of the next blocks are in flight while the current ones are multiplied. Per 128 columns
 // (one scale block) a warp sums each row from zero (the tensor cores' accumulation is exact enough
 // over 128 columns), then adds the piece times the block's scale to its f32 total; the warps'
 // totals are added in warp order through shared memory. Nothing in that order depends on the token
-// count, so a row's result does not depend on what else is batched with it here.
+// count or the tile count, so a row's result does not depend on what else is batched with it here.
 //
 // Thread (g = lane / 4, c = lane % 4) loads rows g and g + 8 of the block, 16 codes at columns
 // 64 v + 16 c of a 128-column block (v = 0, 1): a quad reads 64 contiguous bytes of a row per
 // load. The mma's k index is only a name for a column, the same for weights and activations: the
 // codes are widened to bf16 in the pairs (0, 2) and (1, 3) of each 4-code word (fewest integer
-// operations) and the activations are paired to match. The f32 activations of token g are rounded
-// to bf16 here (as the cuBLAS path's cast rounds them), so no cast launches before the kernel.
+// operations) and the activations are paired to match. The f32 activations of token 8t + g are
+// rounded to bf16 here (as the cuBLAS path's cast rounds them), so no cast launches before the kernel.
 // One token stays on the lane kernel: measured on the H200 (27B shape, one-token decode), this
 // kernel at its best shape 83.1 tok/s against 87.0 (docs/fp8.md).
 #ifndef GEMV_MMA_WARPS
@@ -396,7 +397,7 @@ GEMV_KERNEL(1)
 #ifndef GEMV_MMA_UNROLL
 #define GEMV_MMA_UNROLL 2
 #endif
-#define GEMV_MMA_TOKENS 8
+#define GEMV_MMA_TOKENS 32
 
 // Codes 0 and 2 (`even`) or 1 and 3 (`odd`) of a word of e4m3fn codes as a bf16 pair, each the
 // code's value times 2^-120 exactly (e4m3_scaled_down's placement at the bf16 width: exponent and
@@ -416,11 +417,11 @@ __device__ __forceinline__ unsigned int pack_bf16(float lo, float hi) {
     return d;
 }
 
-template <bool PAIRED>
+template <bool PAIRED, int TILES>
 __device__ __forceinline__ void gemv_fp8_mma(const GemvGroup& group, const float* __restrict__ x, int tokens, int k) {
     constexpr int VALUES = 16;  // codes per 16-byte vector
     constexpr int VECS = 2;     // vectors of a row per lane and column block
-    __shared__ float totals[GEMV_MMA_WARPS][4][32];
+    __shared__ float totals[GEMV_MMA_WARPS][TILES * 4][32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
     int local[2], mat[2];
     if (PAIRED) {
@@ -465,33 +466,57 @@ __device__ __forceinline__ void gemv_fp8_mma(const GemvGroup& group, const float
             }
         }
     };
-    float total[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    const float* xg = g < tokens ? x + (i64)g * k : nullptr;
+    // Tile t holds tokens 8t .. 8t + 7: this thread's token of it is 8t + g.
+    float total[TILES][4];
+    const float* xg[TILES];
+#pragma unroll
+    for (int t = 0; t < TILES; ++t) {
+        total[t][0] = total[t][1] = total[t][2] = total[t][3] = 0.0f;
+        xg[t] = 8 * t + g < tokens ? x + (i64)(8 * t + g) * k : nullptr;
+    }
     auto multiply = [&](const Piece& p, int first) {
 #pragma unroll
         for (int u = 0; u < GEMV_MMA_UNROLL; ++u) {
             const int cb = warp + (first + u) * GEMV_MMA_WARPS;
             if (cb >= col_blocks) return;
-            float piece[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            float piece[TILES][4];
+#pragma unroll
+            for (int t = 0; t < TILES; ++t) piece[t][0] = piece[t][1] = piece[t][2] = piece[t][3] = 0.0f;
 #pragma unroll
             for (int v = 0; v < VECS; ++v) {
                 const int col = cb * 128 + VALUES * (4 * v + c);
-                float xf[VALUES];
+                // Each tile's activations at these columns, rounded to bf16 in the codes' pairs.
+                unsigned int xp[TILES][8];
 #pragma unroll
-                for (int q = 0; q < VALUES / 4; ++q) {
-                    const float4 a = (xg && col < k) ? *(const float4*)(xg + col + 4 * q) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                    xf[4 * q] = a.x; xf[4 * q + 1] = a.y; xf[4 * q + 2] = a.z; xf[4 * q + 3] = a.w;
+                for (int t = 0; t < TILES; ++t) {
+                    float xf[VALUES];
+#pragma unroll
+                    for (int q = 0; q < VALUES / 4; ++q) {
+                        const float4 a = (xg[t] && col < k) ? *(const float4*)(xg[t] + col + 4 * q) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                        xf[4 * q] = a.x; xf[4 * q + 1] = a.y; xf[4 * q + 2] = a.z; xf[4 * q + 3] = a.w;
+                    }
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) {
+                        xp[t][2 * j] = pack_bf16(xf[4 * j], xf[4 * j + 2]);
+                        xp[t][2 * j + 1] = pack_bf16(xf[4 * j + 1], xf[4 * j + 3]);
+                    }
                 }
                 const unsigned int lo[4] = {p.v[u][0][v].x, p.v[u][0][v].y, p.v[u][0][v].z, p.v[u][0][v].w};
                 const unsigned int hi[4] = {p.v[u][1][v].x, p.v[u][1][v].y, p.v[u][1][v].z, p.v[u][1][v].w};
 #pragma unroll
-                for (int j = 0; j < 4; ++j)
-                    mma_bf16(piece, e4m3_pair_even(lo[j]), e4m3_pair_even(hi[j]), e4m3_pair_odd(lo[j]), e4m3_pair_odd(hi[j]),
-                             pack_bf16(xf[4 * j], xf[4 * j + 2]), pack_bf16(xf[4 * j + 1], xf[4 * j + 3]));
-            }
-            // piece: rows g (0, 1) and g + 8 (2, 3), tokens 2c and 2c + 1.
+                for (int j = 0; j < 4; ++j) {
+                    // The codes are widened once and serve every tile.
+                    const unsigned int a0 = e4m3_pair_even(lo[j]), a1 = e4m3_pair_even(hi[j]);
+                    const unsigned int a2 = e4m3_pair_odd(lo[j]), a3 = e4m3_pair_odd(hi[j]);
 #pragma unroll
-            for (int i = 0; i < 4; ++i) total[i] = fmaf(piece[i] * E4M3_UNSCALE, p.scale[u][i / 2], total[i]);
+                    for (int t = 0; t < TILES; ++t) mma_bf16(piece[t], a0, a1, a2, a3, xp[t][2 * j], xp[t][2 * j + 1]);
+                }
+            }
+            // piece[t]: rows g (0, 1) and g + 8 (2, 3), tokens 8t + 2c and 8t + 2c + 1.
+#pragma unroll
+            for (int t = 0; t < TILES; ++t)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) total[t][i] = fmaf(piece[t][i] * E4M3_UNSCALE, p.scale[u][i / 2], total[t][i]);
         }
     };
 
@@ -508,35 +533,47 @@ __device__ __forceinline__ void gemv_fp8_mma(const GemvGroup& group, const float
         multiply(pb, first + GEMV_MMA_UNROLL);
     }
 #pragma unroll
-    for (int i = 0; i < 4; ++i) totals[warp][i][lane] = total[i];
+    for (int t = 0; t < TILES; ++t)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) totals[warp][4 * t + i][lane] = total[t][i];
     __syncthreads();
     if (warp != 0) return;
-    float sum[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        sum[i] = 0.0f;
-        for (int u = 0; u < GEMV_MMA_WARPS; ++u) sum[i] += totals[u][i][lane];
-    }
+    for (int t = 0; t < TILES; ++t) {
+        float sum[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const int token = 2 * c + (i & 1), h = i / 2;
-        if (token >= tokens || mat[h] < 0) continue;
-        if (PAIRED) {
-            if (h == 0) group.out[0][(i64)token * group.first_row[1] + local[0]] = silu_f(sum[i]) * sum[i + 2];
-        } else {
-            const int n = group.first_row[mat[h] + 1] - group.first_row[mat[h]];
-            group.out[mat[h]][(i64)token * n + local[h]] = sum[i];
+        for (int i = 0; i < 4; ++i) {
+            sum[i] = 0.0f;
+            for (int u = 0; u < GEMV_MMA_WARPS; ++u) sum[i] += totals[u][4 * t + i][lane];
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int token = 8 * t + 2 * c + (i & 1), h = i / 2;
+            if (token >= tokens || mat[h] < 0) continue;
+            if (PAIRED) {
+                if (h == 0) group.out[0][(i64)token * group.first_row[1] + local[0]] = silu_f(sum[i]) * sum[i + 2];
+            } else {
+                const int n = group.first_row[mat[h] + 1] - group.first_row[mat[h]];
+                group.out[mat[h]][(i64)token * n + local[h]] = sum[i];
+            }
         }
     }
 }
 
 // Grid: ceil(first_row[count] / 16) blocks (PAIRED: ceil(gate rows / 8)) of 32 * GEMV_MMA_WARPS
-// threads. x: the f32 activations of `tokens` <= GEMV_MMA_TOKENS tokens. Block-FP8 matrices as for
-// the lane kernels (k % 16 == 0, 16-byte aligned rows, checked by the launcher).
-#define GEMV_FP8_MMA_KERNEL(NAME, PAIRED)                                                               \
+// threads. x: the f32 activations of `tokens` <= 8 * TILES tokens (one kernel per tile count up to
+// GEMV_MMA_TOKENS / 8). Block-FP8 matrices as for the lane kernels (k % 16 == 0, 16-byte aligned
+// rows, checked by the launcher).
+#define GEMV_FP8_MMA_KERNEL(TILES)                                                                      \
     extern "C" __global__ void __launch_bounds__(32 * GEMV_MMA_WARPS)                                  \
-        NAME(const GemvGroup group, const float* __restrict__ x, int tokens, int k) {                   \
-        gemv_fp8_mma<PAIRED>(group, x, tokens, k);                                                      \
+        gemv_fp8_mma_t##TILES(const GemvGroup group, const float* __restrict__ x, int tokens, int k) {  \
+        gemv_fp8_mma<false, TILES>(group, x, tokens, k);                                                \
+    }                                                                                                   \
+    extern "C" __global__ void __launch_bounds__(32 * GEMV_MMA_WARPS)                                  \
+        gemv_fp8_mma_silu_gate_t##TILES(const GemvGroup group, const float* __restrict__ x, int tokens, int k) { \
+        gemv_fp8_mma<true, TILES>(group, x, tokens, k);                                                 \
     }
-GEMV_FP8_MMA_KERNEL(gemv_fp8_mma, false)
-GEMV_FP8_MMA_KERNEL(gemv_fp8_mma_silu_gate, true)
+GEMV_FP8_MMA_KERNEL(1)
+GEMV_FP8_MMA_KERNEL(2)
+GEMV_FP8_MMA_KERNEL(3)
+GEMV_FP8_MMA_KERNEL(4)

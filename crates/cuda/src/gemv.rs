@@ -1,7 +1,7 @@
 //! The skinny-GEMM path of `matmul` for decode and verify (gemv.cu): up to `GEMV_MAX_TOKENS` rows
 //! against up to `GEMV_MATRICES` bf16 weight matrices that share their input, in one launch, or up
-//! to `MMA_TOKENS` rows against block-FP8 matrices (W8A16, half the bytes of bf16: one token on
-//! the CUDA cores with the f32 activations, one scale a 16-code vector; 2-8 tokens on the tensor
+//! to 8-32 rows (`LaneShape::fp8_mma_to`) against block-FP8 matrices (W8A16, half the bytes of bf16: one token on
+//! the CUDA cores with the f32 activations, one scale a 16-code vector; 2-32 tokens on the tensor
 //! cores with the activations rounded to bf16, one scale a 128-column piece). cuBLAS
 //! picks GEMM tilings that leave bandwidth unused on these shapes and needs a separate cast of the
 //! activations per matrix; this path rounds the activations once per group and streams each weight
@@ -26,8 +26,10 @@ const ROWS_PER_BLOCK: usize = 16;
 /// `GEMV_LANE_TOKENS` of gemv.cu: token counts of the CUDA-core kernel.
 const LANE_TOKENS: usize = 4;
 
-/// `GEMV_MMA_TOKENS` of gemv.cu: token counts of the FP8 tensor-core kernel.
-const MMA_TOKENS: usize = 8;
+/// `GEMV_MMA_TOKENS` of gemv.cu: the most tokens of the FP8 tensor-core kernel (4 tiles of 8).
+const MMA_TOKENS: usize = 32;
+/// Tokens per tile of the FP8 tensor-core kernel (one mma operand's columns).
+const MMA_TILE: usize = 8;
 /// Rows a block of the FP8 tensor-core kernel owns (8 gate + 8 up rows when paired).
 const MMA_ROWS_PER_BLOCK: usize = 16;
 
@@ -43,10 +45,13 @@ pub(crate) struct LaneShape {
     /// Whether `matmul_silu_gate` takes the paired kernel (`GEMV_SILU_GATE=0` measures without).
     silu_gate: bool,
     mma_warps: usize,
-    /// Block-FP8 weights take the tensor-core kernel from this many tokens to `MMA_TOKENS`
-    /// (`GEMV_FP8_MMA_FROM`; the CUDA-core kernel below it; past `MMA_TOKENS`: never, and then
+    /// Block-FP8 weights take the tensor-core kernel from this many tokens to `fp8_mma_to`
+    /// (`GEMV_FP8_MMA_FROM`; the CUDA-core kernel below it; past `fp8_mma_to`: never, and then
     /// the CUDA-core kernel takes 1-4 tokens and cuBLAS the rest, as before the kernel existed).
     fp8_mma_from: usize,
+    /// The most tokens the FP8 tensor-core kernel takes: 8 per tile, `GEMV_FP8_MMA_TILES` tiles
+    /// (default 1: the tiles for 9-32 tokens have not run on a GPU yet; up to 4).
+    fp8_mma_to: usize,
 }
 
 impl LaneShape {
@@ -58,12 +63,14 @@ impl LaneShape {
             silu_gate: options.define::<u32>("GEMV_SILU_GATE").unwrap_or(1) != 0,
             mma_warps: options.define("GEMV_MMA_WARPS").unwrap_or(4),
             fp8_mma_from: options.define("GEMV_FP8_MMA_FROM").unwrap_or(2),
+            fp8_mma_to: (MMA_TILE * options.define("GEMV_FP8_MMA_TILES").unwrap_or(1))
+                .clamp(MMA_TILE, MMA_TOKENS),
         }
     }
 
     /// Whether `tokens` rows against matrices of this format take the FP8 tensor-core kernel.
     fn mma(&self, fp8: bool, tokens: usize) -> bool {
-        fp8 && (self.fp8_mma_from..=MMA_TOKENS).contains(&tokens)
+        fp8 && (self.fp8_mma_from..=self.fp8_mma_to).contains(&tokens)
     }
 
     /// The most tokens the GEMV kernels take for this format.
@@ -71,7 +78,7 @@ impl LaneShape {
         if !fp8 {
             GEMV_MAX_TOKENS
         } else if self.fp8_mma_from <= LANE_TOKENS + 1 {
-            MMA_TOKENS
+            self.fp8_mma_to
         } else {
             LANE_TOKENS
         }
@@ -276,8 +283,14 @@ impl CudaBackend {
         // the callers); first_row partitions the grid's rows among the matrices; a paired group is
         // a gate and an up matrix of one shape (silu_gate_gemv_applies).
         let kernel = match (mma, fp8, paired, tokens) {
-            (true, _, false, _) => "gemv_fp8_mma",
-            (true, _, true, _) => "gemv_fp8_mma_silu_gate",
+            (true, _, false, 1..=8) => "gemv_fp8_mma_t1",
+            (true, _, false, 9..=16) => "gemv_fp8_mma_t2",
+            (true, _, false, 17..=24) => "gemv_fp8_mma_t3",
+            (true, _, false, _) => "gemv_fp8_mma_t4",
+            (true, _, true, 1..=8) => "gemv_fp8_mma_silu_gate_t1",
+            (true, _, true, 9..=16) => "gemv_fp8_mma_silu_gate_t2",
+            (true, _, true, 17..=24) => "gemv_fp8_mma_silu_gate_t3",
+            (true, _, true, _) => "gemv_fp8_mma_silu_gate_t4",
             (false, true, false, 1) => "gemv_fp8_lanes_t1",
             (false, true, false, 2) => "gemv_fp8_lanes_t2",
             (false, true, false, 3) => "gemv_fp8_lanes_t3",

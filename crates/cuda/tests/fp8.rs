@@ -1,5 +1,5 @@
-//! Block-FP8 weights on the GPU (W8A16): the FP8 GEMV (1-8 rows) against the reference on the exactly
-//! dequantized weights, its rows batch-invariant bit for bit over 2-8 rows (one row has a kernel of
+//! Block-FP8 weights on the GPU (W8A16): the FP8 GEMV (1-32 rows) against the reference on the exactly
+//! dequantized weights, its rows batch-invariant bit for bit over 2-32 rows (one row has a kernel of
 //! its own), the bf16 widening behind cuBLAS (more
 //! rows) within the bf16 GEMM tolerance, and the device quantizer of `--load-format dummy
 //! --quantization fp8` equal to the host's, with the weights kept as FP8
@@ -7,7 +7,7 @@
 //! GPU.
 //!
 //! Tolerances: the FP8 GEMV multiplies the exact FP8 values with the f32 activations (one token, on
-//! the CUDA cores) or with the activations rounded to bf16 (2-8 tokens, on the tensor cores; the
+//! the CUDA cores) or with the activations rounded to bf16 (2-32 tokens, on the tensor cores; the
 //! reference is given them rounded alike) and sums in f32 (a vector's products or a 128-column
 //! piece, then the block's scale), so it differs from the reference only by the order and the
 //! accumulator of f32 sums over K: `TOL_FP8_GEMV` is `TOL_MATMUL` of ops.rs (K up to 17408 here). The
@@ -16,7 +16,7 @@
 
 mod common;
 
-use common::{cuda, cuda_fp8};
+use common::{cuda, cuda_fp8, cuda_fp8_tiles};
 use deltaserve_cuda::GemmPrecision;
 use deltaserve_model::dummy::DummySource;
 use deltaserve_model::online_fp8::Fp8QuantizingSource;
@@ -62,16 +62,28 @@ fn random_fp8(rng: &mut Rng, rows: usize, cols: usize) -> HostTensor {
 
 #[test]
 fn fp8_gemv_matches_reference_and_is_batch_invariant() {
-    let Some(be) = cuda_fp8("fp8_gemv_matches_reference_and_is_batch_invariant") else {
-        return;
-    };
+    let test = "fp8_gemv_matches_reference_and_is_batch_invariant";
+    // The default tensor-core kernel (one tile: 2-8 rows), then all four tiles (2-32 rows).
+    if let Some(be) = cuda_fp8(test) {
+        fp8_gemv_matches_reference_on(be, &[8, 2, 3, 5, 7]);
+    }
+    if let Some(be) = cuda_fp8_tiles(test) {
+        fp8_gemv_matches_reference_on(be, &[32, 2, 3, 7, 8, 9, 16, 17, 24, 25, 31]);
+    }
+}
+
+/// The one-row kernel, then `token_counts` (the widest first) on the tensor-core kernel, each
+/// against the reference and bit for bit the widest's rows, then one row more than the widest
+/// (widened to bf16 for cuBLAS).
+fn fp8_gemv_matches_reference_on(be: &deltaserve_cuda::CudaBackend, token_counts: &[usize]) {
+    let widest_count = token_counts[0];
     let mut rng = Rng(31);
     // Partial tiles in both dimensions (300 rows, 16 * 9 columns), the 27B down shape's width.
     for (rows, cols) in [(300, 144), (1030, 5120), (64, 17408)] {
         let t = random_fp8(&mut rng, rows, cols);
         let w = be.load_mat(&t).unwrap();
         let w_ref = ReferenceBackend.load_mat(&t).unwrap();
-        let x = rng.vec(9 * cols, 1.0);
+        let x = rng.vec((widest_count + 1) * cols, 1.0);
         let (got, want) = matmul(be, &w, &w_ref, &x[..cols], 1, Operands::Exact);
         check(
             &format!("fp8 gemv [{rows}x{cols}] x 1 row"),
@@ -79,8 +91,8 @@ fn fp8_gemv_matches_reference_and_is_batch_invariant() {
             &want,
             TOL_FP8_GEMV,
         );
-        let mut eight = Vec::new();
-        for tokens in [8, 2, 3, 4, 5, 6, 7] {
+        let mut widest = Vec::new();
+        for &tokens in token_counts {
             let (got, want) = matmul(be, &w, &w_ref, &x[..tokens * cols], tokens, Operands::Bf16);
             check(
                 &format!("fp8 gemv [{rows}x{cols}] x {tokens} rows"),
@@ -88,19 +100,21 @@ fn fp8_gemv_matches_reference_and_is_batch_invariant() {
                 &want,
                 TOL_FP8_GEMV,
             );
-            if tokens == 8 {
-                eight = got;
+            if tokens == widest_count {
+                widest = got;
             } else {
                 assert_eq!(
                     got,
-                    eight[..tokens * rows],
-                    "fp8 gemv [{rows}x{cols}]: {tokens} rows differ from the same rows among 8"
+                    widest[..tokens * rows],
+                    "fp8 gemv [{rows}x{cols}]: {tokens} rows differ from the same rows among \
+                     {widest_count}"
                 );
             }
         }
-        let (got, want) = matmul(be, &w, &w_ref, &x, 9, Operands::Exact);
+        let past = widest_count + 1;
+        let (got, want) = matmul(be, &w, &w_ref, &x, past, Operands::Exact);
         check(
-            &format!("fp8 widened to bf16 [{rows}x{cols}] x 9 rows"),
+            &format!("fp8 widened to bf16 [{rows}x{cols}] x {past} rows"),
             &got,
             &want,
             TOL_BF16_GEMM,
@@ -112,9 +126,16 @@ fn fp8_gemv_matches_reference_and_is_batch_invariant() {
 /// matrices, as the q/k/v and gate/up groups may) equals the reference for each matrix.
 #[test]
 fn fp8_matmul_group_matches_reference_for_each_matrix() {
-    let Some(be) = cuda_fp8("fp8_matmul_group_matches_reference_for_each_matrix") else {
-        return;
-    };
+    let test = "fp8_matmul_group_matches_reference_for_each_matrix";
+    if let Some(be) = cuda_fp8(test) {
+        fp8_group_matches_reference_on(be, &[1, 3, 8]);
+    }
+    if let Some(be) = cuda_fp8_tiles(test) {
+        fp8_group_matches_reference_on(be, &[1, 3, 8, 20]);
+    }
+}
+
+fn fp8_group_matches_reference_on(be: &deltaserve_cuda::CudaBackend, token_counts: &[usize]) {
     let mut rng = Rng(33);
     let cols = 1040;
     let host: Vec<HostTensor> = [37, 300, 129, 8]
@@ -127,12 +148,13 @@ fn fp8_matmul_group_matches_reference_for_each_matrix() {
         .map(|t| ReferenceBackend.load_mat(t).unwrap())
         .collect();
     let (w_list, w_ref_list): (Vec<_>, Vec<_>) = ws.iter().zip(&w_refs).unzip();
-    // One token multiplies the f32 activations, more their bf16 rounding.
-    for (tokens, operands) in [
-        (1, Operands::Exact),
-        (3, Operands::Bf16),
-        (8, Operands::Bf16),
-    ] {
+    for &tokens in token_counts {
+        // One token multiplies the f32 activations, more their bf16 rounding.
+        let operands = if tokens == 1 {
+            Operands::Exact
+        } else {
+            Operands::Bf16
+        };
         let x = rng.vec(tokens * cols, 1.0);
         let outputs = matmul_group(be, &w_list, &w_ref_list, &x, tokens, operands);
         for (m, (got, want)) in outputs.iter().enumerate() {
@@ -146,17 +168,18 @@ fn fp8_matmul_group_matches_reference_for_each_matrix() {
     }
 }
 
-/// The fused silu gate on FP8 weights (the paired FP8 kernel) is bit for bit its two ops.
+/// The fused silu gate on FP8 weights (the paired FP8 kernels, one tile and four) is bit for bit
+/// its two ops.
 #[test]
 fn fp8_matmul_silu_gate_equals_group_then_silu_mul_bitwise() {
-    let Some(be) = cuda_fp8("fp8_matmul_silu_gate_equals_group_then_silu_mul_bitwise") else {
-        return;
-    };
-    let mut rng = Rng(32);
-    for (rows, cols) in [(300, 144), (1030, 5120)] {
-        let gate = be.load_mat(&random_fp8(&mut rng, rows, cols)).unwrap();
-        let up = be.load_mat(&random_fp8(&mut rng, rows, cols)).unwrap();
-        common::assert_silu_gate_is_the_two_ops(be, &gate, &up, &mut rng, "fp8");
+    let test = "fp8_matmul_silu_gate_equals_group_then_silu_mul_bitwise";
+    for be in [cuda_fp8(test), cuda_fp8_tiles(test)].into_iter().flatten() {
+        let mut rng = Rng(32);
+        for (rows, cols) in [(300, 144), (1030, 5120)] {
+            let gate = be.load_mat(&random_fp8(&mut rng, rows, cols)).unwrap();
+            let up = be.load_mat(&random_fp8(&mut rng, rows, cols)).unwrap();
+            common::assert_silu_gate_is_the_two_ops(be, &gate, &up, &mut rng, "fp8");
+        }
     }
 }
 

@@ -13,6 +13,7 @@ static BF16_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static BF16_F32_KV_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static CHUNKED_GDN_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static FP8_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
+static FP8_TILES_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 
 /// The bf16 backend that keeps block-FP8 weights as FP8, or `None` after printing why not.
 pub fn cuda_fp8(test: &str) -> Option<&'static CudaBackend> {
@@ -21,6 +22,17 @@ pub fn cuda_fp8(test: &str) -> Option<&'static CudaBackend> {
         ..CudaOptions::default()
     };
     shared_backend(&FP8_BACKEND, options, test)
+}
+
+/// `cuda_fp8` with all four tiles of the FP8 tensor-core kernel (2-32 rows;
+/// `GEMV_FP8_MMA_TILES=4`, one tile by default), or `None` after printing why not.
+pub fn cuda_fp8_tiles(test: &str) -> Option<&'static CudaBackend> {
+    let options = CudaOptions {
+        keep_fp8_weights: true,
+        defines: vec![("GEMV_FP8_MMA_TILES".to_string(), "4".to_string())],
+        ..CudaOptions::default()
+    };
+    shared_backend(&FP8_TILES_BACKEND, options, test)
 }
 
 /// The f32 backend with the chunked delta rule for prefill, or `None` after printing why not.
@@ -80,9 +92,9 @@ fn shared_backend(
 pub use deltaserve_tensor::op_check::{check, Rng};
 
 /// `matmul_silu_gate` against `matmul_group` over `[gate, up]` then `silu_mul`, bit for bit, for
-/// token counts on both sides of the paired kernels' limits (4 for the CUDA-core kernel, 8 for the
-/// streamed tensor-core one; the two ops past them), into an output poisoned with NaN so that an
-/// unwritten element fails.
+/// token counts on both sides of the paired kernels' limits (4 for the CUDA-core kernel, 32 for the
+/// FP8 tensor-core one, whose tiles change at 8, 16 and 24; the two ops past them), into an output
+/// poisoned with NaN so that an unwritten element fails.
 pub fn assert_silu_gate_is_the_two_ops(
     be: &CudaBackend,
     gate: &deltaserve_cuda::CudaMat,
@@ -92,7 +104,7 @@ pub fn assert_silu_gate_is_the_two_ops(
 ) {
     use deltaserve_tensor::Backend;
     let (rows, k) = be.mat_shape(gate);
-    for tokens in 1..=10 {
+    for tokens in (1..=10).chain([16, 17, 32, 33]) {
         let x = be.upload(&rng.vec(tokens * k, 1.0));
         let mut fused = be.upload(&vec![f32::NAN; tokens * rows]);
         be.matmul_silu_gate(&x, gate, up, &mut fused, tokens);
