@@ -152,7 +152,7 @@ impl<B: Backend> Worker<B> {
     }
 
     /// The next token of a sequence whose step reached the end of its tokens: picked on the device,
-    /// or sampled here from its logits under its grammar's mask.
+    /// or sampled here from its logits under its grammar's mask; the grammar is told either way.
     fn sample_next(
         &mut self,
         index: usize,
@@ -161,24 +161,27 @@ impl<B: Backend> Worker<B> {
     ) -> Result<Emitted, String> {
         let vocab = self.model.config.vocab_size;
         let seq = self.scheduler.seq_mut(index);
-        if let Some(tokens) = &out.sampled {
-            let token = tokens[rows.first_logit];
-            // Drawn under the mask computed ahead (device_sampling.rs): the grammar takes it.
-            seq.mask_ahead = None;
-            if let Some(constraint) = seq.constraint.as_mut() {
-                constraint.commit(token)?;
+        let (token, logprob) = match &out.sampled {
+            Some(tokens) => {
+                // Drawn under the mask computed ahead (device_sampling.rs).
+                seq.mask_ahead = None;
+                (tokens[rows.first_logit], None)
             }
-            seq.history.record(token);
-            return Ok((token, None));
+            None => {
+                let row_logits = &out.logits[rows.first_logit * vocab..][..vocab];
+                let token = sample_on_host(seq, row_logits)?;
+                let logprob = seq
+                    .request
+                    .sampling
+                    .logprobs
+                    .map(|k| sampler::logprobs(row_logits, token, k));
+                (token, logprob)
+            }
+        };
+        if let Some(constraint) = seq.constraint.as_mut() {
+            constraint.commit(token)?;
         }
-        let row_logits = &out.logits[rows.first_logit * vocab..][..vocab];
-        let token = sample_on_host(seq, row_logits)?;
         seq.history.record(token);
-        let logprob = seq
-            .request
-            .sampling
-            .logprobs
-            .map(|k| sampler::logprobs(row_logits, token, k));
         Ok((token, logprob))
     }
 
@@ -203,19 +206,14 @@ impl<B: Backend> Worker<B> {
 }
 
 /// Samples one token from a row of logits with the request's settings, under its grammar's mask
-/// (computed during the forward, or now), and tells the grammar.
+/// (computed during the forward, or now).
 fn sample_on_host(seq: &mut Sequence, row_logits: &[f32]) -> Result<u32, String> {
     let mask = match seq.mask_ahead.take() {
         Some(mask) => mask,
         None => seq.constraint.as_mut().map_or(Ok(None), |c| c.allowed()),
     };
-    let token = mask
-        .and_then(|mask| sampler::apply_mask(row_logits, mask))
-        .map(|row| sampler::sample(&row, &seq.request.sampling, &seq.history, &mut seq.rng))?;
-    if let Some(constraint) = seq.constraint.as_mut() {
-        constraint.commit(token)?;
-    }
-    Ok(token)
+    mask.and_then(|mask| sampler::apply_mask(row_logits, mask))
+        .map(|row| sampler::sample(&row, &seq.request.sampling, &seq.history, &mut seq.rng))
 }
 
 /// Appends the tokens and streams them, up to the first that ends the request; returns how many

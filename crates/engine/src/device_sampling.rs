@@ -7,7 +7,7 @@
 //! path, with its message); otherwise the logits come to the host and the host sampler runs,
 //! exactly as on the CPU backends.
 
-use crate::api::{SamplingParams, TokenMask};
+use crate::api::SamplingParams;
 use crate::engine::Worker;
 use crate::sampler::has_penalties;
 use crate::scheduler::Scheduled;
@@ -37,14 +37,14 @@ fn row_sampling<'a>(
     }
 }
 
-/// The mask a constrained sequence's next token is sampled under on the device: `Some(None)` for
-/// any token, `None` when the host path must take the row (the mask failed or allows no token of a
-/// `vocab`-sized row, which the host sampler reports; or it was not computed ahead).
-fn device_mask(seq: &Sequence, vocab: usize) -> Option<Option<&TokenMask>> {
-    match seq.mask_ahead.as_ref()? {
-        Ok(None) => Some(None),
-        Ok(Some(mask)) if !mask.allows_none(vocab) => Some(Some(mask)),
-        _ => None,
+/// Whether a constrained sequence's next token can be sampled on the device: its mask was
+/// computed ahead and allows some token of a `vocab`-sized row (`Ok(None)`: any token). A failed
+/// or empty mask, which the host sampler reports, keeps the row on the host path.
+fn device_can_mask(seq: &Sequence, vocab: usize) -> bool {
+    match &seq.mask_ahead {
+        Some(Ok(None)) => true,
+        Some(Ok(Some(mask))) => !mask.allows_none(vocab),
+        _ => false,
     }
 }
 
@@ -66,7 +66,7 @@ impl<B: Backend> Worker<B> {
         if work.iter().any(|w| {
             let seq = scheduler.seq(w.index);
             let unmaskable =
-                w.samples && seq.constrained && (w.drafts > 0 || device_mask(seq, vocab).is_none());
+                w.samples && seq.constrained && (w.drafts > 0 || !device_can_mask(seq, vocab));
             unmaskable || needs_host_logits(&seq.request.sampling, w.drafts > 0)
         }) {
             return None;
@@ -89,11 +89,10 @@ impl<B: Backend> Worker<B> {
                 // Greedy verification needs only each row's argmax.
                 rows.extend((first..first + w.len).map(|r| RowSampling::greedy(r as u32)));
             } else if w.samples {
-                let allowed = match seq.constrained {
-                    true => device_mask(seq, vocab)
-                        .flatten()
-                        .map(|m| m.words.as_slice()),
-                    false => None,
+                // device_can_mask passed above: the mask is usable, no need to scan it again.
+                let allowed = match &seq.mask_ahead {
+                    Some(Ok(Some(mask))) if seq.constrained => Some(mask.words.as_slice()),
+                    _ => None,
                 };
                 rows.push(row_sampling(
                     first as u32,
