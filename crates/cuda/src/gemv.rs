@@ -1,8 +1,8 @@
 //! The skinny-GEMM path of `matmul` for decode and verify (gemv.cu): up to `GEMV_MAX_TOKENS` rows
 //! against up to `GEMV_MATRICES` bf16 weight matrices that share their input, in one launch, or up
-//! to 8-32 rows (`LaneShape::fp8_mma_to`) against block-FP8 matrices (W8A16, half the bytes of bf16: one token on
-//! the CUDA cores with the f32 activations, one scale a 16-code vector; 2-32 tokens on the tensor
-//! cores with the activations rounded to bf16, one scale a 128-column piece). cuBLAS
+//! to 8-32 rows (`LaneShape::fp8_mma_to`) against block-FP8 matrices (W8A16, half the bytes of
+//! bf16: one token on the CUDA cores with the f32 activations, one scale a 16-code vector; more on
+//! the tensor cores with the activations rounded to bf16, one scale a 128-column piece). cuBLAS
 //! picks GEMM tilings that leave bandwidth unused on these shapes and needs a separate cast of the
 //! activations per matrix; this path rounds the activations once per group and streams each weight
 //! byte once with 16-byte loads into tensor-core multiply-adds, K split over a block's warps.
@@ -113,7 +113,7 @@ unsafe impl ValueArg for GemvGroup {}
 impl CudaBackend {
     /// Whether `matmul_group` can take the GEMV path for these matrices and this many rows: one
     /// shared input width, few rows, and either bf16 weights whose rows are whole 16-byte vectors
-    /// or block-FP8 ones whose rows are whole 16-code vectors (at most `LANE_TOKENS` rows).
+    /// or block-FP8 ones whose rows are whole 16-code vectors (`LaneShape::max_tokens` rows).
     pub(crate) fn gemv_applies(&self, ws: &[&CudaMat], tokens: usize) -> bool {
         let Some(first) = ws.first() else {
             return false;
