@@ -167,6 +167,45 @@ __device__ __forceinline__ float e4m3_scaled_down(unsigned int word, int byte) {
 }
 #define E4M3_UNSCALE __int_as_float(0x7b800000)  // 2^120
 
+// With GEMV_FP8_CONVERT (the default on GPUs that have it, sm_89 on) the one-token kernel widens
+// codes with the conversion unit instead: two codes to two exact f16 values in one instruction, each
+// to f32 in one more, against ~4 integer operations a code above (that kernel issues ~6 instructions
+// a weight and is issue-bound at ~2.3 TB/s on the H200). The values are the codes' own, not scaled
+// by 2^-120, so FP8_VALUE_UNSCALE is 1 there.
+#ifndef GEMV_FP8_CONVERT
+#if __CUDA_ARCH__ >= 890
+#define GEMV_FP8_CONVERT 1
+#else
+#define GEMV_FP8_CONVERT 0
+#endif
+#endif
+#if GEMV_FP8_CONVERT
+#define FP8_VALUE_UNSCALE 1.0f
+#else
+#define FP8_VALUE_UNSCALE E4M3_UNSCALE
+#endif
+
+// The four e4m3 codes of `word` (lowest byte first) as f32 values: exact either way; scaled by
+// 2^-120 without GEMV_FP8_CONVERT (undone by FP8_VALUE_UNSCALE).
+__device__ __forceinline__ void e4m3x4_to_f32(unsigned int word, float* out) {
+#if GEMV_FP8_CONVERT
+    unsigned int lo, hi;
+    asm("{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, %2;\n\tcvt.rn.f16x2.e4m3x2 %0, l;\n\tcvt.rn.f16x2.e4m3x2 %1, h;\n\t}"
+        : "=r"(lo), "=r"(hi)
+        : "r"(word));
+    const unsigned int pairs[2] = {lo, hi};
+#pragma unroll
+    for (int p = 0; p < 2; ++p) {
+        asm("{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, %2;\n\tcvt.f32.f16 %0, l;\n\tcvt.f32.f16 %1, h;\n\t}"
+            : "=f"(out[2 * p]), "=f"(out[2 * p + 1])
+            : "r"(pairs[p]));
+    }
+#else
+#pragma unroll
+    for (int j = 0; j < 4; ++j) out[j] = e4m3_scaled_down(word, j);
+#endif
+}
+
 // PAIRED: the group is [gate, up] of equal shape and out[0] receives silu(x gate^T) * (x up^T). A
 // warp's first ROWS / 2 rows are gate rows and the others the up rows of the same indices, so the
 // activation is applied in the epilogue; each row's sum is the unpaired kernel's, bit for bit.
@@ -244,9 +283,10 @@ __device__ __forceinline__ void gemv_lanes(const GemvGroup& group, const void* _
             for (int r = 0; r < ROWS; ++r) {
                 float wf[VALUES];
                 if (FORMAT == WEIGHTS_FP8) {
-                    const unsigned int words[4] = {wv[r][u].x, wv[r][u].y, wv[r][u].z, wv[r][u].w};
-#pragma unroll
-                    for (int j = 0; j < 16; ++j) wf[j] = e4m3_scaled_down(words[j / 4], j % 4);
+                    e4m3x4_to_f32(wv[r][u].x, &wf[0]);
+                    e4m3x4_to_f32(wv[r][u].y, &wf[4]);
+                    e4m3x4_to_f32(wv[r][u].z, &wf[8]);
+                    e4m3x4_to_f32(wv[r][u].w, &wf[12]);
                 } else {
                     bf16x8_to_f32(wv[r][u], wf);
                 }
@@ -259,7 +299,7 @@ __device__ __forceinline__ void gemv_lanes(const GemvGroup& group, const void* _
                         for (int j = 0; j < 16; ++j) s = fmaf(wf[j], xf[t][j], s);
                         // Rows past the group's end have no scales (and zero weights).
                         const float scale = w[r] ? scale_row[r][(VALUES * v) / 128] : 0.0f;
-                        acc[r][t] = fmaf(s * E4M3_UNSCALE, scale, acc[r][t]);
+                        acc[r][t] = fmaf(s * FP8_VALUE_UNSCALE, scale, acc[r][t]);
                     } else {
                         float s = acc[r][t];
 #pragma unroll
@@ -350,7 +390,11 @@ GEMV_LANE_KERNEL(4, true, GEMV_LANE_ROWS_MULTI)
         gemv_fp8_lanes_silu_gate_t##T(const GemvGroup group, const void* __restrict__ x, int tokens, int k) { \
         gemv_lanes<T, false, ROWS, WEIGHTS_FP8, GEMV_FP8_UNROLL, true>(group, x, k);                                           \
     }
-GEMV_FP8_KERNEL(1, GEMV_LANE_ROWS)
+// Rows a warp owns for one token with FP8 weights (the bf16 kernel's 4 unless measured otherwise).
+#ifndef GEMV_FP8_ROWS
+#define GEMV_FP8_ROWS GEMV_LANE_ROWS
+#endif
+GEMV_FP8_KERNEL(1, GEMV_FP8_ROWS)
 GEMV_FP8_KERNEL(2, GEMV_LANE_ROWS_MULTI)
 GEMV_FP8_KERNEL(3, GEMV_LANE_ROWS_MULTI)
 GEMV_FP8_KERNEL(4, GEMV_LANE_ROWS_MULTI)

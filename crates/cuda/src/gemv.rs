@@ -41,6 +41,8 @@ const MMA_ROWS_PER_BLOCK: usize = 16;
 pub(crate) struct LaneShape {
     warps: usize,
     rows_one_token: usize,
+    /// `GEMV_FP8_ROWS`: rows a warp owns for one token with block-FP8 weights.
+    fp8_rows_one_token: usize,
     rows_more_tokens: usize,
     /// Whether `matmul_silu_gate` takes the paired kernel (`GEMV_SILU_GATE=0` measures without).
     silu_gate: bool,
@@ -50,15 +52,18 @@ pub(crate) struct LaneShape {
     /// the CUDA-core kernel takes 1-4 tokens and cuBLAS the rest, as before the kernel existed).
     fp8_mma_from: usize,
     /// The most tokens the FP8 tensor-core kernel takes: 8 per tile, `GEMV_FP8_MMA_TILES` tiles
-    /// (default 1: the tiles for 9-32 tokens have not run on a GPU yet; up to 4).
+    /// (default 1; up to 4). Measured on the H200 (27B shape, batch 16 / 32 step): 4 tiles 25.8 /
+    /// 47.9 ms, one tile and the W8A8 GEMM past it (fp8_gemm.rs) 16.7 / 18.8 ms.
     fp8_mma_to: usize,
 }
 
 impl LaneShape {
     pub(crate) fn from_options(options: &crate::options::CudaOptions) -> Self {
+        let rows_one_token = options.define("GEMV_LANE_ROWS").unwrap_or(4);
         Self {
             warps: options.define("GEMV_LANE_WARPS").unwrap_or(4),
-            rows_one_token: options.define("GEMV_LANE_ROWS").unwrap_or(4),
+            rows_one_token,
+            fp8_rows_one_token: options.define("GEMV_FP8_ROWS").unwrap_or(rows_one_token),
             rows_more_tokens: options.define("GEMV_LANE_ROWS_MULTI").unwrap_or(2),
             silu_gate: options.define::<u32>("GEMV_SILU_GATE").unwrap_or(1) != 0,
             mma_warps: options.define("GEMV_MMA_WARPS").unwrap_or(4),
@@ -85,9 +90,11 @@ impl LaneShape {
     }
 
     /// Rows a block covers for `tokens` tokens.
-    fn rows_per_block(&self, tokens: usize) -> usize {
+    fn rows_per_block(&self, fp8: bool, tokens: usize) -> usize {
         self.warps
-            * if tokens == 1 {
+            * if tokens == 1 && fp8 {
+                self.fp8_rows_one_token
+            } else if tokens == 1 {
                 self.rows_one_token
             } else {
                 self.rows_more_tokens
@@ -259,7 +266,7 @@ impl CudaBackend {
         let (rows_per_block, warps) = if mma {
             (MMA_ROWS_PER_BLOCK, shape.mma_warps)
         } else if lanes {
-            (shape.rows_per_block(tokens), shape.warps)
+            (shape.rows_per_block(fp8, tokens), shape.warps)
         } else {
             (ROWS_PER_BLOCK, GEMV_WARPS)
         };
