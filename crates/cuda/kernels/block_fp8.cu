@@ -82,3 +82,30 @@ extern "C" __global__ void dequantize_block_fp8_bf16(const unsigned char* __rest
         *(uint4*)(out + v * 8) = make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
     }
 }
+
+// Activations for the FP8 tensor-core GEMM (fp8_gemm.rs): each token's f32 row cut into groups of
+// 128 columns (the weights' block width), per group scale = amax / 448 (1 for an all-zero group) and
+// code = e4m3(value / scale), the weights' recipe on a 1 x 128 block. Rows from `tokens` to `rows`
+// pad the batch to the GEMM's row multiple: zero codes, scale 1. One warp per (row, group), four
+// values a lane; cols % 128 == 0 (the launcher checks). Scales are group-major, row contiguous
+// (`scales[g * rows + t]`), as cuBLASLt's 1 x 128 (VEC128) scale mode reads them.
+extern "C" __global__ void quantize_activations_fp8(const float* __restrict__ x, unsigned char* __restrict__ codes,
+                                                    float* __restrict__ scales, int tokens, int rows, int cols) {
+    AFTER_PREVIOUS_KERNEL();
+    const int groups = cols / FP8_BLOCK;
+    const i64 warp = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (warp >= (i64)rows * groups) return;
+    const int t = (int)(warp / groups), g = (int)(warp - (i64)t * groups);
+    const i64 at = (i64)t * cols + (i64)g * FP8_BLOCK + 4 * lane;
+    const float4 v = t < tokens ? *(const float4*)(x + at) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float scale = amax > 0.0f ? __fdiv_rn(amax, E4M3_MAX) : 1.0f;
+    const unsigned int packed = (unsigned int)f32_to_e4m3(__fdiv_rn(v.x, scale)) |
+                                ((unsigned int)f32_to_e4m3(__fdiv_rn(v.y, scale)) << 8) |
+                                ((unsigned int)f32_to_e4m3(__fdiv_rn(v.z, scale)) << 16) |
+                                ((unsigned int)f32_to_e4m3(__fdiv_rn(v.w, scale)) << 24);
+    *(unsigned int*)(codes + at) = packed;
+    if (lane == 0) scales[(i64)g * rows + t] = scale;
+}

@@ -86,3 +86,16 @@ extern "C" __global__ void cast_f32_to_bf16(const float* x, bf16_bits* out, i64 
     }
     FOR_EACH(i, n - 4 * quads) out[4 * quads + i] = f32_to_bf16(x[4 * quads + i]);
 }
+
+// bf16 values widened to f32 (exact): the FP8 GEMM's bf16 output into the f32 activations. Four
+// values a thread as above; launched over ceil(n / 4).
+extern "C" __global__ void cast_bf16_to_f32(const bf16_bits* x, float* out, i64 n) {
+    AFTER_PREVIOUS_KERNEL();
+    const i64 quads = n / 4;
+    FOR_EACH(i, quads) {
+        const uint2 v = reinterpret_cast<const uint2*>(x)[i];
+        reinterpret_cast<float4*>(out)[i] = make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u),
+                                                        __uint_as_float(v.y << 16), __uint_as_float(v.y & 0xffff0000u));
+    }
+    FOR_EACH(i, n - 4 * quads) out[4 * quads + i] = bf16_to_f32(x[4 * quads + i]);
+}

@@ -48,6 +48,8 @@ pub struct CudaBackend {
     pub(crate) gemm_precision: GemmPrecision,
     /// `CudaOptions::keep_fp8_weights` under bf16 precision.
     pub(crate) keep_fp8_weights: bool,
+    /// The FP8 tensor-core GEMM for kept FP8 weights (fp8_gemm.rs), where the GPU has one.
+    pub(crate) fp8_gemm: crate::fp8_gemm::SharedFp8Gemm,
     /// The element type of the KV pools this backend makes (its attention reads both).
     pub(crate) kv_dtype: KvDtype,
     pub(crate) gdn_prefill: GdnPrefill,
@@ -196,7 +198,7 @@ impl CudaBackend {
             what: "creating a handle",
             message: format!("{e:?}"),
         })?;
-        Ok(Self {
+        let mut backend = Self {
             ctx,
             stream,
             blas: Arc::new(Mutex::new(blas)),
@@ -207,6 +209,7 @@ impl CudaBackend {
             gemm_precision: options.gemm_precision,
             keep_fp8_weights: options.keep_fp8_weights
                 && options.gemm_precision == GemmPrecision::Bf16,
+            fp8_gemm: None,
             kv_dtype: options
                 .kv_dtype
                 .unwrap_or(options.gemm_precision.default_kv_dtype()),
@@ -217,7 +220,20 @@ impl CudaBackend {
             device_name: name,
             compute_capability: (major, minor),
             ptx_from_cache,
-        })
+        };
+        // Block-scaled FP8 GEMMs need Hopper's cuBLASLt; `FP8_GEMM=0` measures without.
+        if backend.keep_fp8_weights
+            && major >= 9
+            && options.define::<u32>("FP8_GEMM").unwrap_or(1) != 0
+        {
+            match crate::fp8_gemm::Fp8Gemm::new(&backend) {
+                Ok(gemm) => backend.fp8_gemm = Some(Arc::new(Mutex::new(gemm))),
+                Err(why) => eprintln!(
+                    "cuda: no FP8 tensor-core GEMM ({why}); FP8 weights are widened to bf16 for prefill"
+                ),
+            }
+        }
+        Ok(backend)
     }
 
     /// The GPU's name as the driver reports it.
@@ -231,6 +247,12 @@ impl CudaBackend {
 
     pub fn gemm_precision(&self) -> GemmPrecision {
         self.gemm_precision
+    }
+
+    /// Whether kept block-FP8 weights multiply prefill and large batches on the FP8 tensor cores
+    /// (W8A8, fp8_gemm.rs) rather than widened to bf16.
+    pub fn has_fp8_gemm(&self) -> bool {
+        self.fp8_gemm.is_some()
     }
 
     /// How many kernel files were loaded from the PTX cache instead of being compiled.

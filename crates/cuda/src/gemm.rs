@@ -5,6 +5,7 @@
 
 use crate::backend::{device_failure, launch, CudaBackend};
 use crate::buffer::CudaBuf;
+use crate::fp8_gemm::{fp8_gemm_fits, Fp8Activations};
 use crate::mat::{CudaMat, MatData};
 use cudarc::cublas::sys::{
     cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType_t,
@@ -74,9 +75,9 @@ impl CudaBackend {
             self.gemv_op(x, ws, outs, tokens);
             return;
         }
-        let mut x_bf16: Option<CudaSlice<u16>> = None;
+        let mut inputs = GemmInputs::default();
         for (w, out) in ws.iter().zip(outs.iter_mut()) {
-            self.gemm_op(x, &mut x_bf16, w, out, tokens);
+            self.gemm_op(x, &mut inputs, w, out, tokens);
         }
     }
 
@@ -109,11 +110,11 @@ impl CudaBackend {
         self.silu_mul_op(&g, &u, out);
     }
 
-    /// One cuBLAS GEMM; `x_bf16` caches the bf16 cast of `x` across the matrices of a group.
+    /// One cuBLAS GEMM; `inputs` caches the conversions of `x` across the matrices of a group.
     fn gemm_op(
         &self,
         x: &CudaBuf,
-        x_bf16: &mut Option<CudaSlice<u16>>,
+        inputs: &mut GemmInputs,
         w: &CudaMat,
         out: &mut CudaBuf,
         tokens: usize,
@@ -132,7 +133,9 @@ impl CudaBackend {
         }
         match &w.data {
             MatData::Bf16(weights) => {
-                let x_bf16 = x_bf16.get_or_insert_with(|| self.cast_to_bf16(x, tokens * k));
+                let x_bf16 = inputs
+                    .bf16
+                    .get_or_insert_with(|| self.cast_to_bf16(x, tokens * k));
                 self.gemm_ex(
                     weights,
                     x_bf16,
@@ -145,11 +148,22 @@ impl CudaBackend {
                 );
             }
             MatData::Fp8 { codes, scales } => {
-                // Prefill and batches past the FP8 GEMV: widened to bf16 for cuBLAS, matrix by
-                // matrix (a scratch of one matrix; the widening reads 1 and writes 2 bytes a
-                // weight, small against the product at these token counts).
+                // Prefill and batches past the FP8 GEMV: the FP8 tensor cores where this GPU and
+                // shape have them (fp8_gemm.rs), else widened to bf16 for cuBLAS, matrix by matrix
+                // (a scratch of one matrix; the widening reads 1 and writes 2 bytes a weight, small
+                // against the product at these token counts).
+                if self.fp8_gemm.is_some() && fp8_gemm_fits(n, k) {
+                    let x_fp8 = inputs
+                        .fp8
+                        .get_or_insert_with(|| self.quantize_activations_fp8(x, tokens, k));
+                    if self.fp8_gemm_op(x_fp8, codes, scales, out, n, tokens, k) {
+                        return;
+                    }
+                }
                 let weights = self.dequantize_block_fp8(codes, scales, n, k);
-                let x_bf16 = x_bf16.get_or_insert_with(|| self.cast_to_bf16(x, tokens * k));
+                let x_bf16 = inputs
+                    .bf16
+                    .get_or_insert_with(|| self.cast_to_bf16(x, tokens * k));
                 self.gemm_ex(
                     &weights,
                     x_bf16,
@@ -254,4 +268,11 @@ impl CudaBackend {
             device_failure("matmul (cublasGemmEx)", e);
         }
     }
+}
+
+/// The input of a group's GEMMs in each form a member needs, converted once for the group.
+#[derive(Default)]
+struct GemmInputs {
+    bf16: Option<CudaSlice<u16>>,
+    fp8: Option<Fp8Activations>,
 }

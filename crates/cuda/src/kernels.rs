@@ -27,6 +27,7 @@ pub const FILES: [KernelFile; 14] = [
             "embedding_bf16",
             "embedding_f32",
             "cast_f32_to_bf16",
+            "cast_bf16_to_f32",
         ],
     },
     KernelFile {
@@ -183,7 +184,11 @@ pub const FILES: [KernelFile; 14] = [
     KernelFile {
         name: "block_fp8.cu",
         source: include_str!("../kernels/block_fp8.cu"),
-        functions: &["quantize_block_fp8", "dequantize_block_fp8_bf16"],
+        functions: &[
+            "quantize_block_fp8",
+            "dequantize_block_fp8_bf16",
+            "quantize_activations_fp8",
+        ],
     },
     KernelFile {
         name: "dummy.cu",

@@ -12,6 +12,7 @@ mod detect;
 mod error;
 mod flash;
 mod fp8;
+mod fp8_gemm;
 mod gdn;
 mod gdn_chunked;
 mod gemm;

@@ -32,13 +32,9 @@ fn cublas_present() -> bool {
     unsafe { cudarc::cublas::sys::is_culib_present() }
 }
 
-/// cuBLASLt has no cudarc feature enabled here; cuBLAS loads it as its dependency, so it only has to
-/// be loadable by name.
 fn cublas_lt_present() -> bool {
-    CUBLAS_LT.file_names.iter().any(|name| {
-        // SAFETY: opening a CUDA library runs only its initialisers, which have no preconditions.
-        unsafe { libloading::Library::new(*name) }.is_ok()
-    })
+    // SAFETY: as above.
+    unsafe { cudarc::cublaslt::sys::is_culib_present() }
 }
 
 pub(crate) const DRIVER: CudaLibrary = CudaLibrary {
@@ -128,7 +124,7 @@ fn preload_companions(library: &Path) {
 /// Loads the library at `path` and keeps it loaded for the life of the process: the dynamic loader
 /// then resolves cudarc's later load by file name (the library's soname) to this copy.
 fn preload(path: &Path) -> bool {
-    // SAFETY: as in `cublas_lt_present`.
+    // SAFETY: opening a CUDA library runs only its initialisers, which have no preconditions.
     match unsafe { libloading::Library::new(path) } {
         Ok(lib) => {
             // cudarc keeps function pointers into the library for the life of the process, so it

@@ -1,10 +1,10 @@
-//! Block-FP8 weights on the GPU (W8A16): the FP8 GEMV (1-32 rows) against the reference on the exactly
-//! dequantized weights, its rows batch-invariant bit for bit over 2-32 rows (one row has a kernel of
-//! its own), the bf16 widening behind cuBLAS (more
-//! rows) within the bf16 GEMM tolerance, and the device quantizer of `--load-format dummy
-//! --quantization fp8` equal to the host's, with the weights kept as FP8
-//! (`CudaOptions::keep_fp8_weights`) and widened to bf16 at load (the default). Skipped without a
-//! GPU.
+//! Block-FP8 weights on the GPU: the FP8 GEMV (W8A16, 1-32 rows) against the reference on the
+//! exactly dequantized weights, its rows batch-invariant bit for bit over 2-32 rows (one row has a
+//! kernel of its own), more rows on the FP8 tensor cores (W8A8, Hopper) against the reference on the
+//! same quantized activations, or widened to bf16 behind cuBLAS within the bf16 GEMM tolerance, and
+//! the device quantizer of `--load-format dummy --quantization fp8` equal to the host's, with the
+//! weights kept as FP8 (`CudaOptions::keep_fp8_weights`, the default on Hopper) and widened to bf16
+//! at load. Skipped without a GPU.
 //!
 //! Tolerances: the FP8 GEMV multiplies the exact FP8 values with the f32 activations (one token, on
 //! the CUDA cores) or with the activations rounded to bf16 (2-32 tokens, on the tensor cores; the
@@ -29,6 +29,12 @@ use deltaserve_tensor::{Backend, BlockFp8Matrix, DType, HostTensor};
 
 const TOL_FP8_GEMV: f32 = 1e-5;
 const TOL_BF16_GEMM: f32 = 2e-2;
+/// The W8A8 GEMM against the reference on the same quantized activations: what is left is the
+/// tensor cores' FP8 accumulation inside each 128-column slice (about 2^-14 of the slice's
+/// magnitude sum, 128 products) before the f32 sum over slices, ~1e-3 of the largest output for
+/// unit-scale random data over K = 17408 (136 slices), and the bf16 output (2^-9 = 2e-3 of a value
+/// at most): 4e-3. (Against the exact activations the quantization itself costs ~3e-2 here.)
+const TOL_FP8_GEMM: f32 = 4e-3;
 
 /// A random `[rows, cols]` block-FP8 matrix (every finite code, scales of several magnitudes) as a
 /// checkpoint hands it on: the exact f32 values carrying their FP8 parts.
@@ -112,13 +118,62 @@ fn fp8_gemv_matches_reference_on(be: &deltaserve_cuda::CudaBackend, token_counts
             }
         }
         let past = widest_count + 1;
-        let (got, want) = matmul(be, &w, &w_ref, &x, past, Operands::Exact);
+        let (path, operands, tol) = past_the_gemv(be, rows, cols);
+        let (got, want) = matmul(be, &w, &w_ref, &x, past, operands);
         check(
-            &format!("fp8 widened to bf16 [{rows}x{cols}] x {past} rows"),
+            &format!("fp8 {path} [{rows}x{cols}] x {past} rows"),
             &got,
             &want,
-            TOL_BF16_GEMM,
+            tol,
         );
+    }
+}
+
+/// How rows past the FP8 GEMV are multiplied: on the FP8 tensor cores where the backend has them
+/// and the shape fits (whole 128 x 128 blocks, scale rows of a multiple of 4 blocks), with the
+/// activations quantized per 128 columns; else widened to bf16.
+fn past_the_gemv(
+    be: &deltaserve_cuda::CudaBackend,
+    rows: usize,
+    cols: usize,
+) -> (&'static str, Operands, f32) {
+    if be.has_fp8_gemm() && rows.is_multiple_of(128) && cols.is_multiple_of(512) {
+        ("W8A8 tensor-core GEMM", Operands::E4m3Blocks, TOL_FP8_GEMM)
+    } else {
+        ("widened to bf16", Operands::Exact, TOL_BF16_GEMM)
+    }
+}
+
+/// Decode batches past the GEMV and prefill-sized ones on FP8 weights (the W8A8 tensor-core GEMM
+/// on Hopper): each against the reference on the same quantized activations, with token counts
+/// the GEMM pads to its multiple of 16 (9, 40, 300) and the 27B shape's widths.
+#[test]
+fn fp8_tensor_core_gemm_matches_reference_on_quantized_activations() {
+    let Some(be) = cuda_fp8("fp8_tensor_core_gemm_matches_reference_on_quantized_activations")
+    else {
+        return;
+    };
+    if !be.has_fp8_gemm() {
+        println!(
+            "skipped: this GPU has no block-scaled FP8 GEMM (the widened path is tested above)"
+        );
+        return;
+    }
+    let mut rng = Rng(34);
+    for (rows, cols) in [(256, 512), (1024, 5120), (128, 17408)] {
+        let t = random_fp8(&mut rng, rows, cols);
+        let w = be.load_mat(&t).unwrap();
+        let w_ref = ReferenceBackend.load_mat(&t).unwrap();
+        for tokens in [9, 40, 300] {
+            let x = rng.vec(tokens * cols, 1.0);
+            let (got, want) = matmul(be, &w, &w_ref, &x, tokens, Operands::E4m3Blocks);
+            check(
+                &format!("fp8 W8A8 [{rows}x{cols}] x {tokens} rows"),
+                &got,
+                &want,
+                TOL_FP8_GEMM,
+            );
+        }
     }
 }
 

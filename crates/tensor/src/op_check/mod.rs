@@ -32,6 +32,10 @@ pub enum Operands {
     Exact,
     /// Rounded to bf16, nearest even.
     Bf16,
+    /// Quantized in blocks of 128 consecutive values (a row's 128-column group when rows are whole
+    /// groups) as an FP8 GEMM quantizes its activations: per block `scale = amax / 448` (1 for an
+    /// all-zero block), each value `e4m3(v / scale) * scale`.
+    E4m3Blocks,
 }
 
 impl Operands {
@@ -40,8 +44,30 @@ impl Operands {
         match self {
             Self::Exact => x.to_vec(),
             Self::Bf16 => x.iter().map(|&v| bf16_to_f32(f32_to_bf16(v))).collect(),
+            Self::E4m3Blocks => {
+                assert!(
+                    x.len().is_multiple_of(128),
+                    "E4m3Blocks operands: {} values are not whole blocks of 128",
+                    x.len()
+                );
+                x.chunks(128).flat_map(e4m3_block).collect()
+            }
         }
     }
+}
+
+/// One block of activations as the FP8 GEMM sees it (`Operands::E4m3Blocks`).
+fn e4m3_block(block: &[f32]) -> Vec<f32> {
+    let amax = block.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let scale = if amax > 0.0 {
+        amax / crate::e4m3::E4M3_MAX
+    } else {
+        1.0
+    };
+    block
+        .iter()
+        .map(|&v| crate::e4m3::e4m3_to_f32(crate::e4m3::f32_to_e4m3(v / scale)) * scale)
+        .collect()
 }
 
 /// A backend buffer of `len` NaNs, for an op's output.
@@ -400,6 +426,20 @@ pub fn check(label: &str, got: &[f32], want: &[f32], tol: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn e4m3_blocks_scale_each_block_to_448_and_round_to_its_grid() {
+        let mut x = vec![0.0f32; 256];
+        x[..3].copy_from_slice(&[3.0, 1.0, -0.7]);
+        let seen = Operands::E4m3Blocks.seen(&x);
+        let scale = 3.0f32 / 448.0;
+        // 1 / scale = 149.3 lies on e4m3's step of 16 in [128, 256); 0.7 / scale = 104.5 on its step
+        // of 8 in [64, 128); the block's largest value maps to 448 and back.
+        assert!((seen[0] - 3.0).abs() <= 3.0 * f32::EPSILON, "{}", seen[0]);
+        assert_eq!(seen[1], 144.0 * scale);
+        assert_eq!(seen[2], -104.0 * scale);
+        assert!(seen[3..].iter().all(|&v| v == 0.0), "zeros and the all-zero block stay zero");
+    }
 
     #[test]
     fn the_reference_against_itself_is_exact_and_a_wrong_value_is_caught() {
