@@ -207,7 +207,7 @@ impl CudaBackend {
             gemv_lane_shape: crate::gemv::LaneShape::from_options(options),
             grouped_attention: options.define::<u32>("ATTENTION_GQA").unwrap_or(1) != 0,
             gemm_precision: options.gemm_precision,
-            keep_fp8_weights: options.keep_fp8_weights
+            keep_fp8_weights: options.keep_fp8_weights.unwrap_or(major >= 9)
                 && options.gemm_precision == GemmPrecision::Bf16,
             fp8_gemm: None,
             kv_dtype: options

@@ -74,11 +74,12 @@ pub struct CudaOptions {
     /// for measuring kernel variants without rebuilding. Launchers whose grids depend on such a
     /// constant read it back with `CudaOptions::define`.
     pub defines: Vec<(String, String)>,
-    /// Keep block-FP8 weights as FP8 on the device (W8A16 GEMV for one to four rows, widened to
-    /// bf16 per product beyond) instead of widening them to bf16 at load. Off by default until
-    /// the multi-row FP8 paths beat bf16 (docs/fp8.md has the figures);
-    /// `DELTASERVE_CUDA_FP8_WEIGHTS=1` turns it on.
-    pub keep_fp8_weights: bool,
+    /// Keep block-FP8 weights as FP8 on the device (the W8A16 GEMV for up to 8 rows, the W8A8
+    /// tensor-core GEMM past that on Hopper, widened to bf16 per product elsewhere) instead of
+    /// widening them to bf16 at load. `None`: kept where the GPU has the FP8 tensor-core GEMM
+    /// (compute capability 9.0 on), where every measured FP8 figure beats bf16 (docs/fp8.md);
+    /// `DELTASERVE_CUDA_FP8_WEIGHTS=1` keeps them on any GPU, `=0` widens them.
+    pub keep_fp8_weights: Option<bool>,
 }
 
 impl CudaOptions {
@@ -149,7 +150,11 @@ impl Default for CudaOptions {
             defines: std::env::var(DEFINES_ENV)
                 .map(|v| parse_defines(&v))
                 .unwrap_or_default(),
-            keep_fp8_weights: std::env::var(FP8_WEIGHTS_ENV).is_ok_and(|v| v == "1"),
+            keep_fp8_weights: match std::env::var(FP8_WEIGHTS_ENV).as_deref() {
+                Ok("1") => Some(true),
+                Ok("0") => Some(false),
+                _ => None,
+            },
         }
     }
 }
