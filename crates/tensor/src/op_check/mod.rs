@@ -438,7 +438,10 @@ mod tests {
         assert!((seen[0] - 3.0).abs() <= 3.0 * f32::EPSILON, "{}", seen[0]);
         assert_eq!(seen[1], 144.0 * scale);
         assert_eq!(seen[2], -104.0 * scale);
-        assert!(seen[3..].iter().all(|&v| v == 0.0), "zeros and the all-zero block stay zero");
+        assert!(
+            seen[3..].iter().all(|&v| v == 0.0),
+            "zeros and the all-zero block stay zero"
+        );
     }
 
     #[test]
