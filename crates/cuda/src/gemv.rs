@@ -55,6 +55,10 @@ pub(crate) struct LaneShape {
     /// (default 1; up to 4). Measured on the H200 (27B shape, batch 16 / 32 step): 4 tiles 25.8 /
     /// 47.9 ms, one tile and the W8A8 GEMM past it (fp8_gemm.rs) 16.7 / 18.8 ms.
     fp8_mma_to: usize,
+    /// The most rows the GEMV takes, bf16 and FP8 (`GEMV_BF16_TO`, `GEMV_FP8_TO`; default: all the
+    /// kernels can): fewer send the rest to cuBLAS / the W8A8 GEMM, to measure where those win (a
+    /// 9-row FP8 step on the W8A8 GEMM, 16.4 ms, beat an 8-row one on the GEMV, 17.5 ms).
+    rows_to: [usize; 2],
 }
 
 impl LaneShape {
@@ -70,6 +74,10 @@ impl LaneShape {
             fp8_mma_from: options.define("GEMV_FP8_MMA_FROM").unwrap_or(2),
             fp8_mma_to: (MMA_TILE * options.define("GEMV_FP8_MMA_TILES").unwrap_or(1))
                 .clamp(MMA_TILE, MMA_TOKENS),
+            rows_to: [
+                options.define("GEMV_BF16_TO").unwrap_or(usize::MAX),
+                options.define("GEMV_FP8_TO").unwrap_or(usize::MAX),
+            ],
         }
     }
 
@@ -80,13 +88,14 @@ impl LaneShape {
 
     /// The most tokens the GEMV kernels take for this format.
     fn max_tokens(&self, fp8: bool) -> usize {
-        if !fp8 {
+        let kernels = if !fp8 {
             GEMV_MAX_TOKENS
         } else if self.fp8_mma_from <= LANE_TOKENS + 1 {
             self.fp8_mma_to
         } else {
             LANE_TOKENS
-        }
+        };
+        kernels.min(self.rows_to[usize::from(fp8)])
     }
 
     /// Rows a block covers for `tokens` tokens.
