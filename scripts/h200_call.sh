@@ -13,6 +13,8 @@
 #   mtp:SHAPES:D,D            the same with MTP k=3, forced acceptance
 #   fp8:SHAPES:D,D, fp8mtp:SHAPES:D,D  the same two with block-FP8 weights kept on the device
 #                             (--quantization fp8, DELTASERVE_CUDA_FP8_WEIGHTS=1)
+#   batch:SHAPES:D,D, fp8batch:SHAPES:D,D  batched decode steps (`bench --batch $BATCH`, default
+#                             8,16,32,64), bf16 or FP8 kept
 #   floor:SHAPE               scripts/gemv_floor.py (torch/cuBLAS GEMV sweep in a CUDA graph) for the shape
 #   doctor                    doctor --backend cuda on the demo model
 #   serve                     serve with MTP k=3, then deltaserve smoke against it
@@ -45,14 +47,15 @@ for step in "$@"; do
   fi
   s=$(date +%s)
   case $step in
-    variants:* | mtp:* | fp8:* | fp8mtp:*)
+    variants:* | mtp:* | fp8:* | fp8mtp:* | batch:* | fp8batch:*)
       IFS=: read -r kind shapes defs <<<"$step"
       IFS=, read -ra d <<<"$defs"
       [ ${#d[@]} -eq 0 ] && d=("")  # "SHAPE:" alone: the defaults once
-      spec=0 fp8=0 args="" tag=""
+      spec=0 fp8=0 args="" tag="" batch=""
       case $kind in mtp | fp8mtp) spec=1 ;; esac
-      case $kind in fp8 | fp8mtp) fp8=1 args="--quantization fp8" tag=fp8 ;; esac
-      DELTASERVE_CUDA_FP8_WEIGHTS=$fp8 ARGS=$args TAG=$tag SPEC=$spec timeout "$(left)" \
+      case $kind in fp8 | fp8mtp | fp8batch) fp8=1 args="--quantization fp8" tag=fp8 ;; esac
+      case $kind in batch | fp8batch) batch=${BATCH:-8,16,32,64} ;; esac
+      DELTASERVE_CUDA_FP8_WEIGHTS=$fp8 ARGS=$args TAG=$tag SPEC=$spec BATCH=$batch timeout "$(left)" \
         scripts/h200_decode_variants.sh "$bins/deltaserve" "$res/v" "${shapes//+/ }" "${d[@]}" 2>&1 |
         tee -a "$res/summary.log"
       ;;
