@@ -2,10 +2,11 @@
 //! kernels do not take (prefill, large decode batches). The activations are quantized as the
 //! format intends (`quantize_activations_fp8`: e4m3 codes with one f32 scale per token and 128
 //! columns, the 1 x 128 block), the weights keep their 128 x 128 block scales, and cuBLASLt applies
-//! both scales per 128-wide slice of the sum in f32 (`VEC128_32F` x `BLK128x128_32F`). This is W8A8
-//! numerics, as SGLang's FP8 path computes; the widened-to-bf16 path (`FP8_GEMM=0` in
-//! `DELTASERVE_CUDA_DEFINES`, and wherever cuBLASLt has no algorithm) keeps the activations' bf16
-//! values. Plans (descriptors and the chosen algorithm) are made once per shape.
+//! both scales per 128-wide slice of the sum in f32 (`VEC128_32F` x `BLK128x128_32F`), writing bf16
+//! that is widened to f32 for the next op. This is W8A8 numerics, as SGLang's FP8 path computes;
+//! the widened-to-bf16 path (`FP8_GEMM=0` in `DELTASERVE_CUDA_DEFINES`, and wherever cuBLASLt has
+//! no algorithm) keeps the activations' bf16 values. Plans (descriptors and the chosen algorithm)
+//! are made once per shape.
 
 use crate::backend::{launch, launch_elementwise, CudaBackend};
 use crate::buffer::CudaBuf;
@@ -109,8 +110,9 @@ impl Fp8Gemm {
 
 impl Plan {
     /// The plan for `out [tokens, n] bf16 = x_q [tokens, k] (VEC128 scales) @ w [n, k]^T
-    /// (BLK128x128 scales)`, or why there is none (block-scaled FP8 GEMMs write bf16 or f16 on
-    /// Hopper, not f32: cuBLASLt rejects an f32 D with CUBLAS_STATUS_INVALID_VALUE). cuBLASLt is column-major: `out^T [n, tokens]
+    /// (BLK128x128 scales)`, or why there is none. bf16 is the output cuBLASLt's documentation
+    /// lists for block-scaled FP8 on Hopper (an f32 one was tried only before the scale pointers
+    /// below were set, and failed as bf16 then did). cuBLASLt is column-major: `out^T [n, tokens]
     /// = op(A) B` with A the row-major weights transposed (`k x n`, ld k) and B the activations
     /// (`k x tokens`, ld k).
     ///
