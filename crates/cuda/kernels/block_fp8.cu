@@ -27,6 +27,10 @@ __device__ __forceinline__ unsigned char f32_to_e4m3(float x) {
     return (unsigned char)(sign | ((unsigned int)biased << 3) | (unsigned int)(significand - 8));
 }
 
+// The scale of a block whose largest magnitude is amax: amax / 448, so that the block's codes span
+// e4m3's range, and 1 for an all-zero block: crates/tensor/src/e4m3.rs `block_scale`.
+__device__ __forceinline__ float block_scale(float amax) { return amax > 0.0f ? __fdiv_rn(amax, E4M3_MAX) : 1.0f; }
+
 // The exact value of an e4m3fn code (NaN codes are never written by the quantizer).
 __device__ __forceinline__ float e4m3_to_f32(unsigned char code) {
     const unsigned int e = (code >> 3) & 0xfu, m = code & 7u;
@@ -49,7 +53,7 @@ extern "C" __global__ void quantize_block_fp8(const bf16_bits* __restrict__ valu
         amax = fmaxf(amax, fabsf(bf16_to_f32(values[at])));
     }
     amax = block_max(amax, scratch);
-    const float scale = amax > 0.0f ? __fdiv_rn(amax, E4M3_MAX) : 1.0f;
+    const float scale = block_scale(amax);
     if (threadIdx.x == 0) scales[(i64)blockIdx.y * gridDim.x + blockIdx.x] = scale;
     for (int i = threadIdx.x; i < tile_rows * tile_cols; i += blockDim.x) {
         const i64 at = (i64)(r0 + i / tile_cols) * cols + c0 + i % tile_cols;
@@ -101,7 +105,7 @@ extern "C" __global__ void quantize_activations_fp8(const float* __restrict__ x,
     const float4 v = t < tokens ? *(const float4*)(x + at) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
     for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const float scale = amax > 0.0f ? __fdiv_rn(amax, E4M3_MAX) : 1.0f;
+    const float scale = block_scale(amax);
     const unsigned int packed = (unsigned int)f32_to_e4m3(__fdiv_rn(v.x, scale)) |
                                 ((unsigned int)f32_to_e4m3(__fdiv_rn(v.y, scale)) << 8) |
                                 ((unsigned int)f32_to_e4m3(__fdiv_rn(v.z, scale)) << 16) |

@@ -6,7 +6,7 @@
 //! scale_inv`): the scale is what the checkpoint calls `weight_scale_inv`.
 //! Stacked experts (`[E, rows, cols]` with scales `[E, ...]`) are `matrices` such grids back to back.
 
-use deltaserve_tensor::e4m3::{e4m3_to_f32, f32_to_e4m3, E4M3_MAX};
+use deltaserve_tensor::e4m3::{block_scale, e4m3_to_f32, f32_to_e4m3};
 use rayon::prelude::*;
 
 /// The scale grid of a `[rows, cols]` matrix in `block` tiles.
@@ -79,9 +79,7 @@ pub fn quantize(
                 let amax = tile_rows(matrix, tile_row)
                     .flat_map(|start| &values[start + from..start + to])
                     .fold(0.0f32, |m, v| m.max(v.abs()));
-                if amax > 0.0 {
-                    *scale = amax / E4M3_MAX;
-                }
+                *scale = block_scale(amax);
             }
         });
     let mut codes = vec![0u8; values.len()];

@@ -6,6 +6,17 @@
 /// The largest finite e4m3fn magnitude.
 pub const E4M3_MAX: f32 = 448.0;
 
+/// The scale of a block of values whose largest magnitude is `amax`, as Qwen's and DeepSeek's FP8
+/// recipe sets it for weights (128 x 128) and activations (1 x 128): `amax / 448`, so the block's
+/// codes span e4m3's range; 1 for an all-zero block.
+pub fn block_scale(amax: f32) -> f32 {
+    if amax > 0.0 {
+        amax / E4M3_MAX
+    } else {
+        1.0
+    }
+}
+
 /// The value of one e4m3fn code, exactly (every code is an f32).
 pub fn e4m3_to_f32(code: u8) -> f32 {
     let sign = if code & 0x80 != 0 { -1.0 } else { 1.0 };

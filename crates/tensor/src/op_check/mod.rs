@@ -59,11 +59,7 @@ impl Operands {
 /// One block of activations as the FP8 GEMM sees it (`Operands::E4m3Blocks`).
 fn e4m3_block(block: &[f32]) -> Vec<f32> {
     let amax = block.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-    let scale = if amax > 0.0 {
-        amax / crate::e4m3::E4M3_MAX
-    } else {
-        1.0
-    };
+    let scale = crate::e4m3::block_scale(amax);
     block
         .iter()
         .map(|&v| crate::e4m3::e4m3_to_f32(crate::e4m3::f32_to_e4m3(v / scale)) * scale)
