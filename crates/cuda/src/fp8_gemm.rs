@@ -347,14 +347,14 @@ impl CudaBackend {
         let (x_ptr, _x) = x.codes.device_ptr(&self.stream);
         // Written whole by the GEMM, then widened into `out`.
         let mut product: CudaSlice<u16> = self.alloc_for_overwrite("fp8 gemm output", rows * n);
-        let (out_ptr, _o) = product.device_ptr_mut(&self.stream);
+        let (out_ptr, product_guard) = product.device_ptr_mut(&self.stream);
         let (workspace_ptr, _wsp) = gemm.workspace.device_ptr_mut(&self.stream);
         let (alpha, beta) = (1.0f32, 0.0f32);
         // SAFETY: the plan's layouts describe exactly these buffers: codes n * k bytes with the
         // 128 x 128 scale grid (n / 128 rows of k / 128), x's codes rows * k bytes with k / 128 x
-        // rows scales, product rows * n bf16 (allocated above); the scale
-        // pointers are device addresses set before the call that reads them, under the mutex; the
-        // workspace holds WORKSPACE_BYTES as the plan's preference said; alpha/beta are host f32.
+        // rows scales, product rows * n bf16 (allocated above); the scale pointers are device
+        // addresses set before the call that reads them, under the mutex; the workspace holds
+        // WORKSPACE_BYTES as the plan's preference said; alpha/beta are host f32.
         let status = plan.point_at_scales(scale_pointers).and_then(|()| unsafe {
             lt::matmul(
                 handle,
@@ -378,7 +378,8 @@ impl CudaBackend {
         if let Err(e) = status {
             crate::backend::device_failure("fp8 matmul (cublasLtMatmul)", e);
         }
-        drop(_o);
+        // The widening below reads `product`, which the guard borrows.
+        drop(product_guard);
         // Contract: product holds rows >= tokens rows of n bf16 values (written above), the first
         // tokens of them are out's rows (out holds tokens * n f32, checked by matmul_group_op);
         // both are whole allocations (16-byte aligned).
