@@ -4,6 +4,8 @@
 //! the same harness on cpu f32 vs cpu bf16, vs perturbed weights, and against a tampered reply.
 
 mod common;
+#[path = "../../engine/tests/demo_eval/mod.rs"]
+mod demo_eval;
 
 use deltaserve_cuda::{CudaBackend, GemmPrecision};
 use deltaserve_engine::*;
@@ -15,6 +17,7 @@ use deltaserve_model::weights::Weights;
 use deltaserve_model::{ForwardInput, Model};
 use deltaserve_tensor::cpu::{CpuBackend, CpuOptions, MatmulPrecision};
 use deltaserve_tensor::{Backend, BatchLayout, DType, HostTensor};
+use demo_eval::{engine_config, mtp_k3, BLOCK_SIZE, CHUNK, MTP_STEPS};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -51,12 +54,6 @@ const NOISE_SAMPLES: usize = 4;
 /// model of `near_tie_rule_holds_on_perturbed_weights`: 1/16 moves the demo model's logits by
 /// a few tenths, like a coarse low-precision backend, enough to flip its closest calls.
 const WEIGHT_PERTURBATION: f32 = 1.0 / 16.0;
-/// Prefill chunk of the probing forwards, as the engine's `chunked_prefill_size`.
-const CHUNK: usize = 512;
-const BLOCK_SIZE: usize = 16;
-/// Most requests in flight, as crates/engine/tests/demo_model.rs runs the demo model.
-const MAX_RUNNING: usize = 48;
-const MTP_STEPS: usize = 3;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -181,11 +178,7 @@ fn cpu(precision: MatmulPrecision) -> CpuBackend {
 }
 
 fn mtp() -> Option<SpecConfig> {
-    Some(SpecConfig {
-        num_steps: MTP_STEPS,
-        disable_batch_size: None,
-        fault: DraftFault::None,
-    })
+    Some(mtp_k3())
 }
 
 /// The replies of one engine run, with its speculation counts.
@@ -196,8 +189,8 @@ struct Run {
     accepted: usize,
 }
 
-/// Greedy replies to every prompt through a `LocalEngine` (all submitted at once, batched), as
-/// crates/engine/tests/demo_model.rs runs the demo model.
+/// Greedy replies to every prompt through a `LocalEngine` (all submitted at once, batched), with
+/// the engine crates/engine/tests/demo_model.rs runs the demo model in (`demo_eval::engine_config`).
 fn greedy_run<B: Backend + 'static>(
     label: &str,
     model: Model<B>,
@@ -205,18 +198,7 @@ fn greedy_run<B: Backend + 'static>(
     speculative: Option<SpecConfig>,
 ) -> Run {
     let started = Instant::now();
-    let config = EngineConfig {
-        max_running_requests: MAX_RUNNING,
-        num_kv_blocks: MAX_RUNNING * 512 / BLOCK_SIZE,
-        block_size: BLOCK_SIZE,
-        state_slots: MAX_RUNNING * (MTP_STEPS + 2),
-        chunked_prefill_size: CHUNK,
-        context_length: 1024,
-        max_queued_requests: 1024,
-        decode_log_interval: 0,
-        speculative,
-    };
-    let engine = LocalEngine::spawn(model, config);
+    let engine = LocalEngine::spawn(model, engine_config(speculative));
     let receivers: Vec<_> = prompts
         .iter()
         .map(|p| {

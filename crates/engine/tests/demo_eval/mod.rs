@@ -1,8 +1,9 @@
 //! The demo model's held-out evaluation through the engine, on any backend: the prompts and
 //! transformers' greedy replies of tests/data/demo, the engine run, and the task scores of
 //! scripts/eval_demo_model.py (arithmetic, primality, generated is_prime functions run by python3,
-//! well-formed tool calls). Shared by crates/engine/tests/demo_model.rs (cpu) and
-//! crates/cuda/tests/demo_fp8.rs (GPU); each test binary uses part of it.
+//! well-formed tool calls). Shared by crates/engine/tests/demo_model.rs (cpu),
+//! crates/cuda/tests/demo_fp8.rs and crates/cuda/tests/demo_heldout.rs (its engine settings); each
+//! test binary uses part of it.
 #![allow(dead_code)]
 
 use deltaserve_engine::*;
@@ -167,18 +168,7 @@ pub fn run<B: Backend + 'static>(
     speculative: Option<SpecConfig>,
 ) -> (Vec<Value>, Vec<Vec<u32>>, Usage) {
     let greedy = jsonl(&root().join("tests/data/demo/hf_greedy.jsonl"));
-    let config = EngineConfig {
-        max_running_requests: 48,
-        num_kv_blocks: 48 * 512 / 16,
-        block_size: 16,
-        state_slots: 48 * 5,
-        chunked_prefill_size: 512,
-        context_length: 1024,
-        max_queued_requests: 1024,
-        decode_log_interval: 0,
-        speculative,
-    };
-    let engine = LocalEngine::spawn(model, config);
+    let engine = LocalEngine::spawn(model, engine_config(speculative));
     let receivers: Vec<_> = greedy
         .iter()
         .map(|g| {
@@ -213,9 +203,33 @@ pub fn run<B: Backend + 'static>(
     (greedy, replies, total)
 }
 
+/// Prefill chunk of the engine runs (`chunked_prefill_size`).
+pub const CHUNK: usize = 512;
+pub const BLOCK_SIZE: usize = 16;
+/// Most requests in flight.
+pub const MAX_RUNNING: usize = 48;
+/// Draft steps of the MTP runs.
+pub const MTP_STEPS: usize = 3;
+
+/// The engine the demo runs use: every held-out prompt in flight 48 at a time, 512 tokens of KV
+/// each, state slots for MTP k=3.
+pub fn engine_config(speculative: Option<SpecConfig>) -> EngineConfig {
+    EngineConfig {
+        max_running_requests: MAX_RUNNING,
+        num_kv_blocks: MAX_RUNNING * 512 / BLOCK_SIZE,
+        block_size: BLOCK_SIZE,
+        state_slots: MAX_RUNNING * (MTP_STEPS + 2),
+        chunked_prefill_size: CHUNK,
+        context_length: 1024,
+        max_queued_requests: 1024,
+        decode_log_interval: 0,
+        speculative,
+    }
+}
+
 pub fn mtp_k3() -> SpecConfig {
     SpecConfig {
-        num_steps: 3,
+        num_steps: MTP_STEPS,
         disable_batch_size: None,
         fault: DraftFault::None,
     }
