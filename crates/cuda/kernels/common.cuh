@@ -99,6 +99,13 @@ __device__ __forceinline__ void load_rounded8(const float* p, float* f) {
     for (int i = 0; i < 8; ++i) f[i] = bf16_to_f32(f32_to_bf16(in[i]));
 }
 
+// Shared-memory address for cp.async, ldmatrix and the like.
+__device__ __forceinline__ unsigned int shared_address(const void* p) {
+    unsigned int a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
 // ---- programmatic dependent launch (launcher.rs) ----
 // A kernel whose PTX executes `griddepcontrol.wait` is launched so that it may start while the
 // previous kernel on the stream still runs; the wait returns once that kernel has completed and its

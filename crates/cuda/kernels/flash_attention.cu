@@ -21,12 +21,6 @@
 #define FLASH_ROWS (16 * FLASH_WARPS)
 #define FLASH_KEYS 64
 
-__device__ __forceinline__ unsigned int shared_address(const void* p) {
-    unsigned int a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
-
 __device__ __forceinline__ void ldmatrix_x4(unsigned int* r, const bf16_bits* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])

@@ -81,13 +81,6 @@ __device__ __forceinline__ void frag_b(unsigned int* b, const float* m, int ld, 
     b[1] = __float_as_uint(m[(k0 + c + 4) * ld + n0 + g]);
 }
 
-// Shared-memory address for cp.async.
-__device__ __forceinline__ unsigned int shared_address(const void* p) {
-    unsigned int a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
-
 // 16 bytes from global to shared memory without passing through registers; zeros when !valid.
 __device__ __forceinline__ void copy16_async(float* dst, const float* src, bool valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(shared_address(dst)), "l"(src),
