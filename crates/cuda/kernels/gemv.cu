@@ -461,8 +461,55 @@ __device__ __forceinline__ unsigned int pack_bf16(float lo, float hi) {
     return d;
 }
 
-template <bool PAIRED, int TILES>
-__device__ __forceinline__ void gemv_fp8_mma(const GemvGroup& group, const float* __restrict__ x, int tokens, int k) {
+// d (16 x 8) += a (16 x 32) * b (32 x 8), e4m3 in, f32 accumulate (sm_89 on). Fragments: thread
+// (g = lane / 4, c = lane % 4) holds four codes a word: a0 / a1 rows g / g + 8 at k 4c .. 4c + 3, a2 /
+// a3 the same rows at k 16 + 4c ..; b0 / b1 column g at k 4c .. and 16 + 4c ..; d as in mma_bf16.
+__device__ __forceinline__ void mma_e4m3(float* d, unsigned int a0, unsigned int a1, unsigned int a2, unsigned int a3,
+                                         unsigned int b0, unsigned int b1) {
+#if __CUDA_ARCH__ >= 890
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#else
+    __trap();  // the launcher takes this path only from compute capability 8.9 on
+#endif
+}
+
+// Loads of what the previous kernel wrote, from L2 (`ld.global.cg`): under programmatic dependent
+// launch this kernel may start before that kernel runs, so its inputs are not read-only for this
+// kernel's lifetime, which the read-only path (`ld.global.nc`, what `const __restrict__` loads
+// compile to) requires; the activation buffers are small and reused at one address from one
+// launch to the next, so a stale read-only cache line is likely there.
+__device__ __forceinline__ uint4 load_fresh(const void* p) {
+    uint4 v;
+    asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ float load_fresh(const float* p) {
+    float v;
+    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
+    return v;
+}
+
+// The FP8 activations of the W8A8 form: e4m3 codes [rows, k] (rows >= 8, zero past the tokens)
+// and their scales [k / 128, rows] (`quantize_activations_fp8`).
+struct Fp8Input {
+    const unsigned char* codes;
+    const float* scales;
+    int rows;
+};
+
+// W8A8: the activations come quantized (1 x 128 groups, as for the prefill GEMM) and the codes of
+// both multiply on the FP8 tensor cores as they are (`mma.m16n8k32` e4m3): no widening of the
+// weights, and each 128-column piece is scaled by its weight block's and its token group's scales.
+// One tile of 8 tokens. Thread (g, c)'s 16-code vector of token g is at the columns of its weight
+// vectors, and each 4-code word takes the same k slots as the weights' word it multiplies.
+template <bool PAIRED, int TILES, bool W8A8 = false>
+__device__ __forceinline__ void gemv_fp8_mma(const GemvGroup& group, const float* __restrict__ x, int tokens, int k,
+                                             Fp8Input xq = Fp8Input{}) {
+    static_assert(!W8A8 || TILES == 1, "the W8A8 form takes one tile of 8 tokens");
     constexpr int VALUES = 16;  // codes per 16-byte vector
     constexpr int VECS = 2;     // vectors of a row per lane and column block
     __shared__ float totals[GEMV_MMA_WARPS][TILES * 4][32];
@@ -491,6 +538,26 @@ __device__ __forceinline__ void gemv_fp8_mma(const GemvGroup& group, const float
     struct Piece {
         uint4 v[GEMV_MMA_UNROLL][2][VECS];
         float scale[GEMV_MMA_UNROLL][2];
+        // W8A8: token g's codes at the weights' columns, and the scales of tokens 2c and 2c + 1.
+        uint4 xv[W8A8 ? GEMV_MMA_UNROLL : 1][VECS];
+        float x_scale[W8A8 ? GEMV_MMA_UNROLL : 1][2];
+    };
+    // The activations are the previous kernel's output: loaded after its wait, unlike the weights.
+    auto load_x = [&](Piece& p, int first) {
+        if constexpr (W8A8) {
+#pragma unroll
+            for (int u = 0; u < GEMV_MMA_UNROLL; ++u) {
+                const int cb = warp + (first + u) * GEMV_MMA_WARPS;
+                const bool in = cb < col_blocks;
+#pragma unroll
+                for (int v = 0; v < VECS; ++v) {
+                    const int col = cb * 128 + VALUES * (4 * v + c);
+                    p.xv[u][v] = in ? load_fresh(xq.codes + (i64)g * k + col) : make_uint4(0u, 0u, 0u, 0u);
+                }
+#pragma unroll
+                for (int j = 0; j < 2; ++j) p.x_scale[u][j] = in ? load_fresh(xq.scales + (i64)cb * xq.rows + 2 * c + j) : 0.0f;
+            }
+        }
     };
     auto load = [&](Piece& p, int first) {
 #pragma unroll
@@ -516,7 +583,7 @@ __device__ __forceinline__ void gemv_fp8_mma(const GemvGroup& group, const float
 #pragma unroll
     for (int t = 0; t < TILES; ++t) {
         total[t][0] = total[t][1] = total[t][2] = total[t][3] = 0.0f;
-        xg[t] = 8 * t + g < tokens ? x + (i64)(8 * t + g) * k : nullptr;
+        xg[t] = !W8A8 && 8 * t + g < tokens ? x + (i64)(8 * t + g) * k : nullptr;
     }
     auto multiply = [&](const Piece& p, int first) {
 #pragma unroll
@@ -526,6 +593,19 @@ __device__ __forceinline__ void gemv_fp8_mma(const GemvGroup& group, const float
             float piece[TILES][4];
 #pragma unroll
             for (int t = 0; t < TILES; ++t) piece[t][0] = piece[t][1] = piece[t][2] = piece[t][3] = 0.0f;
+            if constexpr (W8A8) {
+#pragma unroll
+                for (int v = 0; v < VECS; ++v) {
+                    const uint4 lo = p.v[u][0][v], hi = p.v[u][1][v], xv = p.xv[u][v];
+                    mma_e4m3(piece[0], lo.x, hi.x, lo.y, hi.y, xv.x, xv.y);
+                    mma_e4m3(piece[0], lo.z, hi.z, lo.w, hi.w, xv.z, xv.w);
+                }
+                // piece[0]: rows g (0, 1) and g + 8 (2, 3), tokens 2c and 2c + 1.
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+                    total[0][i] = fmaf(piece[0][i], p.scale[u][i / 2] * p.x_scale[u][i & 1], total[0][i]);
+                continue;
+            }
 #pragma unroll
             for (int v = 0; v < VECS; ++v) {
                 const int col = cb * 128 + VALUES * (4 * v + c);
@@ -569,11 +649,14 @@ __device__ __forceinline__ void gemv_fp8_mma(const GemvGroup& group, const float
     Piece pa, pb;
     load(pa, 0);
     wait_for_previous_kernel();
+    load_x(pa, 0);
     const int mine = (col_blocks - warp + GEMV_MMA_WARPS - 1) / GEMV_MMA_WARPS;  // this warp's column blocks
     for (int first = 0; first < mine; first += 2 * GEMV_MMA_UNROLL) {
         load(pb, first + GEMV_MMA_UNROLL);
+        load_x(pb, first + GEMV_MMA_UNROLL);
         multiply(pa, first);
         load(pa, first + 2 * GEMV_MMA_UNROLL);
+        load_x(pa, first + 2 * GEMV_MMA_UNROLL);
         multiply(pb, first + GEMV_MMA_UNROLL);
     }
 #pragma unroll
@@ -621,3 +704,17 @@ GEMV_FP8_MMA_KERNEL(1)
 GEMV_FP8_MMA_KERNEL(2)
 GEMV_FP8_MMA_KERNEL(3)
 GEMV_FP8_MMA_KERNEL(4)
+
+// W8A8 (Fp8Input above): the same grid and block as gemv_fp8_mma_t1, for 1-8 tokens; x: the FP8
+// activations of `quantize_activations_fp8` (`x_rows` >= 8 rows, zero past `tokens`) and k % 128 ==
+// 0 (checked by the launcher); compute capability 8.9 on.
+extern "C" __global__ void __launch_bounds__(32 * GEMV_MMA_WARPS)
+    gemv_fp8_w8a8(const GemvGroup group, const unsigned char* __restrict__ x_codes,
+                  const float* __restrict__ x_scales, int x_rows, int tokens, int k) {
+    gemv_fp8_mma<false, 1, true>(group, nullptr, tokens, k, Fp8Input{x_codes, x_scales, x_rows});
+}
+extern "C" __global__ void __launch_bounds__(32 * GEMV_MMA_WARPS)
+    gemv_fp8_w8a8_silu_gate(const GemvGroup group, const unsigned char* __restrict__ x_codes,
+                            const float* __restrict__ x_scales, int x_rows, int tokens, int k) {
+    gemv_fp8_mma<true, 1, true>(group, nullptr, tokens, k, Fp8Input{x_codes, x_scales, x_rows});
+}

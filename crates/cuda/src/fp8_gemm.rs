@@ -33,9 +33,9 @@ const TOKEN_ALIGN: usize = 16;
 /// A token batch's activations as e4m3 codes `[rows, k]` and their scales `[k / 128, rows]`, the
 /// tokens padded with zero rows to `rows` (a multiple of `TOKEN_ALIGN`).
 pub(crate) struct Fp8Activations {
-    codes: CudaSlice<u8>,
-    scales: CudaSlice<f32>,
-    rows: usize,
+    pub(crate) codes: CudaSlice<u8>,
+    pub(crate) scales: CudaSlice<f32>,
+    pub(crate) rows: usize,
 }
 
 /// The cuBLASLt handle, its workspace and the plans made so far.

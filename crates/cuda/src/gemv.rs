@@ -10,6 +10,7 @@
 
 use crate::backend::{launch, CudaBackend};
 use crate::buffer::CudaBuf;
+use crate::fp8_gemm::Fp8Activations;
 use crate::launcher::ValueArg;
 use crate::mat::{CudaMat, MatData};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
@@ -59,6 +60,27 @@ pub(crate) struct LaneShape {
     /// kernels can): fewer send the rest to cuBLAS / the W8A8 GEMM, to measure where those win (a
     /// 9-row FP8 step on the W8A8 GEMM, 16.4 ms, beat an 8-row one on the GEMV, 17.5 ms).
     rows_to: [usize; 2],
+    /// Block-FP8 weights take the W8A8 kernel from this many tokens to 8 (`GEMV_FP8_W8A8_FROM`;
+    /// default 9: never): the activations quantized per 128 columns and multiplied on the FP8
+    /// tensor cores, as the prefill GEMM does, where the GPU has them (compute capability 8.9 on)
+    /// and k is whole 128-column blocks. Measured on the H200 (27B shape, FP8 kept): one token
+    /// 88.9 tok/s against 91.0 on the lane kernel; a k=3 verify of 4 tokens 12.74 ms against 14.82
+    /// on the kernel that widens the codes to bf16 (MTP 252.8-254.1 against 224.3 tok/s); batch
+    /// 2 / 4 / 8 steps 11.57 / 11.89 / 13.04 ms against 12.84 / 14.00 / 17.28. Off by default
+    /// because `serve --quantization fp8` with `GEMV_FP8_W8A8_FROM=2` gave wrong text in 4 of 5
+    /// runs (start-up canary, stream against non-stream) with programmatic dependent launch on and
+    /// none of 2 with it off, a race not found yet (docs/fp8.md).
+    fp8_w8a8_from: usize,
+}
+
+/// What a GEMV launch reads as its activations.
+enum GemvInput {
+    /// The f32 activations as they are (one bf16 token, the FP8 lane and tensor-core kernels).
+    F32,
+    /// Rounded to bf16 once for the group.
+    Bf16(CudaSlice<u16>),
+    /// Quantized to e4m3 per 128 columns (the W8A8 kernel).
+    Fp8(Fp8Activations),
 }
 
 impl LaneShape {
@@ -78,6 +100,7 @@ impl LaneShape {
                 options.define("GEMV_BF16_TO").unwrap_or(usize::MAX),
                 options.define("GEMV_FP8_TO").unwrap_or(usize::MAX),
             ],
+            fp8_w8a8_from: options.define("GEMV_FP8_W8A8_FROM").unwrap_or(MMA_TILE + 1),
         }
     }
 
@@ -159,7 +182,7 @@ impl CudaBackend {
         outs: &mut [&mut CudaBuf],
         tokens: usize,
     ) {
-        let x_bf16 = self.gemv_bf16_input(x, ws, tokens);
+        let input = self.gemv_input(x, ws, tokens);
         for (chunk_w, chunk_out) in ws.chunks(GEMV_MATRICES).zip(outs.chunks_mut(GEMV_MATRICES)) {
             let mut out_ptrs = Vec::with_capacity(chunk_out.len());
             let mut out_guards = Vec::with_capacity(chunk_out.len());
@@ -168,7 +191,7 @@ impl CudaBackend {
                 out_ptrs.push(ptr);
                 out_guards.push(guard);
             }
-            self.launch_gemv(x, x_bf16.as_ref(), chunk_w, &out_ptrs, tokens, false);
+            self.launch_gemv(x, &input, chunk_w, &out_ptrs, tokens, false);
             drop(out_guards);
         }
     }
@@ -200,16 +223,9 @@ impl CudaBackend {
         out: &mut CudaBuf,
         tokens: usize,
     ) {
-        let x_bf16 = self.gemv_bf16_input(x, &[gate, up], tokens);
+        let input = self.gemv_input(x, &[gate, up], tokens);
         let (out_ptr, out_guard) = out.data.device_ptr_mut(&self.stream);
-        self.launch_gemv(
-            x,
-            x_bf16.as_ref(),
-            &[gate, up],
-            &[out_ptr, out_ptr],
-            tokens,
-            true,
-        );
+        self.launch_gemv(x, &input, &[gate, up], &[out_ptr, out_ptr], tokens, true);
         drop(out_guard);
     }
 
@@ -217,25 +233,34 @@ impl CudaBackend {
     /// for the kernels that read the f32 values: the one-token bf16 lane kernel and the FP8
     /// tensor-core kernel round them themselves the same way and so save the cast's launch (with
     /// 2-4 tokens on the CUDA cores the rounding costs more than the launch), and the FP8 lane
-    /// kernels multiply them as they are.
-    fn gemv_bf16_input(
-        &self,
-        x: &CudaBuf,
-        ws: &[&CudaMat],
-        tokens: usize,
-    ) -> Option<CudaSlice<u16>> {
+    /// kernels multiply them as they are; or quantized to FP8 once for the W8A8 kernel.
+    fn gemv_input(&self, x: &CudaBuf, ws: &[&CudaMat], tokens: usize) -> GemvInput {
         let fp8 = matches!(ws[0].data, MatData::Fp8 { .. });
-        let reads_f32 = fp8 || tokens == 1;
-        (!reads_f32).then(|| self.cast_to_bf16(x, tokens * ws[0].cols))
+        if self.gemv_w8a8(ws, tokens) {
+            GemvInput::Fp8(self.quantize_activations_fp8(x, tokens, ws[0].cols))
+        } else if fp8 || tokens == 1 {
+            GemvInput::F32
+        } else {
+            GemvInput::Bf16(self.cast_to_bf16(x, tokens * ws[0].cols))
+        }
+    }
+
+    /// Whether these FP8 matrices take the W8A8 kernel for `tokens` rows
+    /// (`LaneShape::fp8_w8a8_from`).
+    fn gemv_w8a8(&self, ws: &[&CudaMat], tokens: usize) -> bool {
+        self.compute_capability() >= (8, 9)
+            && (self.gemv_lane_shape.fp8_w8a8_from..=MMA_TILE).contains(&tokens)
+            && ws[0].cols.is_multiple_of(128)
+            && matches!(ws[0].data, MatData::Fp8 { .. })
     }
 
     /// One GEMV launch over at most `GEMV_MATRICES` matrices writing to `outs`; `paired`: the
-    /// silu-gate kernel over `[gate, up]`, whose result goes to `outs[0]`. `x_bf16`: what
-    /// `gemv_bf16_input` made of `x`.
+    /// silu-gate kernel over `[gate, up]`, whose result goes to `outs[0]`. `input`: what
+    /// `gemv_input` made of `x`.
     fn launch_gemv(
         &self,
         x: &CudaBuf,
-        x_bf16: Option<&CudaSlice<u16>>,
+        input: &GemvInput,
         ws: &[&CudaMat],
         outs: &[u64],
         tokens: usize,
@@ -244,7 +269,8 @@ impl CudaBackend {
         let k = ws[0].cols;
         let fp8 = matches!(ws[0].data, MatData::Fp8 { .. });
         let shape = self.gemv_lane_shape;
-        let mma = shape.mma(fp8, tokens);
+        let w8a8 = matches!(input, GemvInput::Fp8(_));
+        let mma = w8a8 || shape.mma(fp8, tokens);
         let lanes = !mma && tokens <= LANE_TOKENS;
         let mut group = GemvGroup {
             count: ws.len() as i32,
@@ -297,8 +323,12 @@ impl CudaBackend {
         // GEMV_MAX_TOKENS (LANE_TOKENS for FP8 and paired); x (f32 for one token and for FP8,
         // x_bf16 otherwise) holds tokens * k values and each out tokens * rows_m f32 (checked by
         // the callers); first_row partitions the grid's rows among the matrices; a paired group is
-        // a gate and an up matrix of one shape (silu_gate_gemv_applies).
+        // a gate and an up matrix of one shape (silu_gate_gemv_applies). The W8A8 kernel's
+        // quantized input holds `rows` >= 16 rows (zero past `tokens`) of k codes, k % 128 == 0,
+        // and k / 128 x rows scales (gemv_w8a8, quantize_activations_fp8).
         let kernel = match (mma, fp8, paired, tokens) {
+            _ if w8a8 && paired => "gemv_fp8_w8a8_silu_gate",
+            _ if w8a8 => "gemv_fp8_w8a8",
             (true, _, false, 1..=8) => "gemv_fp8_mma_t1",
             (true, _, false, 9..=16) => "gemv_fp8_mma_t2",
             (true, _, false, 17..=24) => "gemv_fp8_mma_t3",
@@ -325,9 +355,13 @@ impl CudaBackend {
             (false, false, true, 3) => "gemv_bf16_lanes_silu_gate_t3",
             (false, false, true, _) => "gemv_bf16_lanes_silu_gate_t4",
         };
-        match x_bf16 {
-            Some(xb) => launch!(self, kernel, cfg, &group, xb, &t32, &k32),
-            None => launch!(self, kernel, cfg, &group, &x.data, &t32, &k32),
+        match input {
+            GemvInput::Bf16(xb) => launch!(self, kernel, cfg, &group, xb, &t32, &k32),
+            GemvInput::F32 => launch!(self, kernel, cfg, &group, &x.data, &t32, &k32),
+            GemvInput::Fp8(xq) => {
+                let rows32 = xq.rows as i32;
+                launch!(self, kernel, cfg, &group, &xq.codes, &xq.scales, &rows32, &t32, &k32)
+            }
         }
         drop(guards);
     }

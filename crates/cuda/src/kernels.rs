@@ -59,6 +59,8 @@ pub const FILES: [KernelFile; 14] = [
             "gemv_fp8_mma_silu_gate_t2",
             "gemv_fp8_mma_silu_gate_t3",
             "gemv_fp8_mma_silu_gate_t4",
+            "gemv_fp8_w8a8",
+            "gemv_fp8_w8a8_silu_gate",
         ],
     },
     KernelFile {

@@ -1,7 +1,9 @@
 //! Block-FP8 weights on the GPU: the FP8 GEMV (W8A16, 1-32 rows) against the reference on the
 //! exactly dequantized weights, its rows batch-invariant bit for bit over 2-32 rows (one row has a
-//! kernel of its own), more rows on the FP8 tensor cores (W8A8, Hopper) against the reference on the
-//! same quantized activations, or widened to bf16 behind cuBLAS within the bf16 GEMM tolerance, and
+//! kernel of its own), the W8A8 GEMV (1-8 rows, FP8 tensor cores from compute capability 8.9 on;
+//! opt-in, `GEMV_FP8_W8A8_FROM`) and more rows on the FP8 tensor cores (the W8A8 GEMM, Hopper) against the
+//! reference on the same quantized activations, or widened to bf16 behind cuBLAS within the bf16
+//! GEMM tolerance, and
 //! the device quantizer of `--load-format dummy --quantization fp8` equal to the host's, with the
 //! weights kept as FP8 (`CudaOptions::keep_fp8_weights`, the default on Hopper) and widened to bf16
 //! at load. Skipped without a GPU.
@@ -16,7 +18,7 @@
 
 mod common;
 
-use common::{cuda, cuda_fp8, cuda_fp8_tiles};
+use common::{cuda, cuda_fp8, cuda_fp8_tiles, cuda_fp8_w8a16, cuda_fp8_w8a8};
 use deltaserve_cuda::GemmPrecision;
 use deltaserve_model::dummy::DummySource;
 use deltaserve_model::online_fp8::Fp8QuantizingSource;
@@ -35,6 +37,10 @@ const TOL_BF16_GEMM: f32 = 2e-2;
 /// unit-scale random data over K = 17408 (136 slices), and the bf16 output (2^-9 = 2e-3 of a value
 /// at most): 4e-3. (Against the exact activations the quantization itself costs ~3e-2 here.)
 const TOL_FP8_GEMM: f32 = 4e-3;
+/// The W8A8 GEMV (1-8 rows) on the same quantized activations: exact FP8 products summed in f32
+/// (the mma's sums of 32 and the f32 sum over 128-column slices), an f32 output; measured on the
+/// H200 at 0.9e-7..1.6e-7 of the largest output, so `TOL_FP8_GEMV`'s 1e-5 holds it.
+const TOL_FP8_W8A8_GEMV: f32 = TOL_FP8_GEMV;
 
 /// A random `[rows, cols]` block-FP8 matrix (every finite code, scales of several magnitudes) as a
 /// checkpoint hands it on: the exact f32 values carrying their FP8 parts.
@@ -69,8 +75,9 @@ fn random_fp8(rng: &mut Rng, rows: usize, cols: usize) -> HostTensor {
 #[test]
 fn fp8_gemv_matches_reference_and_is_batch_invariant() {
     let test = "fp8_gemv_matches_reference_and_is_batch_invariant";
-    // The default tensor-core kernel (one tile: 2-8 rows), then all four tiles (2-32 rows).
-    if let Some(be) = cuda_fp8(test) {
+    // The W8A16 kernels: the widening tensor-core kernel with one tile (2-8 rows; the default),
+    // then all four tiles (2-32 rows).
+    if let Some(be) = cuda_fp8_w8a16(test) {
         fp8_gemv_matches_reference_on(be, &[8, 2, 3, 5, 7]);
     }
     if let Some(be) = cuda_fp8_tiles(test) {
@@ -174,6 +181,55 @@ fn fp8_tensor_core_gemm_matches_reference_on_quantized_activations() {
                 TOL_FP8_GEMM,
             );
         }
+    }
+}
+
+/// The W8A8 GEMV (the activations quantized per 128 columns, both operands' codes on the FP8
+/// tensor cores; opt-in, here from one row to eight) equals the reference on the
+/// same quantized activations, gives each row count's rows bit for bit as among 8, and its fused
+/// silu gate is bit for bit its two ops; row counts that are not whole 16-row blocks, the 27B
+/// shape's widths.
+#[test]
+fn fp8_w8a8_gemv_matches_reference_on_quantized_activations() {
+    let test = "fp8_w8a8_gemv_matches_reference_on_quantized_activations";
+    let Some(be) = cuda_fp8_w8a8(test) else {
+        return;
+    };
+    if be.compute_capability() < (8, 9) {
+        println!("skipped: no FP8 tensor cores before compute capability 8.9");
+        return;
+    }
+    let mut rng = Rng(35);
+    for (rows, cols) in [(300, 512), (1030, 5120), (64, 17408)] {
+        let t = random_fp8(&mut rng, rows, cols);
+        let w = be.load_mat(&t).unwrap();
+        let w_ref = ReferenceBackend.load_mat(&t).unwrap();
+        let x = rng.vec(8 * cols, 1.0);
+        let mut widest = Vec::new();
+        for tokens in [8, 1, 2, 3, 4, 5, 7] {
+            let x = &x[..tokens * cols];
+            let (got, want) = matmul(be, &w, &w_ref, x, tokens, Operands::E4m3Blocks);
+            check(
+                &format!("fp8 W8A8 GEMV [{rows}x{cols}] x {tokens} rows"),
+                &got,
+                &want,
+                TOL_FP8_W8A8_GEMV,
+            );
+            if tokens == 8 {
+                widest = got;
+            } else {
+                assert_eq!(
+                    got,
+                    widest[..tokens * rows],
+                    "fp8 W8A8 GEMV [{rows}x{cols}]: {tokens} rows differ from the same rows among 8"
+                );
+            }
+        }
+    }
+    for (rows, cols) in [(300, 512), (1030, 5120)] {
+        let gate = be.load_mat(&random_fp8(&mut rng, rows, cols)).unwrap();
+        let up = be.load_mat(&random_fp8(&mut rng, rows, cols)).unwrap();
+        common::assert_silu_gate_is_the_two_ops(be, &gate, &up, &mut rng, "fp8 w8a8");
     }
 }
 

@@ -14,6 +14,8 @@ static BF16_F32_KV_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::ne
 static CHUNKED_GDN_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static FP8_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static FP8_TILES_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
+static FP8_W8A16_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
+static FP8_W8A8_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 
 /// The bf16 backend that keeps block-FP8 weights as FP8, or `None` after printing why not.
 pub fn cuda_fp8(test: &str) -> Option<&'static CudaBackend> {
@@ -24,15 +26,40 @@ pub fn cuda_fp8(test: &str) -> Option<&'static CudaBackend> {
     shared_backend(&FP8_BACKEND, options, test)
 }
 
-/// `cuda_fp8` with all four tiles of the FP8 tensor-core kernel (2-32 rows;
+/// `cuda_fp8` with W8A16 kernels only (`GEMV_FP8_W8A8_FROM=9`, the default: 2-8 rows on the
+/// tensor-core kernel that widens the codes to bf16, as on GPUs before compute capability 8.9),
+/// or `None` after printing why not.
+pub fn cuda_fp8_w8a16(test: &str) -> Option<&'static CudaBackend> {
+    fp8_backend(&FP8_W8A16_BACKEND, &[("GEMV_FP8_W8A8_FROM", "9")], test)
+}
+
+/// `cuda_fp8_w8a16` with all four tiles of the widening tensor-core kernel (2-32 rows;
 /// `GEMV_FP8_MMA_TILES=4`, one tile by default), or `None` after printing why not.
 pub fn cuda_fp8_tiles(test: &str) -> Option<&'static CudaBackend> {
+    let defines = [("GEMV_FP8_W8A8_FROM", "9"), ("GEMV_FP8_MMA_TILES", "4")];
+    fp8_backend(&FP8_TILES_BACKEND, &defines, test)
+}
+
+/// `cuda_fp8` with the W8A8 GEMV from one row on (`GEMV_FP8_W8A8_FROM=1`; off by default), or
+/// `None` after printing why not.
+pub fn cuda_fp8_w8a8(test: &str) -> Option<&'static CudaBackend> {
+    fp8_backend(&FP8_W8A8_BACKEND, &[("GEMV_FP8_W8A8_FROM", "1")], test)
+}
+
+fn fp8_backend(
+    cell: &'static OnceLock<Result<CudaBackend, String>>,
+    defines: &[(&str, &str)],
+    test: &str,
+) -> Option<&'static CudaBackend> {
     let options = CudaOptions {
         keep_fp8_weights: Some(true),
-        defines: vec![("GEMV_FP8_MMA_TILES".to_string(), "4".to_string())],
+        defines: defines
+            .iter()
+            .map(|(name, value)| (name.to_string(), value.to_string()))
+            .collect(),
         ..CudaOptions::default()
     };
-    shared_backend(&FP8_TILES_BACKEND, options, test)
+    shared_backend(cell, options, test)
 }
 
 /// The f32 backend with the chunked delta rule for prefill, or `None` after printing why not.
