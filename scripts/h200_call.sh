@@ -18,6 +18,8 @@
 #   floor:SHAPE               scripts/gemv_floor.py (torch/cuBLAS GEMV sweep in a CUDA graph) for the shape
 #   doctor                    doctor --backend cuda on the demo model
 #   serve                     serve with MTP k=3, then deltaserve smoke against it
+#   servefp8:N:D,D            serve --quantization fp8 (MTP k=3) + smoke, N times per DELTASERVE_CUDA_DEFINES
+#                             value (an empty one is the defaults): a race shows as a failed canary or smoke
 #   sh:COMMAND                any command (its output in sh.log)
 # Each step's one-line result goes to summary.log (also printed); the raw files to $OUT/results.tgz.
 # CARRY (default .carry) is the folder the binaries were packed into.
@@ -94,6 +96,29 @@ for step in "$@"; do
       kill -TERM $server
       wait $server
       log "== serve exit $?"
+      ;;
+    servefp8:*)
+      IFS=: read -r _ times defs <<<"$step"
+      IFS=, read -ra d <<<"$defs"
+      [ ${#d[@]} -eq 0 ] && d=("")
+      port=18100
+      for defines in "${d[@]}"; do
+        for i in $(seq "$times"); do
+          [ "$(left)" -lt 20 ] && break
+          port=$((port + 1))
+          name="servefp8-${defines:-default}-$i"
+          name=${name//[^A-Za-z0-9._-]/_}
+          DELTASERVE_CUDA_DEFINES="$defines" "$bins/deltaserve" serve --port $port --quantization fp8 \
+            --speculative-algorithm NEXTN --speculative-num-steps 3 --speculative-eagle-topk 1 \
+            --speculative-num-draft-tokens 4 >"$res/$name.log" 2>&1 &
+          server=$!
+          for _ in $(seq 90); do grep -q "^listening" "$res/$name.log" && break; sleep 1; done
+          timeout 60 "$bins/deltaserve" smoke --url http://127.0.0.1:$port >"$res/$name-smoke.log" 2>&1
+          log "== $name smoke rc=$? $(tail -1 "$res/$name-smoke.log") | $(grep -m1 -oE 'canary ok|CANARY FAILED.*' "$res/$name.log" | cut -c1-60)"
+          kill -TERM $server
+          wait $server
+        done
+      done
       ;;
     sh:*)
       timeout "$(left)" bash -c "${step#sh:}" >>"$res/sh.log" 2>&1
