@@ -493,7 +493,7 @@ __device__ __forceinline__ float load_fresh(const float* p) {
     return v;
 }
 
-// The FP8 activations of the W8A8 form: e4m3 codes [rows, k] (rows >= 8, zero past the tokens)
+// The FP8 activations of the W8A8 form: e4m3 codes [rows, k] (rows >= 8 * tiles, zero past the tokens)
 // and their scales [k / 128, rows] (`quantize_activations_fp8`).
 struct Fp8Input {
     const unsigned char* codes;
@@ -504,12 +504,12 @@ struct Fp8Input {
 // W8A8: the activations come quantized (1 x 128 groups, as for the prefill GEMM) and the codes of
 // both multiply on the FP8 tensor cores as they are (`mma.m16n8k32` e4m3): no widening of the
 // weights, and each 128-column piece is scaled by its weight block's and its token group's scales.
-// One tile of 8 tokens. Thread (g, c)'s 16-code vector of token g is at the columns of its weight
-// vectors, and each 4-code word takes the same k slots as the weights' word it multiplies.
+// One or two tiles of 8 tokens. Thread (g, c)'s 16-code vector of token 8t + g is at the columns of
+// its weight vectors, and each 4-code word takes the same k slots as the weights' word it multiplies.
 template <bool PAIRED, int TILES, bool W8A8 = false>
 __device__ __forceinline__ void gemv_fp8_mma(const GemvGroup& group, const float* __restrict__ x, int tokens, int k,
                                              Fp8Input xq = Fp8Input{}) {
-    static_assert(!W8A8 || TILES == 1, "the W8A8 form takes one tile of 8 tokens");
+    static_assert(!W8A8 || TILES <= 2, "the W8A8 form takes one or two tiles of 8 tokens");
     constexpr int VALUES = 16;  // codes per 16-byte vector
     constexpr int VECS = 2;     // vectors of a row per lane and column block
     __shared__ float totals[GEMV_MMA_WARPS][TILES * 4][32];
@@ -538,9 +538,10 @@ __device__ __forceinline__ void gemv_fp8_mma(const GemvGroup& group, const float
     struct Piece {
         uint4 v[GEMV_MMA_UNROLL][2][VECS];
         float scale[GEMV_MMA_UNROLL][2];
-        // W8A8: token g's codes at the weights' columns, and the scales of tokens 2c and 2c + 1.
-        uint4 xv[W8A8 ? GEMV_MMA_UNROLL : 1][VECS];
-        float x_scale[W8A8 ? GEMV_MMA_UNROLL : 1][2];
+        // W8A8: token 8t + g's codes at the weights' columns, and the scales of tokens 8t + 2c and
+        // 8t + 2c + 1.
+        uint4 xv[W8A8 ? GEMV_MMA_UNROLL : 1][W8A8 ? TILES : 1][VECS];
+        float x_scale[W8A8 ? GEMV_MMA_UNROLL : 1][W8A8 ? TILES : 1][2];
     };
     // The activations are the previous kernel's output: loaded after its wait, unlike the weights.
     auto load_x = [&](Piece& p, int first) {
@@ -550,12 +551,19 @@ __device__ __forceinline__ void gemv_fp8_mma(const GemvGroup& group, const float
                 const int cb = warp + (first + u) * GEMV_MMA_WARPS;
                 const bool in = cb < col_blocks;
 #pragma unroll
-                for (int v = 0; v < VECS; ++v) {
-                    const int col = cb * 128 + VALUES * (4 * v + c);
-                    p.xv[u][v] = in ? load_fresh(xq.codes + (i64)g * k + col) : make_uint4(0u, 0u, 0u, 0u);
-                }
+                for (int t = 0; t < TILES; ++t) {
 #pragma unroll
-                for (int j = 0; j < 2; ++j) p.x_scale[u][j] = in ? load_fresh(xq.scales + (i64)cb * xq.rows + 2 * c + j) : 0.0f;
+                    for (int v = 0; v < VECS; ++v) {
+                        const int col = cb * 128 + VALUES * (4 * v + c);
+                        const unsigned char* codes = xq.codes + (i64)(8 * t + g) * k + col;
+                        p.xv[u][t][v] = in ? load_fresh(codes) : make_uint4(0u, 0u, 0u, 0u);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        const float* scale = xq.scales + (i64)cb * xq.rows + 8 * t + 2 * c + j;
+                        p.x_scale[u][t][j] = in ? load_fresh(scale) : 0.0f;
+                    }
+                }
             }
         }
     };
@@ -595,15 +603,18 @@ __device__ __forceinline__ void gemv_fp8_mma(const GemvGroup& group, const float
             for (int t = 0; t < TILES; ++t) piece[t][0] = piece[t][1] = piece[t][2] = piece[t][3] = 0.0f;
             if constexpr (W8A8) {
 #pragma unroll
-                for (int v = 0; v < VECS; ++v) {
-                    const uint4 lo = p.v[u][0][v], hi = p.v[u][1][v], xv = p.xv[u][v];
-                    mma_e4m3(piece[0], lo.x, hi.x, lo.y, hi.y, xv.x, xv.y);
-                    mma_e4m3(piece[0], lo.z, hi.z, lo.w, hi.w, xv.z, xv.w);
-                }
-                // piece[0]: rows g (0, 1) and g + 8 (2, 3), tokens 2c and 2c + 1.
+                for (int t = 0; t < TILES; ++t) {
 #pragma unroll
-                for (int i = 0; i < 4; ++i)
-                    total[0][i] = fmaf(piece[0][i], p.scale[u][i / 2] * p.x_scale[u][i & 1], total[0][i]);
+                    for (int v = 0; v < VECS; ++v) {
+                        const uint4 lo = p.v[u][0][v], hi = p.v[u][1][v], xv = p.xv[u][t][v];
+                        mma_e4m3(piece[t], lo.x, hi.x, lo.y, hi.y, xv.x, xv.y);
+                        mma_e4m3(piece[t], lo.z, hi.z, lo.w, hi.w, xv.z, xv.w);
+                    }
+                    // piece[t]: rows g (0, 1) and g + 8 (2, 3), tokens 8t + 2c and 8t + 2c + 1.
+#pragma unroll
+                    for (int i = 0; i < 4; ++i)
+                        total[t][i] = fmaf(piece[t][i], p.scale[u][i / 2] * p.x_scale[u][t][i & 1], total[t][i]);
+                }
                 continue;
             }
 #pragma unroll
@@ -705,16 +716,19 @@ GEMV_FP8_MMA_KERNEL(2)
 GEMV_FP8_MMA_KERNEL(3)
 GEMV_FP8_MMA_KERNEL(4)
 
-// W8A8 (Fp8Input above): the same grid and block as gemv_fp8_mma_t1, for 1-8 tokens; x: the FP8
-// activations of `quantize_activations_fp8` (`x_rows` >= 8 rows, zero past `tokens`) and k % 128 ==
-// 0 (checked by the launcher); compute capability 8.9 on.
-extern "C" __global__ void __launch_bounds__(32 * GEMV_MMA_WARPS)
-    gemv_fp8_w8a8(const GemvGroup group, const unsigned char* __restrict__ x_codes,
-                  const float* __restrict__ x_scales, int x_rows, int tokens, int k) {
-    gemv_fp8_mma<false, 1, true>(group, nullptr, tokens, k, Fp8Input{x_codes, x_scales, x_rows});
-}
-extern "C" __global__ void __launch_bounds__(32 * GEMV_MMA_WARPS)
-    gemv_fp8_w8a8_silu_gate(const GemvGroup group, const unsigned char* __restrict__ x_codes,
-                            const float* __restrict__ x_scales, int x_rows, int tokens, int k) {
-    gemv_fp8_mma<true, 1, true>(group, nullptr, tokens, k, Fp8Input{x_codes, x_scales, x_rows});
-}
+// W8A8 (Fp8Input above): the same grid and block as gemv_fp8_mma_t1, for 1-8 tokens (t1) or 9-16
+// (t2); x: the FP8 activations of `quantize_activations_fp8` (`x_rows` >= 8 * tiles rows, zero
+// past `tokens`) and k % 128 == 0 (checked by the launcher); compute capability 8.9 on.
+#define GEMV_FP8_W8A8_KERNEL(TILES)                                                                     \
+    extern "C" __global__ void __launch_bounds__(32 * GEMV_MMA_WARPS)                                  \
+        gemv_fp8_w8a8_t##TILES(const GemvGroup group, const unsigned char* __restrict__ x_codes,        \
+                               const float* __restrict__ x_scales, int x_rows, int tokens, int k) {     \
+        gemv_fp8_mma<false, TILES, true>(group, nullptr, tokens, k, Fp8Input{x_codes, x_scales, x_rows}); \
+    }                                                                                                   \
+    extern "C" __global__ void __launch_bounds__(32 * GEMV_MMA_WARPS)                                  \
+        gemv_fp8_w8a8_silu_gate_t##TILES(const GemvGroup group, const unsigned char* __restrict__ x_codes, \
+                                         const float* __restrict__ x_scales, int x_rows, int tokens, int k) { \
+        gemv_fp8_mma<true, TILES, true>(group, nullptr, tokens, k, Fp8Input{x_codes, x_scales, x_rows}); \
+    }
+GEMV_FP8_W8A8_KERNEL(1)
+GEMV_FP8_W8A8_KERNEL(2)

@@ -31,6 +31,8 @@ const LANE_TOKENS: usize = 4;
 const MMA_TOKENS: usize = 32;
 /// Tokens per tile of the FP8 tensor-core kernel (one mma operand's columns).
 const MMA_TILE: usize = 8;
+/// The most tokens of the W8A8 kernel (two tiles of 8).
+const W8A8_TOKENS: usize = 16;
 /// Rows a block of the FP8 tensor-core kernel owns (8 gate + 8 up rows when paired).
 const MMA_ROWS_PER_BLOCK: usize = 16;
 
@@ -60,8 +62,8 @@ pub(crate) struct LaneShape {
     /// kernels can): fewer send the rest to cuBLAS / the W8A8 GEMM, to measure where those win (a
     /// 9-row FP8 step on the W8A8 GEMM, 16.4 ms, beat an 8-row one on the GEMV, 17.5 ms).
     rows_to: [usize; 2],
-    /// Block-FP8 weights take the W8A8 kernel from this many tokens to 8 (`GEMV_FP8_W8A8_FROM`;
-    /// default 9: never): the activations quantized per 128 columns and multiplied on the FP8
+    /// Block-FP8 weights take the W8A8 kernel from this many tokens (`GEMV_FP8_W8A8_FROM`; default
+    /// 9, with the default `fp8_w8a8_to`: never) to `fp8_w8a8_to`: the activations quantized per 128 columns and multiplied on the FP8
     /// tensor cores, as the prefill GEMM does, where the GPU has them (compute capability 8.9 on)
     /// and k is whole 128-column blocks. Measured on the H200 (27B shape, FP8 kept): one token
     /// 88.9 tok/s against 91.0 on the lane kernel; a k=3 verify of 4 tokens 12.74 ms against 14.82
@@ -71,6 +73,10 @@ pub(crate) struct LaneShape {
     /// runs (start-up canary, stream against non-stream) with programmatic dependent launch on and
     /// none of 2 with it off, a race not found yet (docs/fp8.md).
     fp8_w8a8_from: usize,
+    /// The most tokens the W8A8 kernel takes (`GEMV_FP8_W8A8_TO`, 8 or 16: one or two tiles of 8;
+    /// default 8). Past it, the W8A8 GEMM (fp8_gemm.rs): 9 / 16 rows a 27B step of 16.4 / 16.9 ms
+    /// there, against 13.0 ms for 8 rows on this kernel (session 13; 9-16 rows here not measured).
+    fp8_w8a8_to: usize,
 }
 
 /// What a GEMV launch reads as its activations.
@@ -101,6 +107,10 @@ impl LaneShape {
                 options.define("GEMV_FP8_TO").unwrap_or(usize::MAX),
             ],
             fp8_w8a8_from: options.define("GEMV_FP8_W8A8_FROM").unwrap_or(MMA_TILE + 1),
+            fp8_w8a8_to: options
+                .define("GEMV_FP8_W8A8_TO")
+                .unwrap_or(MMA_TILE)
+                .clamp(MMA_TILE, W8A8_TOKENS),
         }
     }
 
@@ -165,7 +175,7 @@ impl CudaBackend {
             && ws
                 .iter()
                 .all(|w| fits(w) && matches!(w.data, MatData::Bf16(_)));
-        let fp8 = (1..=shape.max_tokens(true)).contains(&tokens)
+        let fp8 = ((1..=shape.max_tokens(true)).contains(&tokens) || self.gemv_w8a8(ws, tokens))
             && k % 16 == 0
             && ws
                 .iter()
@@ -208,7 +218,9 @@ impl CudaBackend {
         let shape = self.gemv_lane_shape;
         let fp8 = matches!(gate.data, MatData::Fp8 { .. });
         shape.silu_gate
-            && (tokens <= LANE_TOKENS || shape.mma(fp8, tokens))
+            && (tokens <= LANE_TOKENS
+                || shape.mma(fp8, tokens)
+                || self.gemv_w8a8(&[gate, up], tokens))
             && (gate.rows, gate.cols) == (up.rows, up.cols)
             && self.gemv_applies(&[gate, up], tokens)
     }
@@ -248,8 +260,9 @@ impl CudaBackend {
     /// Whether these FP8 matrices take the W8A8 kernel for `tokens` rows
     /// (`LaneShape::fp8_w8a8_from`).
     fn gemv_w8a8(&self, ws: &[&CudaMat], tokens: usize) -> bool {
+        let shape = self.gemv_lane_shape;
         self.compute_capability() >= (8, 9)
-            && (self.gemv_lane_shape.fp8_w8a8_from..=MMA_TILE).contains(&tokens)
+            && (shape.fp8_w8a8_from..=shape.fp8_w8a8_to).contains(&tokens)
             && ws[0].cols.is_multiple_of(128)
             && matches!(ws[0].data, MatData::Fp8 { .. })
     }
@@ -320,15 +333,18 @@ impl CudaBackend {
         // Contract: every matrix is bf16 [rows_m, k] with k % 8 == 0, or block-FP8 codes
         // [rows_m, k] with k % 16 == 0 and their 128 x 128 scale grid (gemv_applies), so each
         // row starts 16-byte aligned (and each x_bf16 or f32 x row too); tokens <=
-        // GEMV_MAX_TOKENS (LANE_TOKENS for FP8 and paired); x (f32 for one token and for FP8,
-        // x_bf16 otherwise) holds tokens * k values and each out tokens * rows_m f32 (checked by
-        // the callers); first_row partitions the grid's rows among the matrices; a paired group is
-        // a gate and an up matrix of one shape (silu_gate_gemv_applies). The W8A8 kernel's
-        // quantized input holds `rows` >= 16 rows (zero past `tokens`) of k codes, k % 128 == 0,
-        // and k / 128 x rows scales (gemv_w8a8, quantize_activations_fp8).
+        // GEMV_MAX_TOKENS (LANE_TOKENS for FP8 and paired; W8A8_TOKENS for the W8A8 kernel); x
+        // (f32 for one token and for FP8, x_bf16 otherwise) holds tokens * k values and each out
+        // tokens * rows_m f32 (checked by the callers); first_row partitions the grid's rows among
+        // the matrices; a paired group is a gate and an up matrix of one shape
+        // (silu_gate_gemv_applies). The W8A8 kernel's quantized input holds `rows` >= 16 >= tokens
+        // rows (zero past `tokens`) of k codes, k % 128 == 0, and k / 128 x rows scales
+        // (gemv_w8a8, quantize_activations_fp8).
         let kernel = match (mma, fp8, paired, tokens) {
-            _ if w8a8 && paired => "gemv_fp8_w8a8_silu_gate",
-            _ if w8a8 => "gemv_fp8_w8a8",
+            _ if w8a8 && paired && tokens <= MMA_TILE => "gemv_fp8_w8a8_silu_gate_t1",
+            _ if w8a8 && paired => "gemv_fp8_w8a8_silu_gate_t2",
+            _ if w8a8 && tokens <= MMA_TILE => "gemv_fp8_w8a8_t1",
+            _ if w8a8 => "gemv_fp8_w8a8_t2",
             (true, _, false, 1..=8) => "gemv_fp8_mma_t1",
             (true, _, false, 9..=16) => "gemv_fp8_mma_t2",
             (true, _, false, 17..=24) => "gemv_fp8_mma_t3",

@@ -59,8 +59,10 @@ pub const FILES: [KernelFile; 14] = [
             "gemv_fp8_mma_silu_gate_t2",
             "gemv_fp8_mma_silu_gate_t3",
             "gemv_fp8_mma_silu_gate_t4",
-            "gemv_fp8_w8a8",
-            "gemv_fp8_w8a8_silu_gate",
+            "gemv_fp8_w8a8_t1",
+            "gemv_fp8_w8a8_t2",
+            "gemv_fp8_w8a8_silu_gate_t1",
+            "gemv_fp8_w8a8_silu_gate_t2",
         ],
     },
     KernelFile {

@@ -40,10 +40,11 @@ pub fn cuda_fp8_tiles(test: &str) -> Option<&'static CudaBackend> {
     fp8_backend(&FP8_TILES_BACKEND, &defines, test)
 }
 
-/// `cuda_fp8` with the W8A8 GEMV from one row on (`GEMV_FP8_W8A8_FROM=1`; off by default), or
-/// `None` after printing why not.
+/// `cuda_fp8` with the W8A8 GEMV for 1-16 rows (`GEMV_FP8_W8A8_FROM=1`, `GEMV_FP8_W8A8_TO=16`; off
+/// by default), or `None` after printing why not.
 pub fn cuda_fp8_w8a8(test: &str) -> Option<&'static CudaBackend> {
-    fp8_backend(&FP8_W8A8_BACKEND, &[("GEMV_FP8_W8A8_FROM", "1")], test)
+    let defines = [("GEMV_FP8_W8A8_FROM", "1"), ("GEMV_FP8_W8A8_TO", "16")];
+    fp8_backend(&FP8_W8A8_BACKEND, &defines, test)
 }
 
 fn fp8_backend(
