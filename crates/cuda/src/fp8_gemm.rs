@@ -42,8 +42,13 @@ pub(crate) struct Fp8Activations {
 pub(crate) struct Fp8Gemm {
     handle: sys::cublasLtHandle_t,
     workspace: CudaSlice<u8>,
-    /// `None`: cuBLASLt has no algorithm for the shape (the caller widens to bf16 instead).
-    plans: HashMap<[usize; 3], Option<Plan>>,
+    /// Per `[n, rows, k, f32 output]`; `None`: cuBLASLt has no algorithm for it (the caller widens
+    /// to bf16 instead, or takes the bf16 output).
+    plans: HashMap<[usize; 4], Option<Plan>>,
+    /// Whether the GEMM writes f32 straight into the op's output where the batch needs no padding
+    /// (`FP8_GEMM_F32_OUT=1`; default: bf16, then `cast_bf16_to_f32`), to measure against the
+    /// documented bf16 output.
+    f32_out: bool,
 }
 
 // SAFETY: the handle and the plans' descriptors are used only through `&mut Fp8Gemm`, which the
@@ -97,19 +102,44 @@ pub(crate) fn fp8_gemm_fits(n: usize, k: usize) -> bool {
 
 impl Fp8Gemm {
     /// The handle and workspace, or why cuBLASLt cannot start here.
-    pub(crate) fn new(backend: &CudaBackend) -> Result<Self, String> {
+    pub(crate) fn new(backend: &CudaBackend, f32_out: bool) -> Result<Self, String> {
         let handle = lt::create_handle().map_err(|e| format!("cublasLtCreate: {e}"))?;
         let workspace = backend.alloc_for_overwrite("cuBLASLt workspace", WORKSPACE_BYTES);
         Ok(Self {
             handle,
             workspace,
             plans: HashMap::new(),
+            f32_out,
         })
     }
 }
 
+/// The plan for `[n, rows, k]` with an f32 or a bf16 output from `plans`, made on first use
+/// (`None` and a log line when cuBLASLt declines it).
+fn plan_for(
+    plans: &mut HashMap<[usize; 4], Option<Plan>>,
+    handle: sys::cublasLtHandle_t,
+    [n, rows, k]: [usize; 3],
+    f32_out: bool,
+    scales: [u64; 2],
+) -> Option<&Plan> {
+    let instead = if f32_out {
+        "f32 output declined; bf16 instead"
+    } else {
+        "widening the weights to bf16 for this shape"
+    };
+    plans
+        .entry([n, rows, k, usize::from(f32_out)])
+        .or_insert_with(|| {
+            Plan::new(handle, [n, rows, k], f32_out, scales)
+                .map_err(|why| eprintln!("cuda: FP8 GEMM {rows}x{k} @ {n}x{k}^T: {why}; {instead}"))
+                .ok()
+        })
+        .as_ref()
+}
+
 impl Plan {
-    /// The plan for `out [tokens, n] bf16 = x_q [tokens, k] (VEC128 scales) @ w [n, k]^T
+    /// The plan for `out [tokens, n] bf16 (or f32) = x_q [tokens, k] (VEC128 scales) @ w [n, k]^T
     /// (BLK128x128 scales)`, or why there is none. bf16 is the output cuBLASLt's documentation
     /// lists for block-scaled FP8 on Hopper (an f32 one was tried only before the scale pointers
     /// below were set, and failed as bf16 then did). cuBLASLt is column-major: `out^T [n, tokens]
@@ -121,6 +151,7 @@ impl Plan {
     fn new(
         handle: sys::cublasLtHandle_t,
         [n, tokens, k]: [usize; 3],
+        f32_out: bool,
         scale_pointers: [u64; 2],
     ) -> Result<Self, String> {
         let fail = |what: &str, e: lt::CublasError| format!("{what}: {e}");
@@ -133,7 +164,11 @@ impl Plan {
         let layouts = [
             (e4m3, k, n, k),
             (e4m3, k, tokens, k),
-            (sys::cudaDataType::CUDA_R_16BF, n, tokens, n),
+            if f32_out {
+                (sys::cudaDataType::CUDA_R_32F, n, tokens, n)
+            } else {
+                (sys::cudaDataType::CUDA_R_16BF, n, tokens, n)
+            },
         ];
         let mut made = Vec::with_capacity(3);
         for (dtype, rows, cols, ld) in layouts {
@@ -328,16 +363,13 @@ impl CudaBackend {
         let (x_scale_ptr, _xs) = x.scales.device_ptr(&self.stream);
         let scale_pointers = [w_scale_ptr, x_scale_ptr];
         let rows = x.rows;
-        let plan = gemm.plans.entry([n, rows, k]).or_insert_with(|| {
-            Plan::new(handle, [n, rows, k], scale_pointers)
-                .map_err(|why| {
-                    eprintln!(
-                        "cuda: FP8 GEMM {rows}x{k} @ {n}x{k}^T: {why}; widening the weights to bf16 for this shape"
-                    )
-                })
-                .ok()
-        });
-        let Some(plan) = plan else {
+        // An f32 output goes straight into `out`, which holds `tokens` rows: only unpadded batches.
+        let shape = [n, rows, k];
+        let f32_out = gemm.f32_out
+            && rows == tokens
+            && plan_for(&mut gemm.plans, handle, shape, true, scale_pointers).is_some();
+        let (workspace_ptr, _wsp) = gemm.workspace.device_ptr_mut(&self.stream);
+        let Some(plan) = plan_for(&mut gemm.plans, handle, shape, f32_out, scale_pointers) else {
             return false;
         };
         if let Err(e) = self.ctx.bind_to_thread() {
@@ -345,16 +377,20 @@ impl CudaBackend {
         }
         let (w_ptr, _w) = codes.device_ptr(&self.stream);
         let (x_ptr, _x) = x.codes.device_ptr(&self.stream);
-        // Written whole by the GEMM, then widened into `out`.
-        let mut product: CudaSlice<u16> = self.alloc_for_overwrite("fp8 gemm output", rows * n);
-        let (out_ptr, product_guard) = product.device_ptr_mut(&self.stream);
-        let (workspace_ptr, _wsp) = gemm.workspace.device_ptr_mut(&self.stream);
+        // bf16 output: written whole by the GEMM, then widened into `out`.
+        let mut product: Option<CudaSlice<u16>> =
+            (!f32_out).then(|| self.alloc_for_overwrite("fp8 gemm output", rows * n));
+        let (out_ptr, out_guard) = match &mut product {
+            Some(product) => product.device_ptr_mut(&self.stream),
+            None => out.data.device_ptr_mut(&self.stream),
+        };
         let (alpha, beta) = (1.0f32, 0.0f32);
         // SAFETY: the plan's layouts describe exactly these buffers: codes n * k bytes with the
         // 128 x 128 scale grid (n / 128 rows of k / 128), x's codes rows * k bytes with k / 128 x
-        // rows scales, product rows * n bf16 (allocated above); the scale pointers are device
-        // addresses set before the call that reads them, under the mutex; the workspace holds
-        // WORKSPACE_BYTES as the plan's preference said; alpha/beta are host f32.
+        // rows scales, the output rows * n bf16 (allocated above) or, for an f32 plan, out's
+        // tokens * n = rows * n f32 (checked by matmul_group_op; rows == tokens above); the scale
+        // pointers are device addresses set before the call that reads them, under the mutex; the
+        // workspace holds WORKSPACE_BYTES as the plan's preference said; alpha/beta are host f32.
         let status = plan.point_at_scales(scale_pointers).and_then(|()| unsafe {
             lt::matmul(
                 handle,
@@ -378,20 +414,22 @@ impl CudaBackend {
         if let Err(e) = status {
             crate::backend::device_failure("fp8 matmul (cublasLtMatmul)", e);
         }
-        // The widening below reads `product`, which the guard borrows.
-        drop(product_guard);
-        // Contract: product holds rows >= tokens rows of n bf16 values (written above), the first
-        // tokens of them are out's rows (out holds tokens * n f32, checked by matmul_group_op);
-        // both are whole allocations (16-byte aligned).
-        launch_elementwise!(
-            self,
-            "cast_bf16_to_f32",
-            count = tokens * n,
-            4 per thread,
-            &product,
-            &mut out.data,
-            &count
-        );
+        // The widening below reads `product` and writes `out`, which the guard borrows.
+        drop(out_guard);
+        if let Some(product) = &product {
+            // Contract: product holds rows >= tokens rows of n bf16 values (written above), the
+            // first tokens of them are out's rows (out holds tokens * n f32, checked by
+            // matmul_group_op); both are whole allocations (16-byte aligned).
+            launch_elementwise!(
+                self,
+                "cast_bf16_to_f32",
+                count = tokens * n,
+                4 per thread,
+                product,
+                &mut out.data,
+                &count
+            );
+        }
         true
     }
 }

@@ -18,7 +18,9 @@
 
 mod common;
 
-use common::{cuda, cuda_fp8, cuda_fp8_tiles, cuda_fp8_w8a16, cuda_fp8_w8a8};
+use common::{
+    cuda, cuda_fp8, cuda_fp8_gemm_f32_out, cuda_fp8_tiles, cuda_fp8_w8a16, cuda_fp8_w8a8,
+};
 use deltaserve_cuda::GemmPrecision;
 use deltaserve_model::dummy::DummySource;
 use deltaserve_model::online_fp8::Fp8QuantizingSource;
@@ -153,13 +155,20 @@ fn past_the_gemv(
 
 /// Decode batches past the GEMV and prefill-sized ones on FP8 weights (the W8A8 tensor-core GEMM
 /// on Hopper): each against the reference on the same quantized activations, with token counts
-/// the GEMM pads to its multiple of 16 (9, 40, 300) and the 27B shape's widths.
+/// the GEMM pads to its multiple of 16 (9, 40, 300) and ones it does not (16, 32: with
+/// `FP8_GEMM_F32_OUT=1` those write f32 straight into the output), and the 27B shape's widths.
 #[test]
 fn fp8_tensor_core_gemm_matches_reference_on_quantized_activations() {
-    let Some(be) = cuda_fp8("fp8_tensor_core_gemm_matches_reference_on_quantized_activations")
-    else {
-        return;
-    };
+    let test = "fp8_tensor_core_gemm_matches_reference_on_quantized_activations";
+    for be in [cuda_fp8(test), cuda_fp8_gemm_f32_out(test)]
+        .into_iter()
+        .flatten()
+    {
+        fp8_gemm_matches_reference_on(be);
+    }
+}
+
+fn fp8_gemm_matches_reference_on(be: &deltaserve_cuda::CudaBackend) {
     if !be.has_fp8_gemm() {
         println!(
             "skipped: this GPU has no block-scaled FP8 GEMM (the widened path is tested above)"
@@ -171,7 +180,7 @@ fn fp8_tensor_core_gemm_matches_reference_on_quantized_activations() {
         let t = random_fp8(&mut rng, rows, cols);
         let w = be.load_mat(&t).unwrap();
         let w_ref = ReferenceBackend.load_mat(&t).unwrap();
-        for tokens in [9, 40, 300] {
+        for tokens in [9, 16, 32, 40, 300] {
             let x = rng.vec(tokens * cols, 1.0);
             let (got, want) = matmul(be, &w, &w_ref, &x, tokens, Operands::E4m3Blocks);
             check(

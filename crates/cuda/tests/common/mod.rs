@@ -16,6 +16,7 @@ static FP8_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static FP8_TILES_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static FP8_W8A16_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static FP8_W8A8_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
+static FP8_GEMM_F32_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 
 /// The bf16 backend that keeps block-FP8 weights as FP8, or `None` after printing why not.
 pub fn cuda_fp8(test: &str) -> Option<&'static CudaBackend> {
@@ -45,6 +46,12 @@ pub fn cuda_fp8_tiles(test: &str) -> Option<&'static CudaBackend> {
 pub fn cuda_fp8_w8a8(test: &str) -> Option<&'static CudaBackend> {
     let defines = [("GEMV_FP8_W8A8_FROM", "1"), ("GEMV_FP8_W8A8_TO", "16")];
     fp8_backend(&FP8_W8A8_BACKEND, &defines, test)
+}
+
+/// `cuda_fp8` with the W8A8 GEMM writing f32 where the batch needs no padding
+/// (`FP8_GEMM_F32_OUT=1`; bf16 then a cast by default), or `None` after printing why not.
+pub fn cuda_fp8_gemm_f32_out(test: &str) -> Option<&'static CudaBackend> {
+    fp8_backend(&FP8_GEMM_F32_BACKEND, &[("FP8_GEMM_F32_OUT", "1")], test)
 }
 
 fn fp8_backend(
