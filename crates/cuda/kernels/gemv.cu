@@ -399,6 +399,23 @@ GEMV_FP8_KERNEL(2, GEMV_LANE_ROWS_MULTI)
 GEMV_FP8_KERNEL(3, GEMV_LANE_ROWS_MULTI)
 GEMV_FP8_KERNEL(4, GEMV_LANE_ROWS_MULTI)
 
+// One FP8 token for launches with few warps an SM (the 27B shape's down and out projections: 5120
+// rows, ~10 warps of 4 rows an SM, against the ~20 the registers allow): more sweeps in flight per
+// buffer, which the wide launches cannot afford in registers (gemv.rs picks it by the launch's
+// warps per SM, `GEMV_FP8_DEEP_BELOW`). A lane takes its vectors in the same order as with one
+// sweep a buffer, so each row's sum is gemv_fp8_lanes_t1's bit for bit.
+#ifndef GEMV_FP8_DEEP_UNROLL
+#define GEMV_FP8_DEEP_UNROLL 2
+#endif
+extern "C" __global__ void __launch_bounds__(32 * GEMV_LANE_WARPS)
+    gemv_fp8_lanes_deep_t1(const GemvGroup group, const void* __restrict__ x, int tokens, int k) {
+    gemv_lanes<1, false, GEMV_FP8_ROWS, WEIGHTS_FP8, GEMV_FP8_DEEP_UNROLL, false>(group, x, k);
+}
+extern "C" __global__ void __launch_bounds__(32 * GEMV_LANE_WARPS)
+    gemv_fp8_lanes_deep_silu_gate_t1(const GemvGroup group, const void* __restrict__ x, int tokens, int k) {
+    gemv_lanes<1, false, GEMV_FP8_ROWS, WEIGHTS_FP8, GEMV_FP8_DEEP_UNROLL, true>(group, x, k);
+}
+
 // Grid: ceil(first_row[count] / 16) blocks of 32 * GEMV_WARPS threads. Requires k % 8 == 0 and
 // 16-byte aligned weights and activations (checked by the launcher). One kernel per 8-token tile
 // count; only one tile (5-8 rows) is built: from 9 rows on cuBLAS was faster on the H200 (gemv.rs).

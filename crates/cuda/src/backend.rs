@@ -149,6 +149,7 @@ impl CudaBackend {
             ctx,
             name,
             compute_capability: (major, minor),
+            sm_count,
         } = open_device(ordinal, &options.library_dirs)?;
         // SAFETY: everything runs on the one stream below, in order, so cudarc's cross-stream
         // event tracking is not needed.
@@ -204,7 +205,7 @@ impl CudaBackend {
             blas: Arc::new(Mutex::new(blas)),
             kernels: Arc::new(kernels),
             dependent_launch: options.dependent_launch,
-            gemv_lane_shape: crate::gemv::LaneShape::from_options(options),
+            gemv_lane_shape: crate::gemv::LaneShape::from_options(options, sm_count),
             grouped_attention: options.define::<u32>("ATTENTION_GQA").unwrap_or(1) != 0,
             gemm_precision: options.gemm_precision,
             keep_fp8_weights: options.keep_fp8_weights.unwrap_or(major >= 9)

@@ -48,6 +48,7 @@ pub(crate) struct OpenDevice {
     pub ctx: Arc<CudaContext>,
     pub name: String,
     pub compute_capability: (i32, i32),
+    pub sm_count: usize,
 }
 
 /// Loads the driver (searching `library_dirs` too), initialises it and opens GPU `ordinal`; a
@@ -82,9 +83,15 @@ pub(crate) fn open_device(
             minor,
         });
     }
+    let sm_count = ctx
+        .attribute(
+            cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+        )
+        .map_err(|e| CudaError::driver("reading the GPU's SM count", e))?;
     Ok(OpenDevice {
         ctx,
         name,
         compute_capability: (major, minor),
+        sm_count: sm_count.max(1) as usize,
     })
 }

@@ -77,6 +77,11 @@ pub(crate) struct LaneShape {
     /// default 8). Past it, the W8A8 GEMM (fp8_gemm.rs): 9 / 16 rows a 27B step of 16.4 / 16.9 ms
     /// there, against 13.0 ms for 8 rows on this kernel (session 13; 9-16 rows here not measured).
     fp8_w8a8_to: usize,
+    /// One FP8 token takes the deeper-buffered lane kernel (`gemv_fp8_lanes_deep_t1`) for launches
+    /// of fewer warps than this many per SM (`GEMV_FP8_DEEP_BELOW`; default 0: never), on a GPU of
+    /// `sm_count` SMs.
+    fp8_deep_below: usize,
+    sm_count: usize,
 }
 
 /// What a GEMV launch reads as its activations.
@@ -90,7 +95,7 @@ enum GemvInput {
 }
 
 impl LaneShape {
-    pub(crate) fn from_options(options: &crate::options::CudaOptions) -> Self {
+    pub(crate) fn from_options(options: &crate::options::CudaOptions, sm_count: usize) -> Self {
         let rows_one_token = options.define("GEMV_LANE_ROWS").unwrap_or(4);
         Self {
             warps: options.define("GEMV_LANE_WARPS").unwrap_or(4),
@@ -111,6 +116,8 @@ impl LaneShape {
                 .define("GEMV_FP8_W8A8_TO")
                 .unwrap_or(MMA_TILE)
                 .clamp(MMA_TILE, W8A8_TOKENS),
+            fp8_deep_below: options.define("GEMV_FP8_DEEP_BELOW").unwrap_or(0),
+            sm_count,
         }
     }
 
@@ -340,7 +347,12 @@ impl CudaBackend {
         // (silu_gate_gemv_applies). The W8A8 kernel's quantized input holds `rows` >= 16 >= tokens
         // rows (zero past `tokens`) of k codes, k % 128 == 0, and k / 128 x rows scales
         // (gemv_w8a8, quantize_activations_fp8).
+        let launch_warps = cfg.grid_dim.0 as usize * warps;
+        let deep =
+            lanes && fp8 && tokens == 1 && launch_warps < shape.fp8_deep_below * shape.sm_count;
         let kernel = match (mma, fp8, paired, tokens) {
+            _ if deep && paired => "gemv_fp8_lanes_deep_silu_gate_t1",
+            _ if deep => "gemv_fp8_lanes_deep_t1",
             _ if w8a8 && paired && tokens <= MMA_TILE => "gemv_fp8_w8a8_silu_gate_t1",
             _ if w8a8 && paired => "gemv_fp8_w8a8_silu_gate_t2",
             _ if w8a8 && tokens <= MMA_TILE => "gemv_fp8_w8a8_t1",

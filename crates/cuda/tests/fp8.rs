@@ -19,7 +19,8 @@
 mod common;
 
 use common::{
-    cuda, cuda_fp8, cuda_fp8_gemm_f32_out, cuda_fp8_tiles, cuda_fp8_w8a16, cuda_fp8_w8a8,
+    cuda, cuda_fp8, cuda_fp8_deep, cuda_fp8_gemm_f32_out, cuda_fp8_tiles, cuda_fp8_w8a16,
+    cuda_fp8_w8a8,
 };
 use deltaserve_cuda::GemmPrecision;
 use deltaserve_model::dummy::DummySource;
@@ -239,6 +240,31 @@ fn fp8_w8a8_gemv_matches_reference_on_quantized_activations() {
         let gate = be.load_mat(&random_fp8(&mut rng, rows, cols)).unwrap();
         let up = be.load_mat(&random_fp8(&mut rng, rows, cols)).unwrap();
         common::assert_silu_gate_is_the_two_ops(be, &gate, &up, &mut rng, "fp8 w8a8");
+    }
+}
+
+/// The deeper-buffered one-token lane kernel (`GEMV_FP8_DEEP_BELOW`) gives the lane kernel's rows
+/// bit for bit, plain and as the fused silu gate: the same vectors a lane, in the same order.
+#[test]
+fn fp8_deep_lane_kernel_is_the_lane_kernel_bitwise() {
+    let test = "fp8_deep_lane_kernel_is_the_lane_kernel_bitwise";
+    let (Some(plain), Some(deep)) = (cuda_fp8_w8a16(test), cuda_fp8_deep(test)) else {
+        return;
+    };
+    let mut rng = Rng(36);
+    for (rows, cols) in [(300, 144), (1030, 5120), (64, 17408)] {
+        let gate = random_fp8(&mut rng, rows, cols);
+        let up = random_fp8(&mut rng, rows, cols);
+        let x = rng.vec(cols, 1.0);
+        let run = |be: &deltaserve_cuda::CudaBackend| {
+            let (g, u) = (be.load_mat(&gate).unwrap(), be.load_mat(&up).unwrap());
+            let x = be.upload(&x);
+            let (mut product, mut fused) = (be.zeros(rows), be.zeros(rows));
+            be.matmul(&x, &g, &mut product, 1);
+            be.matmul_silu_gate(&x, &g, &u, &mut fused, 1);
+            (be.to_host(&product), be.to_host(&fused))
+        };
+        assert_eq!(run(plain), run(deep), "fp8 [{rows}x{cols}], one token");
     }
 }
 

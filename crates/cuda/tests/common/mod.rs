@@ -17,6 +17,7 @@ static FP8_TILES_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new(
 static FP8_W8A16_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static FP8_W8A8_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static FP8_GEMM_F32_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
+static FP8_DEEP_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 
 /// The bf16 backend that keeps block-FP8 weights as FP8, or `None` after printing why not.
 pub fn cuda_fp8(test: &str) -> Option<&'static CudaBackend> {
@@ -52,6 +53,16 @@ pub fn cuda_fp8_w8a8(test: &str) -> Option<&'static CudaBackend> {
 /// (`FP8_GEMM_F32_OUT=1`; bf16 then a cast by default), or `None` after printing why not.
 pub fn cuda_fp8_gemm_f32_out(test: &str) -> Option<&'static CudaBackend> {
     fp8_backend(&FP8_GEMM_F32_BACKEND, &[("FP8_GEMM_F32_OUT", "1")], test)
+}
+
+/// `cuda_fp8` with every one-token FP8 launch on the deeper-buffered lane kernel
+/// (`GEMV_FP8_DEEP_BELOW` past any launch's warps), or `None` after printing why not.
+pub fn cuda_fp8_deep(test: &str) -> Option<&'static CudaBackend> {
+    fp8_backend(
+        &FP8_DEEP_BACKEND,
+        &[("GEMV_FP8_DEEP_BELOW", "1000000")],
+        test,
+    )
 }
 
 fn fp8_backend(
