@@ -196,9 +196,8 @@ fn fp8_gemm_matches_reference_on(be: &deltaserve_cuda::CudaBackend) {
 
 /// The W8A8 GEMV (the activations quantized per 128 columns, both operands' codes on the FP8
 /// tensor cores; opt-in, here for 1 to 16 rows: one tile of 8 tokens and two) equals the reference
-/// on the same quantized activations, gives each row count's rows bit for bit as among 16, and
-/// its fused silu gate is bit for bit its two ops; row counts that are not whole 16-row blocks, the
-/// 27B shape's widths.
+/// on the same quantized activations and gives each row count's rows bit for bit as among 16 (its
+/// fused silu gate: below); row counts that are not whole 16-row blocks, the 27B shape's widths.
 #[test]
 fn fp8_w8a8_gemv_matches_reference_on_quantized_activations() {
     let test = "fp8_w8a8_gemv_matches_reference_on_quantized_activations";
@@ -235,11 +234,6 @@ fn fp8_w8a8_gemv_matches_reference_on_quantized_activations() {
                 );
             }
         }
-    }
-    for (rows, cols) in [(300, 512), (1030, 5120)] {
-        let gate = be.load_mat(&random_fp8(&mut rng, rows, cols)).unwrap();
-        let up = be.load_mat(&random_fp8(&mut rng, rows, cols)).unwrap();
-        common::assert_silu_gate_is_the_two_ops(be, &gate, &up, &mut rng, "fp8 w8a8");
     }
 }
 
@@ -314,12 +308,14 @@ fn fp8_group_matches_reference_on(be: &deltaserve_cuda::CudaBackend, token_count
     }
 }
 
-/// The fused silu gate on FP8 weights (the paired FP8 kernels, one tile and four) is bit for bit
-/// its two ops.
+/// The fused silu gate on FP8 weights (the paired FP8 kernels: the widening tensor-core kernel with
+/// one tile and four, the W8A8 one with one and two where k is whole 128-column blocks) is bit for
+/// bit its two ops.
 #[test]
 fn fp8_matmul_silu_gate_equals_group_then_silu_mul_bitwise() {
     let test = "fp8_matmul_silu_gate_equals_group_then_silu_mul_bitwise";
-    for be in [cuda_fp8(test), cuda_fp8_tiles(test)].into_iter().flatten() {
+    let backends = [cuda_fp8(test), cuda_fp8_tiles(test), cuda_fp8_w8a8(test)];
+    for be in backends.into_iter().flatten() {
         let mut rng = Rng(32);
         for (rows, cols) in [(300, 144), (1030, 5120)] {
             let gate = be.load_mat(&random_fp8(&mut rng, rows, cols)).unwrap();
