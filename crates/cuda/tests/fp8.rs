@@ -75,6 +75,20 @@ fn random_fp8(rng: &mut Rng, rows: usize, cols: usize) -> HostTensor {
     })
 }
 
+/// `random_fp8` loaded on `be` and on the reference backend.
+fn random_fp8_on(
+    be: &deltaserve_cuda::CudaBackend,
+    rng: &mut Rng,
+    rows: usize,
+    cols: usize,
+) -> (deltaserve_cuda::CudaMat, <ReferenceBackend as Backend>::Mat) {
+    let t = random_fp8(rng, rows, cols);
+    (
+        be.load_mat(&t).unwrap(),
+        ReferenceBackend.load_mat(&t).unwrap(),
+    )
+}
+
 #[test]
 fn fp8_gemv_matches_reference_and_is_batch_invariant() {
     let test = "fp8_gemv_matches_reference_and_is_batch_invariant";
@@ -96,9 +110,7 @@ fn fp8_gemv_matches_reference_on(be: &deltaserve_cuda::CudaBackend, token_counts
     let mut rng = Rng(31);
     // Partial tiles in both dimensions (300 rows, 16 * 9 columns), the 27B down shape's width.
     for (rows, cols) in [(300, 144), (1030, 5120), (64, 17408)] {
-        let t = random_fp8(&mut rng, rows, cols);
-        let w = be.load_mat(&t).unwrap();
-        let w_ref = ReferenceBackend.load_mat(&t).unwrap();
+        let (w, w_ref) = random_fp8_on(be, &mut rng, rows, cols);
         let x = rng.vec((widest_count + 1) * cols, 1.0);
         let (got, want) = matmul(be, &w, &w_ref, &x[..cols], 1, Operands::Exact);
         check(
@@ -178,9 +190,7 @@ fn fp8_gemm_matches_reference_on(be: &deltaserve_cuda::CudaBackend) {
     }
     let mut rng = Rng(34);
     for (rows, cols) in [(256, 512), (1024, 5120), (128, 17408)] {
-        let t = random_fp8(&mut rng, rows, cols);
-        let w = be.load_mat(&t).unwrap();
-        let w_ref = ReferenceBackend.load_mat(&t).unwrap();
+        let (w, w_ref) = random_fp8_on(be, &mut rng, rows, cols);
         for tokens in [9, 16, 32, 40, 300] {
             let x = rng.vec(tokens * cols, 1.0);
             let (got, want) = matmul(be, &w, &w_ref, &x, tokens, Operands::E4m3Blocks);
@@ -210,9 +220,7 @@ fn fp8_w8a8_gemv_matches_reference_on_quantized_activations() {
     }
     let mut rng = Rng(35);
     for (rows, cols) in [(300, 512), (1030, 5120), (64, 17408)] {
-        let t = random_fp8(&mut rng, rows, cols);
-        let w = be.load_mat(&t).unwrap();
-        let w_ref = ReferenceBackend.load_mat(&t).unwrap();
+        let (w, w_ref) = random_fp8_on(be, &mut rng, rows, cols);
         let x = rng.vec(16 * cols, 1.0);
         let mut widest = Vec::new();
         for tokens in [16, 1, 2, 3, 4, 5, 7, 8, 9, 12, 15] {
