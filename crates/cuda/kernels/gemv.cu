@@ -41,13 +41,51 @@ struct GemvGroup {
     int count;
 };
 
+// GEMV_GROUP_SELECT: the group's per-matrix fields are picked by compare-and-select over the
+// GEMV_MATRICES constant indices instead of indexed by a runtime matrix number, which makes the
+// compiler copy the whole by-value parameter to local memory first (120 bytes a thread, stored and
+// reloaded in the prologue of every warp). Same values either way; 0 (the default until measured)
+// keeps the indexing.
+#ifndef GEMV_GROUP_SELECT
+#define GEMV_GROUP_SELECT 0
+#endif
+template <typename T>
+__device__ __forceinline__ T group_pick(const T* field, int m) {
+#if GEMV_GROUP_SELECT
+    T picked = field[0];
+#pragma unroll
+    for (int i = 1; i < GEMV_MATRICES; ++i) picked = m == i ? field[i] : picked;
+    return picked;
+#else
+    return field[m];
+#endif
+}
+
+// Rows of matrix m of the group.
+__device__ __forceinline__ int group_rows(const GemvGroup& group, int m) {
+    return group_pick(group.first_row + 1, m) - group_pick(group.first_row, m);
+}
+
 // The matrix holding global row `row` of the group and the row's index in it; -1 past the end.
 __device__ __forceinline__ int group_row(const GemvGroup& group, int row, int* local) {
+#if GEMV_GROUP_SELECT
+    int m = -1, first = 0;
+#pragma unroll
+    for (int i = 0; i < GEMV_MATRICES; ++i) {
+        if (i < group.count && row >= group.first_row[i] && row < group.first_row[i + 1]) {
+            m = i;
+            first = group.first_row[i];
+        }
+    }
+    *local = row - first;
+    return m;
+#else
     if (row >= group.first_row[group.count]) return -1;
     int m = 0;
     while (m + 1 < group.count && row >= group.first_row[m + 1]) ++m;
     *local = row - group.first_row[m];
     return m;
+#endif
 }
 
 template <int TILES>
@@ -58,8 +96,8 @@ __device__ __forceinline__ void gemv_block(const GemvGroup& group, const bf16_bi
     int local_lo = 0, local_hi = 0;
     const int m_lo = group_row(group, first + g, &local_lo);
     const int m_hi = group_row(group, first + g + 8, &local_hi);
-    const bf16_bits* w_lo = m_lo >= 0 ? group.w[m_lo] + (i64)local_lo * k : nullptr;
-    const bf16_bits* w_hi = m_hi >= 0 ? group.w[m_hi] + (i64)local_hi * k : nullptr;
+    const bf16_bits* w_lo = m_lo >= 0 ? group_pick(group.w, m_lo) + (i64)local_lo * k : nullptr;
+    const bf16_bits* w_hi = m_hi >= 0 ? group_pick(group.w, m_hi) + (i64)local_hi * k : nullptr;
 
     float acc[TILES][4];
 #pragma unroll
@@ -108,8 +146,7 @@ __device__ __forceinline__ void gemv_block(const GemvGroup& group, const bf16_bi
             const int token = 8 * t + 2 * c + (i & 1);
             const int m = i < 2 ? m_lo : m_hi;
             if (m < 0 || token >= tokens) continue;
-            const int n = group.first_row[m + 1] - group.first_row[m];
-            group.out[m][(i64)token * n + (i < 2 ? local_lo : local_hi)] = sum;
+            group_pick(group.out, m)[(i64)token * group_rows(group, m) + (i < 2 ? local_lo : local_hi)] = sum;
         }
     }
 }
@@ -229,8 +266,11 @@ __device__ __forceinline__ void gemv_lanes(const GemvGroup& group, const void* _
         } else {
             mat[r] = group_row(group, first + r, &local[r]);
         }
-        w[r] = mat[r] >= 0 ? (const unsigned char*)group.w[mat[r]] + (i64)local[r] * k * ROW_BYTES_PER_VALUE : nullptr;
-        scale_row[r] = (FORMAT == WEIGHTS_FP8 && mat[r] >= 0) ? group.scale[mat[r]] + (i64)(local[r] / 128) * scale_cols : nullptr;
+        w[r] = mat[r] >= 0 ? (const unsigned char*)group_pick(group.w, mat[r]) + (i64)local[r] * k * ROW_BYTES_PER_VALUE
+                           : nullptr;
+        scale_row[r] = (FORMAT == WEIGHTS_FP8 && mat[r] >= 0)
+                           ? group_pick(group.scale, mat[r]) + (i64)(local[r] / 128) * scale_cols
+                           : nullptr;
     }
     let_next_kernel_start();
     if (mat[0] < 0) {  // every row of this warp is past the end (rows are in order)
@@ -338,8 +378,7 @@ __device__ __forceinline__ void gemv_lanes(const GemvGroup& group, const void* _
             for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
             acc[r][t] = s;
             if (!PAIRED && lane == 0 && mat[r] >= 0) {
-                const int n = group.first_row[mat[r] + 1] - group.first_row[mat[r]];
-                group.out[mat[r]][(i64)t * n + local[r]] = s;
+                group_pick(group.out, mat[r])[(i64)t * group_rows(group, mat[r]) + local[r]] = s;
             }
         }
     }
@@ -545,8 +584,8 @@ __device__ __forceinline__ void gemv_fp8_mma(const GemvGroup& group, const float
     const float* scale_row[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        w[h] = mat[h] >= 0 ? (const unsigned char*)group.w[mat[h]] + (i64)local[h] * k : nullptr;
-        scale_row[h] = mat[h] >= 0 ? group.scale[mat[h]] + (i64)(local[h] / 128) * col_blocks : nullptr;
+        w[h] = mat[h] >= 0 ? (const unsigned char*)group_pick(group.w, mat[h]) + (i64)local[h] * k : nullptr;
+        scale_row[h] = mat[h] >= 0 ? group_pick(group.scale, mat[h]) + (i64)(local[h] / 128) * col_blocks : nullptr;
     }
     let_next_kernel_start();
 
@@ -708,8 +747,7 @@ __device__ __forceinline__ void gemv_fp8_mma(const GemvGroup& group, const float
             if (PAIRED) {
                 if (h == 0) group.out[0][(i64)token * group.first_row[1] + local[0]] = silu_f(sum[i]) * sum[i + 2];
             } else {
-                const int n = group.first_row[mat[h] + 1] - group.first_row[mat[h]];
-                group.out[mat[h]][(i64)token * n + local[h]] = sum[i];
+                group_pick(group.out, mat[h])[(i64)token * group_rows(group, mat[h]) + local[h]] = sum[i];
             }
         }
     }
