@@ -2,7 +2,8 @@
 //! against up to `GEMV_MATRICES` bf16 weight matrices that share their input, in one launch, or up
 //! to 8-32 rows (`LaneShape::fp8_mma_to`) against block-FP8 matrices (W8A16, half the bytes of
 //! bf16: one token on the CUDA cores with the f32 activations, one scale a 16-code vector; more on
-//! the tensor cores with the activations rounded to bf16, one scale a 128-column piece). cuBLAS
+//! the tensor cores with the activations rounded to bf16, one scale a 128-column piece; opt-in,
+//! W8A8 for 1-16 rows: the activations quantized to FP8, both codes on the FP8 tensor cores). cuBLAS
 //! picks GEMM tilings that leave bandwidth unused on these shapes and needs a separate cast of the
 //! activations per matrix; this path rounds the activations once per group and streams each weight
 //! byte once with 16-byte loads into tensor-core multiply-adds, K split over a block's warps.
@@ -63,15 +64,17 @@ pub(crate) struct LaneShape {
     /// 9-row FP8 step on the W8A8 GEMM, 16.4 ms, beat an 8-row one on the GEMV, 17.5 ms).
     rows_to: [usize; 2],
     /// Block-FP8 weights take the W8A8 kernel from this many tokens (`GEMV_FP8_W8A8_FROM`; default
-    /// 9, with the default `fp8_w8a8_to`: never) to `fp8_w8a8_to`: the activations quantized per 128 columns and multiplied on the FP8
-    /// tensor cores, as the prefill GEMM does, where the GPU has them (compute capability 8.9 on)
-    /// and k is whole 128-column blocks. Measured on the H200 (27B shape, FP8 kept): one token
-    /// 88.9 tok/s against 91.0 on the lane kernel; a k=3 verify of 4 tokens 12.74 ms against 14.82
-    /// on the kernel that widens the codes to bf16 (MTP 252.8-254.1 against 224.3 tok/s); batch
-    /// 2 / 4 / 8 steps 11.57 / 11.89 / 13.04 ms against 12.84 / 14.00 / 17.28. Off by default
-    /// because `serve --quantization fp8` with `GEMV_FP8_W8A8_FROM=2` gave wrong text in 4 of 5
-    /// runs (start-up canary, stream against non-stream) with programmatic dependent launch on and
-    /// none of 2 with it off, a race not found yet (docs/fp8.md).
+    /// 9, with the default `fp8_w8a8_to`: never) to `fp8_w8a8_to`: the activations quantized per
+    /// 128 columns and multiplied on the FP8 tensor cores, as the prefill GEMM does, where the GPU
+    /// has them (compute capability 8.9 on) and k is whole 128-column blocks. Measured on the H200
+    /// (27B shape, FP8 kept): one token 88.9 tok/s against 91.0 on the lane kernel; a k=3 verify
+    /// of 4 tokens 12.74 ms against 14.82 on the kernel that widens the codes to bf16 (MTP
+    /// 252.8-254.1 against 224.3 tok/s); batch 2 / 4 / 8 steps 11.57 / 11.89 / 13.04 ms against
+    /// 12.84 / 14.00 / 17.28. Off by default: `serve --quantization fp8` with
+    /// `GEMV_FP8_W8A8_FROM=2` gave wrong text in 4 of 5 runs with programmatic dependent launch on
+    /// and none of 2 with it off; the cause found since in the SASS (its activation loads hoisted
+    /// above the wait for the previous kernel) is fixed, but the fix has not run on a GPU
+    /// (docs/fp8.md).
     fp8_w8a8_from: usize,
     /// The most tokens the W8A8 kernel takes (`GEMV_FP8_W8A8_TO`, 8 or 16: one or two tiles of 8;
     /// default 8). Past it, the W8A8 GEMM (fp8_gemm.rs): 9 / 16 rows a 27B step of 16.4 / 16.9 ms
