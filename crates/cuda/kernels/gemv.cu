@@ -533,11 +533,12 @@ __device__ __forceinline__ void mma_e4m3(float* d, unsigned int a0, unsigned int
 #endif
 }
 
-// Loads of what the previous kernel wrote, from L2 (`ld.global.cg`): under programmatic dependent
-// launch this kernel may start before that kernel runs, so its inputs are not read-only for this
-// kernel's lifetime, which the read-only path (`ld.global.nc`, what `const __restrict__` loads
-// compile to) requires; the activation buffers are small and reused at one address from one
-// launch to the next, so a stale read-only cache line is likely there.
+// Loads of what the previous kernel wrote, as inline asm (`ld.global.cg`, from L2). Under
+// programmatic dependent launch this kernel may start before that kernel has written them; loads
+// from `const __restrict__` pointers compile to the read-only `ld.global.nc`, which ptxas takes to
+// be unchanging and may schedule above `griddepcontrol.wait` (it did for the W8A8 activations
+// below: `serve` then read the previous group's codes), while a volatile asm load stays after it.
+// scripts/pdl_audit.py checks the SASS for such early reads.
 __device__ __forceinline__ uint4 load_fresh(const void* p) {
     uint4 v;
     asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
