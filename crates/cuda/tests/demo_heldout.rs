@@ -17,7 +17,7 @@ use deltaserve_model::weights::Weights;
 use deltaserve_model::{ForwardInput, Model};
 use deltaserve_tensor::cpu::{CpuBackend, CpuOptions, MatmulPrecision};
 use deltaserve_tensor::{Backend, BatchLayout, DType, HostTensor};
-use demo_eval::{engine_config, mtp_k3, BLOCK_SIZE, CHUNK, MTP_STEPS};
+use demo_eval::{engine_config, mtp_k3, read_reply, BLOCK_SIZE, CHUNK, MTP_STEPS};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -212,26 +212,21 @@ fn greedy_run<B: Backend + 'static>(
             engine.submit(request).unwrap().1
         })
         .collect();
-    let mut run = Run {
+    let mut usage = Usage::default();
+    let replies = prompts
+        .iter()
+        .zip(receivers)
+        .map(|(p, mut rx)| {
+            read_reply(&mut rx, &mut usage)
+                .unwrap_or_else(|message| panic!("{label}: {}: {message}", p.id))
+        })
+        .collect();
+    let run = Run {
         label: label.to_string(),
-        replies: Vec::with_capacity(prompts.len()),
-        drafted: 0,
-        accepted: 0,
+        replies,
+        drafted: usage.draft_tokens,
+        accepted: usage.accepted_draft_tokens,
     };
-    for (p, mut rx) in prompts.iter().zip(receivers) {
-        let mut tokens = Vec::new();
-        while let Some(event) = rx.blocking_recv() {
-            match event {
-                EngineEvent::Token { id, .. } => tokens.push(id),
-                EngineEvent::Finished { usage, .. } => {
-                    run.drafted += usage.draft_tokens;
-                    run.accepted += usage.accepted_draft_tokens;
-                }
-                EngineEvent::Error { message } => panic!("{label}: {}: {message}", p.id),
-            }
-        }
-        run.replies.push(tokens);
-    }
     println!(
         "{label}: {} replies, {} tokens in {:.1} s",
         prompts.len(),

@@ -185,22 +185,26 @@ pub fn run<B: Backend + 'static>(
     let mut total = Usage::default();
     let replies = receivers
         .into_iter()
-        .map(|mut rx| {
-            let mut tokens = Vec::new();
-            while let Some(event) = rx.blocking_recv() {
-                match event {
-                    EngineEvent::Token { id, .. } => tokens.push(id),
-                    EngineEvent::Finished { usage, .. } => {
-                        total.draft_tokens += usage.draft_tokens;
-                        total.accepted_draft_tokens += usage.accepted_draft_tokens;
-                    }
-                    EngineEvent::Error { message } => panic!("{message}"),
-                }
-            }
-            tokens
-        })
+        .map(|mut rx| read_reply(&mut rx, &mut total).unwrap_or_else(|message| panic!("{message}")))
         .collect();
     (greedy, replies, total)
+}
+
+/// A request's tokens, read to its end, its draft counts added to `total`; an error event's
+/// message as the error.
+pub fn read_reply(rx: &mut EventReceiver, total: &mut Usage) -> Result<Vec<u32>, String> {
+    let mut tokens = Vec::new();
+    while let Some(event) = rx.blocking_recv() {
+        match event {
+            EngineEvent::Token { id, .. } => tokens.push(id),
+            EngineEvent::Finished { usage, .. } => {
+                total.draft_tokens += usage.draft_tokens;
+                total.accepted_draft_tokens += usage.accepted_draft_tokens;
+            }
+            EngineEvent::Error { message } => return Err(message),
+        }
+    }
+    Ok(tokens)
 }
 
 /// Prefill chunk of the engine runs (`chunked_prefill_size`).
