@@ -3,7 +3,7 @@
 //! format intends (`quantize_activations_fp8`: e4m3 codes with one f32 scale per token and 128
 //! columns, the 1 x 128 block), the weights keep their 128 x 128 block scales, and cuBLASLt applies
 //! both scales per 128-wide slice of the sum in f32 (`VEC128_32F` x `BLK128x128_32F`), writing bf16
-//! that is widened to f32 for the next op. This is W8A8 numerics, as SGLang's FP8 path computes;
+//! that is widened to f32 for the next op (or, opt-in with `FP8_GEMM_F32_OUT=1`, f32 directly). This is W8A8 numerics, as SGLang's FP8 path computes;
 //! the widened-to-bf16 path (`FP8_GEMM=0` in `DELTASERVE_CUDA_DEFINES`, and wherever cuBLASLt has
 //! no algorithm) keeps the activations' bf16 values. Plans (descriptors and the chosen algorithm)
 //! are made once per shape.
@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 const BLOCK: usize = 128;
 /// cuBLASLt's workspace; its documentation recommends 32 MiB on Hopper.
 const WORKSPACE_BYTES: usize = 32 << 20;
-/// Plans kept before the cache starts over (one per `[n, tokens, k]`; prefill chunks vary in
+/// Plans kept before the cache starts over (one per `[n, rows, k]` and output type; prefill chunks vary in
 /// length, so the set of shapes is open).
 const MAX_PLANS: usize = 4096;
 /// Warps per block of `quantize_activations_fp8` (one warp per token and 128 columns).
