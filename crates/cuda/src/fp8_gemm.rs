@@ -21,8 +21,8 @@ use std::sync::{Arc, Mutex};
 const BLOCK: usize = 128;
 /// cuBLASLt's workspace; its documentation recommends 32 MiB on Hopper.
 const WORKSPACE_BYTES: usize = 32 << 20;
-/// Plans kept before the cache starts over (one per `[n, rows, k]` and output type; prefill chunks vary in
-/// length, so the set of shapes is open).
+/// Plans kept before the cache starts over (one per `[n, rows, k]` and output type; prefill
+/// chunks vary in length, so the set of shapes is open).
 const MAX_PLANS: usize = 4096;
 /// Warps per block of `quantize_activations_fp8` (one warp per token and 128 columns).
 const QUANTIZE_WARPS: usize = 8;
