@@ -227,7 +227,7 @@ impl CudaBackend {
             && major >= 9
             && options.define::<u32>("FP8_GEMM").unwrap_or(1) != 0
         {
-            let f32_out = options.define::<u32>("FP8_GEMM_F32_OUT").unwrap_or(0) != 0;
+            let f32_out = options.define::<u32>("FP8_GEMM_F32_OUT").unwrap_or(1) != 0;
             match crate::fp8_gemm::Fp8Gemm::new(&backend, f32_out) {
                 Ok(gemm) => backend.fp8_gemm = Some(Arc::new(Mutex::new(gemm))),
                 Err(why) => eprintln!(

@@ -64,25 +64,23 @@ pub(crate) struct LaneShape {
     /// 9-row FP8 step on the W8A8 GEMM, 16.4 ms, beat an 8-row one on the GEMV, 17.5 ms).
     rows_to: [usize; 2],
     /// Block-FP8 weights take the W8A8 kernel from this many tokens (`GEMV_FP8_W8A8_FROM`; default
-    /// 9, with the default `fp8_w8a8_to`: never) to `fp8_w8a8_to`: the activations quantized per
-    /// 128 columns and multiplied on the FP8 tensor cores, as the prefill GEMM does, where the GPU
-    /// has them (compute capability 8.9 on) and k is whole 128-column blocks. Measured on the H200
-    /// (27B shape, FP8 kept): one token 88.9 tok/s against 91.0 on the lane kernel; a k=3 verify
-    /// of 4 tokens 12.74 ms against 14.82 on the kernel that widens the codes to bf16 (MTP
-    /// 252.8-254.1 against 224.3 tok/s); batch 2 / 4 / 8 steps 11.57 / 11.89 / 13.04 ms against
-    /// 12.84 / 14.00 / 17.28. Off by default: `serve --quantization fp8` with
-    /// `GEMV_FP8_W8A8_FROM=2` gave wrong text in 4 of 5 runs with programmatic dependent launch on
-    /// and none of 2 with it off; the cause found since in the SASS (its activation loads hoisted
-    /// above the wait for the previous kernel) is fixed, but the fix has not run on a GPU
-    /// (docs/fp8.md).
+    /// 2) to `fp8_w8a8_to`: the activations quantized per 128 columns and multiplied on the FP8
+    /// tensor cores, as the prefill GEMM does, where the GPU has them (compute capability 8.9 on)
+    /// and k is whole 128-column blocks. Measured on the H200 (27B shape, FP8 kept, session 14): a
+    /// k=3 verify of 4 tokens 12.1 ms against 14.0 on the kernel that widens the codes to bf16 (MTP
+    /// k=3 270 against 238.5 tok/s); batch 2 / 4 / 8 steps 10.7 / 11.1 / 12.1 ms against 12.8 /
+    /// 14.0 / 17.3 (session 13). One token stays on the lane kernel (88.9 tok/s here against 91.0
+    /// there, session 13). Its activations are read after the wait for the previous kernel
+    /// (`load_fresh`; docs/fp8.md has session 13's race that a hoisted read caused).
     fp8_w8a8_from: usize,
     /// The most tokens the W8A8 kernel takes (`GEMV_FP8_W8A8_TO`, 8 or 16: one or two tiles of 8;
     /// default 8). Past it, the W8A8 GEMM (fp8_gemm.rs): 9 / 16 rows a 27B step of 16.4 / 16.9 ms
     /// there, against 13.0 ms for 8 rows on this kernel (session 13; 9-16 rows here not measured).
     fp8_w8a8_to: usize,
     /// One FP8 token takes the deeper-buffered lane kernel (`gemv_fp8_lanes_deep_t1`) for launches
-    /// of fewer warps than this many per SM (`GEMV_FP8_DEEP_BELOW`; default 0: never), on a GPU of
-    /// `sm_count` SMs.
+    /// of fewer warps than this many per SM (`GEMV_FP8_DEEP_BELOW`; default 16, the down and output
+    /// projections of the 27B shape; 0: never), on a GPU of `sm_count` SMs. H200, 27B FP8 decode
+    /// (session 14): 92.0 tok/s against 91.1 without; below 8 / 32 warps 95.2 / 95.0 against 96.6.
     fp8_deep_below: usize,
     sm_count: usize,
 }
@@ -114,12 +112,12 @@ impl LaneShape {
                 options.define("GEMV_BF16_TO").unwrap_or(usize::MAX),
                 options.define("GEMV_FP8_TO").unwrap_or(usize::MAX),
             ],
-            fp8_w8a8_from: options.define("GEMV_FP8_W8A8_FROM").unwrap_or(MMA_TILE + 1),
+            fp8_w8a8_from: options.define("GEMV_FP8_W8A8_FROM").unwrap_or(2),
             fp8_w8a8_to: options
                 .define("GEMV_FP8_W8A8_TO")
                 .unwrap_or(MMA_TILE)
                 .clamp(MMA_TILE, W8A8_TOKENS),
-            fp8_deep_below: options.define("GEMV_FP8_DEEP_BELOW").unwrap_or(0),
+            fp8_deep_below: options.define("GEMV_FP8_DEEP_BELOW").unwrap_or(16),
             sm_count,
         }
     }

@@ -19,7 +19,7 @@
 mod common;
 
 use common::{
-    cuda, cuda_fp8, cuda_fp8_deep, cuda_fp8_gemm_f32_out, cuda_fp8_tiles, cuda_fp8_w8a16,
+    cuda, cuda_fp8, cuda_fp8_deep, cuda_fp8_gemm_bf16_out, cuda_fp8_tiles, cuda_fp8_w8a16,
     cuda_fp8_w8a8,
 };
 use deltaserve_cuda::GemmPrecision;
@@ -168,12 +168,13 @@ fn past_the_gemv(
 
 /// Decode batches past the GEMV and prefill-sized ones on FP8 weights (the W8A8 tensor-core GEMM
 /// on Hopper): each against the reference on the same quantized activations, with token counts
-/// the GEMM pads to its multiple of 16 (9, 40, 300) and ones it does not (16, 32: with
-/// `FP8_GEMM_F32_OUT=1` those write f32 straight into the output), and the 27B shape's widths.
+/// the GEMM pads to its multiple of 16 (9, 40, 300) and ones it does not (16, 32: those write
+/// f32 straight into the output, or bf16 and a cast with `FP8_GEMM_F32_OUT=0`), and the 27B
+/// shape's widths.
 #[test]
 fn fp8_tensor_core_gemm_matches_reference_on_quantized_activations() {
     let test = "fp8_tensor_core_gemm_matches_reference_on_quantized_activations";
-    for be in [cuda_fp8(test), cuda_fp8_gemm_f32_out(test)]
+    for be in [cuda_fp8(test), cuda_fp8_gemm_bf16_out(test)]
         .into_iter()
         .flatten()
     {
@@ -275,7 +276,7 @@ fn fp8_deep_lane_kernel_is_the_lane_kernel_bitwise() {
 #[test]
 fn fp8_matmul_group_matches_reference_for_each_matrix() {
     let test = "fp8_matmul_group_matches_reference_for_each_matrix";
-    if let Some(be) = cuda_fp8(test) {
+    if let Some(be) = cuda_fp8_w8a16(test) {
         fp8_group_matches_reference_on(be, &[1, 3, 8]);
     }
     if let Some(be) = cuda_fp8_tiles(test) {
@@ -316,13 +317,18 @@ fn fp8_group_matches_reference_on(be: &deltaserve_cuda::CudaBackend, token_count
     }
 }
 
-/// The fused silu gate on FP8 weights (the paired FP8 kernels: the widening tensor-core kernel with
-/// one tile and four, the W8A8 one with one and two where k is whole 128-column blocks) is bit for
-/// bit its two ops.
+/// The fused silu gate on FP8 weights (the paired FP8 kernels: the plain and the deeper-buffered
+/// lane kernel for one row, the widening tensor-core kernel with one tile and four, the W8A8 one
+/// with one and two where k is whole 128-column blocks) is bit for bit its two ops.
 #[test]
 fn fp8_matmul_silu_gate_equals_group_then_silu_mul_bitwise() {
     let test = "fp8_matmul_silu_gate_equals_group_then_silu_mul_bitwise";
-    let backends = [cuda_fp8(test), cuda_fp8_tiles(test), cuda_fp8_w8a8(test)];
+    let backends = [
+        cuda_fp8(test),
+        cuda_fp8_w8a16(test),
+        cuda_fp8_tiles(test),
+        cuda_fp8_w8a8(test),
+    ];
     for be in backends.into_iter().flatten() {
         let mut rng = Rng(32);
         for (rows, cols) in [(300, 144), (1030, 5120)] {

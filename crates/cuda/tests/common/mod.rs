@@ -16,7 +16,7 @@ static FP8_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static FP8_TILES_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static FP8_W8A16_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static FP8_W8A8_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
-static FP8_GEMM_F32_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
+static FP8_GEMM_BF16_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static FP8_DEEP_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 
 /// The bf16 backend that keeps block-FP8 weights as FP8, or `None` after printing why not.
@@ -28,11 +28,12 @@ pub fn cuda_fp8(test: &str) -> Option<&'static CudaBackend> {
     shared_backend(&FP8_BACKEND, options, test)
 }
 
-/// `cuda_fp8` with W8A16 kernels only (`GEMV_FP8_W8A8_FROM=9`, the default: 2-8 rows on the
-/// tensor-core kernel that widens the codes to bf16, as on GPUs before compute capability 8.9),
-/// or `None` after printing why not.
+/// `cuda_fp8` with W8A16 kernels only (`GEMV_FP8_W8A8_FROM=9`: 2-8 rows on the tensor-core kernel
+/// that widens the codes to bf16, as on GPUs before compute capability 8.9) and one row always on
+/// the plain lane kernel (`GEMV_FP8_DEEP_BELOW=0`), or `None` after printing why not.
 pub fn cuda_fp8_w8a16(test: &str) -> Option<&'static CudaBackend> {
-    fp8_backend(&FP8_W8A16_BACKEND, &[("GEMV_FP8_W8A8_FROM", "9")], test)
+    let defines = [("GEMV_FP8_W8A8_FROM", "9"), ("GEMV_FP8_DEEP_BELOW", "0")];
+    fp8_backend(&FP8_W8A16_BACKEND, &defines, test)
 }
 
 /// `cuda_fp8_w8a16` with all four tiles of the widening tensor-core kernel (2-32 rows;
@@ -42,17 +43,18 @@ pub fn cuda_fp8_tiles(test: &str) -> Option<&'static CudaBackend> {
     fp8_backend(&FP8_TILES_BACKEND, &defines, test)
 }
 
-/// `cuda_fp8` with the W8A8 GEMV for 1-16 rows (`GEMV_FP8_W8A8_FROM=1`, `GEMV_FP8_W8A8_TO=16`; off
-/// by default), or `None` after printing why not.
+/// `cuda_fp8` with the W8A8 GEMV for 1-16 rows (`GEMV_FP8_W8A8_FROM=1`, `GEMV_FP8_W8A8_TO=16`;
+/// 2-8 by default), or `None` after printing why not.
 pub fn cuda_fp8_w8a8(test: &str) -> Option<&'static CudaBackend> {
     let defines = [("GEMV_FP8_W8A8_FROM", "1"), ("GEMV_FP8_W8A8_TO", "16")];
     fp8_backend(&FP8_W8A8_BACKEND, &defines, test)
 }
 
-/// `cuda_fp8` with the W8A8 GEMM writing f32 where the batch needs no padding
-/// (`FP8_GEMM_F32_OUT=1`; bf16 then a cast by default), or `None` after printing why not.
-pub fn cuda_fp8_gemm_f32_out(test: &str) -> Option<&'static CudaBackend> {
-    fp8_backend(&FP8_GEMM_F32_BACKEND, &[("FP8_GEMM_F32_OUT", "1")], test)
+/// `cuda_fp8` with the W8A8 GEMM writing bf16 that a cast widens (`FP8_GEMM_F32_OUT=0`; f32
+/// straight into the output where the batch needs no padding by default), or `None` after printing
+/// why not.
+pub fn cuda_fp8_gemm_bf16_out(test: &str) -> Option<&'static CudaBackend> {
+    fp8_backend(&FP8_GEMM_BF16_BACKEND, &[("FP8_GEMM_F32_OUT", "0")], test)
 }
 
 /// `cuda_fp8` with every one-token FP8 launch on the deeper-buffered lane kernel
