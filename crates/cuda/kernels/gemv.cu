@@ -410,6 +410,21 @@ GEMV_LANE_KERNEL(2, true, GEMV_LANE_ROWS_MULTI)
 GEMV_LANE_KERNEL(3, true, GEMV_LANE_ROWS_MULTI)
 GEMV_LANE_KERNEL(4, true, GEMV_LANE_ROWS_MULTI)
 
+// One row a warp, for launches that would otherwise fill fewer blocks than the GPU has SMs (the
+// unquantized GDN gate projections of an FP8 model: 2 x 48 rows, 6 blocks of 16 rows took 15 us
+// on the H200 for 1 MB, each warp streaming 4 rows alone): four times the warps, each with a
+// quarter of the chain. A row's sum is the same lane order and butterfly, so bit for bit the
+// wider kernels' (gemv.rs picks it, `GEMV_LANE_NARROW`).
+#define GEMV_NARROW_KERNEL(T, ROUNDED_X)                                                                \
+    extern "C" __global__ void __launch_bounds__(32 * GEMV_LANE_WARPS)                                 \
+        gemv_bf16_lanes_narrow_t##T(const GemvGroup group, const void* __restrict__ x, int tokens, int k) { \
+        gemv_lanes<T, ROUNDED_X, 1, WEIGHTS_BF16, GEMV_LANE_UNROLL, false>(group, x, k);               \
+    }
+GEMV_NARROW_KERNEL(1, false)
+GEMV_NARROW_KERNEL(2, true)
+GEMV_NARROW_KERNEL(3, true)
+GEMV_NARROW_KERNEL(4, true)
+
 // Sweeps in flight per buffer for FP8 weights: the conversion makes these kernels issue-bound, and
 // fewer registers a lane let more warps hide it. Measured on the H200 (27B shape, one-token decode,
 // pipelined): 1 sweep 83.8 tok/s, 2 sweeps 74.7, 4 unpipelined 75.8.

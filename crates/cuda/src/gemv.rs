@@ -82,6 +82,10 @@ pub(crate) struct LaneShape {
     /// projections of the 27B shape; 0: never), on a GPU of `sm_count` SMs. H200, 27B FP8 decode
     /// (session 14): 92.0 tok/s against 91.1 without; below 8 / 32 warps 95.2 / 95.0 against 96.6.
     fp8_deep_below: usize,
+    /// bf16 launches that would fill fewer blocks than the GPU has SMs take one row a warp
+    /// (`gemv_bf16_lanes_narrow_t*`; `GEMV_LANE_NARROW=0`: never). The unquantized GDN gate
+    /// projections of an FP8 model (2 x 48 rows of 5120) ran as 6 blocks for 15 us on the H200.
+    narrow: bool,
     sm_count: usize,
 }
 
@@ -118,6 +122,7 @@ impl LaneShape {
                 .unwrap_or(MMA_TILE)
                 .clamp(MMA_TILE, W8A8_TOKENS),
             fp8_deep_below: options.define("GEMV_FP8_DEEP_BELOW").unwrap_or(16),
+            narrow: options.define::<u32>("GEMV_LANE_NARROW").unwrap_or(1) != 0,
             sm_count,
         }
     }
@@ -319,13 +324,21 @@ impl CudaBackend {
             rows += w.rows;
         }
         group.first_row[ws.len()] = rows as i32;
-        let (rows_per_block, warps) = if mma {
+        let (mut rows_per_block, warps) = if mma {
             (MMA_ROWS_PER_BLOCK, shape.mma_warps)
         } else if lanes {
             (shape.rows_per_block(fp8, tokens), shape.warps)
         } else {
             (ROWS_PER_BLOCK, GEMV_WARPS)
         };
+        let narrow = shape.narrow
+            && lanes
+            && !fp8
+            && !paired
+            && rows.div_ceil(rows_per_block) < shape.sm_count;
+        if narrow {
+            rows_per_block = warps;
+        }
         // A paired warp covers half as many gate rows as it holds rows.
         let (grid_rows, grid_rows_per_block) = if paired {
             (ws[0].rows, rows_per_block / 2)
@@ -352,6 +365,10 @@ impl CudaBackend {
         let deep =
             lanes && fp8 && tokens == 1 && launch_warps < shape.fp8_deep_below * shape.sm_count;
         let kernel = match (mma, fp8, paired, tokens) {
+            _ if narrow && tokens == 1 => "gemv_bf16_lanes_narrow_t1",
+            _ if narrow && tokens == 2 => "gemv_bf16_lanes_narrow_t2",
+            _ if narrow && tokens == 3 => "gemv_bf16_lanes_narrow_t3",
+            _ if narrow => "gemv_bf16_lanes_narrow_t4",
             _ if deep && paired => "gemv_fp8_lanes_deep_silu_gate_t1",
             _ if deep => "gemv_fp8_lanes_deep_t1",
             _ if w8a8 && paired && tokens <= MMA_TILE => "gemv_fp8_w8a8_silu_gate_t1",

@@ -20,7 +20,7 @@
 
 mod common;
 
-use common::{check, cuda, cuda_chunked_gdn, Rng};
+use common::{check, cuda, cuda_chunked_gdn, cuda_wide_lanes, Rng};
 use deltaserve_cuda::{CudaBackend, CudaOptions, GemmPrecision};
 use deltaserve_tensor::op_check::{self, AttentionPools, Operands, StatePools};
 use deltaserve_tensor::reference::ReferenceBackend;
@@ -222,6 +222,41 @@ fn gemv_rows_are_batch_invariant_bitwise() {
         &mma[..4 * n],
         TOL_MATMUL,
     );
+}
+
+/// Launches too small to give every SM a block take one row a warp (`gemv_bf16_lanes_narrow_t*`):
+/// bit for bit the rows of the usual lane kernels, for 1-4 tokens and a group whose matrices end
+/// inside a warp's rows there (the GDN gate projections of an FP8 model: 2 x 48 rows of 5120).
+#[test]
+fn narrow_lane_kernels_equal_the_lane_kernels_bitwise() {
+    let test = "narrow_lane_kernels_equal_the_lane_kernels_bitwise";
+    let (Some(narrow), Some(wide)) = (cuda(GemmPrecision::Bf16, test), cuda_wide_lanes(test))
+    else {
+        return;
+    };
+    let mut rng = Rng(23);
+    for (rows, k) in [(vec![48, 48], 5120), (vec![37, 1, 6], 1000)] {
+        let host: Vec<HostTensor> = rows
+            .iter()
+            .map(|&n| HostTensor::from_f32_as_bf16("w", vec![n, k], &rng.vec(n * k, 1.0)))
+            .collect();
+        for tokens in 1..=4 {
+            let x = rng.vec(tokens * k, 1.0);
+            let run = |be: &CudaBackend| {
+                let ws: Vec<_> = host.iter().map(|t| be.load_mat(t).unwrap()).collect();
+                let mut outs: Vec<_> = rows.iter().map(|&n| be.zeros(tokens * n)).collect();
+                let mut out_refs: Vec<_> = outs.iter_mut().collect();
+                be.matmul_group(
+                    &be.upload(&x),
+                    &ws.iter().collect::<Vec<_>>(),
+                    &mut out_refs,
+                    tokens,
+                );
+                outs.iter().map(|o| be.to_host(o)).collect::<Vec<_>>()
+            };
+            assert_eq!(run(narrow), run(wide), "{rows:?} x {k}, {tokens} tokens");
+        }
+    }
 }
 
 /// The gated MLP's fused first half is bit for bit its two ops, for row counts that leave a

@@ -18,6 +18,7 @@ static FP8_W8A16_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new(
 static FP8_W8A8_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static FP8_GEMM_BF16_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static FP8_DEEP_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
+static BF16_WIDE_LANES_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 
 /// The bf16 backend that keeps block-FP8 weights as FP8, or `None` after printing why not.
 pub fn cuda_fp8(test: &str) -> Option<&'static CudaBackend> {
@@ -122,6 +123,18 @@ pub fn cuda_kv(
         ..CudaOptions::default()
     };
     shared_backend(cell, options, test)
+}
+
+/// The bf16 backend whose small launches keep the lane kernels' usual rows a warp
+/// (`GEMV_LANE_NARROW=0`; one row a warp below a block per SM by default), or `None` after
+/// printing why not.
+pub fn cuda_wide_lanes(test: &str) -> Option<&'static CudaBackend> {
+    let options = CudaOptions {
+        keep_fp8_weights: Some(false),
+        defines: vec![("GEMV_LANE_NARROW".to_string(), "0".to_string())],
+        ..CudaOptions::default()
+    };
+    shared_backend(&BF16_WIDE_LANES_BACKEND, options, test)
 }
 
 /// The backend `cell` holds for the whole test binary, made with `options` on first use.
