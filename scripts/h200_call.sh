@@ -20,6 +20,8 @@
 #   serve                     serve with MTP k=3, then deltaserve smoke against it
 #   servefp8:N:D,D            serve --quantization fp8 (MTP k=3) + smoke, N times per DELTASERVE_CUDA_DEFINES
 #                             value (an empty one is the defaults): a race shows as a failed canary or smoke
+#   ncu:D,D                   Nsight Compute on 24 GEMV launches of a 27B FP8 decode (un-captured), one run
+#                             per DELTASERVE_CUDA_DEFINES value: raw CSV + scripts/ncu_summary.py lines
 #   sh:COMMAND                any command (its output in sh.log)
 # Each step's one-line result goes to summary.log (also printed); the raw files to $OUT/results.tgz.
 # CARRY (default .carry) is the folder the binaries were packed into.
@@ -118,6 +120,21 @@ for step in "$@"; do
           kill -TERM $server
           wait $server
         done
+      done
+      ;;
+    ncu:*)
+      IFS=, read -ra d <<<"${step#ncu:}"
+      [ ${#d[@]} -eq 0 ] && d=("")
+      for defines in "${d[@]}"; do
+        name="ncu-${defines:-default}"
+        name=${name//[^A-Za-z0-9._-]/_}
+        DELTASERVE_CUDA_DEFINES="$defines" timeout "$(($(left) < 200 ? $(left) : 200))" ncu --clock-control none \
+          -k regex:gemv --launch-skip 700 --launch-count 24 --csv --page raw --metrics \
+          gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum,sm__warps_active.avg.per_cycle_active,smsp__issue_active.avg.per_cycle_active,launch__grid_size,launch__registers_per_thread,smsp__average_warp_latency_issue_stalled_long_scoreboard.ratio,sm__cycles_active.avg,gpc__cycles_elapsed.max \
+          "$bins/deltaserve" bench --backend cuda --model-path examples/qwen3.6-27b --load-format dummy \
+          --quantization fp8 --prefill-len 16 --decode-len 6 --disable-cuda-graph >"$res/$name.csv" 2>"$res/$name.err"
+        log "== $name rc=$?"
+        python3 scripts/ncu_summary.py "$res/$name.csv" | tee -a "$res/summary.log"
       done
       ;;
     sh:*)
