@@ -470,6 +470,25 @@ extern "C" __global__ void __launch_bounds__(32 * GEMV_LANE_WARPS)
     gemv_lanes<1, false, GEMV_FP8_ROWS, WEIGHTS_FP8, GEMV_FP8_DEEP_UNROLL, true>(group, x, k);
 }
 
+// One token over a group that mixes formats, in one launch: the FP8 model's GDN input projections
+// (FP8 in_proj_qkv/z beside the unquantized in_proj_a/b, whose 96 rows alone would be a
+// latency-bound launch of their own). A matrix without a scale grid is bf16; each warp's rows lie
+// in one matrix (gemv.rs keeps every matrix boundary a multiple of GEMV_FP8_ROWS, which equals
+// GEMV_LANE_ROWS there), so the branch is uniform per warp. Each row's sum is its format's lane
+// kernel's bit for bit; the bf16 rows keep one sweep per buffer so the launch needs no more
+// registers than the FP8 kernel (at most 5 blocks an SM's registers).
+extern "C" __global__ void __launch_bounds__(32 * GEMV_LANE_WARPS, 5)
+    gemv_mixed_lanes_t1(const GemvGroup group, const void* __restrict__ x, int tokens, int k) {
+    int local = 0;
+    const int first = (blockIdx.x * GEMV_LANE_WARPS + (threadIdx.x >> 5)) * GEMV_FP8_ROWS;
+    const int m = group_row(group, first, &local);
+    if (m >= 0 && group_pick(group.scale, m) == nullptr) {
+        gemv_lanes<1, false, GEMV_FP8_ROWS, WEIGHTS_BF16, 1, false>(group, x, k);
+    } else {
+        gemv_lanes<1, false, GEMV_FP8_ROWS, WEIGHTS_FP8, GEMV_FP8_UNROLL, false>(group, x, k);
+    }
+}
+
 // Grid: ceil(first_row[count] / 16) blocks of 32 * GEMV_WARPS threads. Requires k % 8 == 0 and
 // 16-byte aligned weights and activations (checked by the launcher). One kernel per 8-token tile
 // count; only one tile (5-8 rows) is built: from 9 rows on cuBLAS was faster on the H200 (gemv.rs).

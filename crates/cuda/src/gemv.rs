@@ -86,6 +86,10 @@ pub(crate) struct LaneShape {
     /// (`gemv_bf16_lanes_narrow_t*`; `GEMV_LANE_NARROW=0`: never). The unquantized GDN gate
     /// projections of an FP8 model (2 x 48 rows of 5120) ran as 6 blocks for 15 us on the H200.
     narrow: bool,
+    /// One token over a group of FP8 and bf16 matrices takes one launch (`gemv_mixed_lanes_t1`;
+    /// `GEMV_MIXED=0`: one launch per format). H200, 27B FP8 decode (session 14): 100.7 tok/s
+    /// against 96.4 with the GDN in_proj_a/b rows launched on their own.
+    mixed: bool,
     sm_count: usize,
 }
 
@@ -123,6 +127,7 @@ impl LaneShape {
                 .clamp(MMA_TILE, W8A8_TOKENS),
             fp8_deep_below: options.define("GEMV_FP8_DEEP_BELOW").unwrap_or(16),
             narrow: options.define::<u32>("GEMV_LANE_NARROW").unwrap_or(1) != 0,
+            mixed: options.define::<u32>("GEMV_MIXED").unwrap_or(1) != 0,
             sm_count,
         }
     }
@@ -217,6 +222,99 @@ impl CudaBackend {
             self.launch_gemv(x, &input, chunk_w, &out_ptrs, tokens, false);
             drop(out_guards);
         }
+    }
+
+    /// Whether one token over these matrices, some block-FP8 and some bf16, can take one launch of
+    /// `gemv_mixed_lanes_t1`: one input width of whole 16-code vectors, every matrix a whole
+    /// number of warps' rows (so no warp straddles two formats), and enough rows that the FP8
+    /// lanes would not take the deep kernel.
+    pub(crate) fn mixed_gemv_applies(&self, ws: &[&CudaMat], tokens: usize) -> bool {
+        let shape = self.gemv_lane_shape;
+        let rows_per_warp = shape.fp8_rows_one_token;
+        let Some(first) = ws.first() else {
+            return false;
+        };
+        let k = first.cols;
+        let rows: usize = ws.iter().map(|w| w.rows).sum();
+        let launch_warps = rows / rows_per_warp;
+        shape.mixed
+            && tokens == 1
+            && ws.len() <= GEMV_MATRICES
+            && rows_per_warp == shape.rows_one_token
+            && k > 0
+            && k % 16 == 0
+            && rows < i32::MAX as usize
+            && launch_warps >= shape.fp8_deep_below * shape.sm_count
+            && ws.iter().all(|w| {
+                w.cols == k
+                    && w.rows > 0
+                    && w.rows.is_multiple_of(rows_per_warp)
+                    && matches!(w.data, MatData::Bf16(_) | MatData::Fp8 { .. })
+            })
+    }
+
+    /// `outs[i] [1, rows_i] = x @ ws[i]^T` over FP8 and bf16 matrices in one launch, the bf16 ones
+    /// first (their warps, whose rows are twice the bytes, start in the first blocks); the caller
+    /// checked `mixed_gemv_applies` and the buffer lengths.
+    pub(crate) fn gemv_mixed_op(&self, x: &CudaBuf, ws: &[&CudaMat], outs: &mut [&mut CudaBuf]) {
+        let k = ws[0].cols;
+        let mut order: Vec<usize> = (0..ws.len()).collect();
+        order.sort_by_key(|&i| matches!(ws[i].data, MatData::Fp8 { .. }));
+        let mut group = GemvGroup {
+            count: ws.len() as i32,
+            ..GemvGroup::default()
+        };
+        let out_ptrs: Vec<_> = outs
+            .iter_mut()
+            .map(|out| out.data.device_ptr_mut(&self.stream))
+            .collect();
+        let mut guards = Vec::with_capacity(2 * ws.len());
+        let mut rows = 0usize;
+        for (m, &i) in order.iter().enumerate() {
+            let w = ws[i];
+            let (w_ptr, w_guard) = match &w.data {
+                MatData::Bf16(data) => data.device_ptr(&self.stream),
+                MatData::Fp8 { codes, scales } => {
+                    let (scale_ptr, scale_guard) = scales.device_ptr(&self.stream);
+                    group.scale[m] = scale_ptr;
+                    guards.push(scale_guard);
+                    codes.device_ptr(&self.stream)
+                }
+                MatData::F32(_) => unreachable!("mixed_gemv_applies admits bf16 and fp8 only"),
+            };
+            guards.push(w_guard);
+            group.w[m] = w_ptr;
+            group.out[m] = out_ptrs[i].0;
+            group.first_row[m] = rows as i32;
+            rows += w.rows;
+        }
+        group.first_row[ws.len()] = rows as i32;
+        let shape = self.gemv_lane_shape;
+        let cfg = LaunchConfig {
+            grid_dim: (
+                rows.div_ceil(shape.warps * shape.fp8_rows_one_token) as u32,
+                1,
+                1,
+            ),
+            block_dim: (32 * shape.warps as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (t32, k32) = (1i32, k as i32);
+        // Contract: one token; every matrix bf16 or block-FP8 [rows_m, k] with k % 16 == 0 and
+        // rows_m a multiple of the kernel's rows a warp, FP8 ones with their 128 x 128 scale grid
+        // and bf16 ones with a null scale pointer (mixed_gemv_applies); x holds k f32 values and
+        // each out rows_m (checked by the callers); first_row partitions the grid's rows.
+        launch!(
+            self,
+            "gemv_mixed_lanes_t1",
+            cfg,
+            &group,
+            &x.data,
+            &t32,
+            &k32
+        );
+        drop(guards);
+        drop(out_ptrs);
     }
 
     /// Whether `matmul_silu_gate` can take a paired GEMV kernel: the token counts of the lane

@@ -49,6 +49,7 @@ pub const FILES: [KernelFile; 14] = [
             "gemv_fp8_lanes_t4",
             "gemv_fp8_lanes_deep_t1",
             "gemv_fp8_lanes_deep_silu_gate_t1",
+            "gemv_mixed_lanes_t1",
             "gemv_bf16_lanes_silu_gate_t1",
             "gemv_bf16_lanes_silu_gate_t2",
             "gemv_bf16_lanes_silu_gate_t3",

@@ -19,8 +19,8 @@
 mod common;
 
 use common::{
-    cuda, cuda_fp8, cuda_fp8_deep, cuda_fp8_gemm_bf16_out, cuda_fp8_tiles, cuda_fp8_w8a16,
-    cuda_fp8_w8a8,
+    cuda, cuda_fp8, cuda_fp8_deep, cuda_fp8_gemm_bf16_out, cuda_fp8_tiles, cuda_fp8_unmixed,
+    cuda_fp8_w8a16, cuda_fp8_w8a8,
 };
 use deltaserve_cuda::GemmPrecision;
 use deltaserve_model::dummy::DummySource;
@@ -268,6 +268,68 @@ fn fp8_deep_lane_kernel_is_the_lane_kernel_bitwise() {
             (be.to_host(&product), be.to_host(&fused))
         };
         assert_eq!(run(plain), run(deep), "fp8 [{rows}x{cols}], one token");
+    }
+}
+
+/// One token over a group of FP8 and bf16 matrices (an FP8 model's GDN in_proj_qkv/z beside the
+/// unquantized in_proj_a/b) in one launch gives each matrix's rows bit for bit as one launch per
+/// format does, and the reference's within the GEMV tolerance; a group whose bf16 rows would share
+/// a warp with FP8 ones (37 rows) keeps one launch per format. `cuda_fp8_w8a16` never takes the
+/// deep kernel, so the shapes here take the mixed launch on any GPU.
+#[test]
+fn fp8_mixed_group_is_one_launch_per_format_bitwise() {
+    let test = "fp8_mixed_group_is_one_launch_per_format_bitwise";
+    let (Some(mixed), Some(unmixed)) = (cuda_fp8_w8a16(test), cuda_fp8_unmixed(test)) else {
+        return;
+    };
+    let mut rng = Rng(37);
+    let cols = 1024;
+    for bf16_rows in [[48, 44], [37, 8]] {
+        let host: Vec<HostTensor> = vec![
+            random_fp8(&mut rng, 296, cols),
+            random_fp8(&mut rng, 128, cols),
+            HostTensor::from_f32_as_bf16(
+                "a",
+                vec![bf16_rows[0], cols],
+                &rng.vec(bf16_rows[0] * cols, 1.0),
+            ),
+            HostTensor::from_f32_as_bf16(
+                "b",
+                vec![bf16_rows[1], cols],
+                &rng.vec(bf16_rows[1] * cols, 1.0),
+            ),
+        ];
+        let x = rng.vec(cols, 1.0);
+        let run = |be: &deltaserve_cuda::CudaBackend| {
+            let ws: Vec<_> = host.iter().map(|t| be.load_mat(t).unwrap()).collect();
+            let mut outs: Vec<_> = host.iter().map(|t| be.zeros(t.shape[0])).collect();
+            let mut out_refs: Vec<_> = outs.iter_mut().collect();
+            be.matmul_group(
+                &be.upload(&x),
+                &ws.iter().collect::<Vec<_>>(),
+                &mut out_refs,
+                1,
+            );
+            outs.iter().map(|o| be.to_host(o)).collect::<Vec<_>>()
+        };
+        let got = run(mixed);
+        assert_eq!(
+            got,
+            run(unmixed),
+            "mixed group with bf16 rows {bf16_rows:?}"
+        );
+        for (m, (t, got)) in host.iter().zip(&got).enumerate() {
+            let w = ReferenceBackend.load_mat(t).unwrap();
+            let mut want = ReferenceBackend.zeros(t.shape[0]);
+            ReferenceBackend.matmul(&ReferenceBackend.upload(&x), &w, &mut want, 1);
+            let tol = if m < 2 { TOL_FP8_GEMV } else { TOL_BF16_GEMM };
+            check(
+                &format!("mixed group matrix {m}"),
+                got,
+                &ReferenceBackend.to_host(&want),
+                tol,
+            );
+        }
     }
 }
 

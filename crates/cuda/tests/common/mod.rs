@@ -18,6 +18,7 @@ static FP8_W8A16_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new(
 static FP8_W8A8_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static FP8_GEMM_BF16_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static FP8_DEEP_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
+static FP8_UNMIXED_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static BF16_WIDE_LANES_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 
 /// The bf16 backend that keeps block-FP8 weights as FP8, or `None` after printing why not.
@@ -35,6 +36,17 @@ pub fn cuda_fp8(test: &str) -> Option<&'static CudaBackend> {
 pub fn cuda_fp8_w8a16(test: &str) -> Option<&'static CudaBackend> {
     let defines = [("GEMV_FP8_W8A8_FROM", "9"), ("GEMV_FP8_DEEP_BELOW", "0")];
     fp8_backend(&FP8_W8A16_BACKEND, &defines, test)
+}
+
+/// `cuda_fp8_w8a16` with one launch per format for a group mixing FP8 and bf16 matrices
+/// (`GEMV_MIXED=0`; one launch for one token by default), or `None` after printing why not.
+pub fn cuda_fp8_unmixed(test: &str) -> Option<&'static CudaBackend> {
+    let defines = [
+        ("GEMV_FP8_W8A8_FROM", "9"),
+        ("GEMV_FP8_DEEP_BELOW", "0"),
+        ("GEMV_MIXED", "0"),
+    ];
+    fp8_backend(&FP8_UNMIXED_BACKEND, &defines, test)
 }
 
 /// `cuda_fp8_w8a16` with all four tiles of the widening tensor-core kernel (2-32 rows;
