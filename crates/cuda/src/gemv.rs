@@ -260,35 +260,12 @@ impl CudaBackend {
         let k = ws[0].cols;
         let mut order: Vec<usize> = (0..ws.len()).collect();
         order.sort_by_key(|&i| matches!(ws[i].data, MatData::Fp8 { .. }));
-        let mut group = GemvGroup {
-            count: ws.len() as i32,
-            ..GemvGroup::default()
-        };
         let out_ptrs: Vec<_> = outs
             .iter_mut()
             .map(|out| out.data.device_ptr_mut(&self.stream))
             .collect();
-        let mut guards = Vec::with_capacity(2 * ws.len());
-        let mut rows = 0usize;
-        for (m, &i) in order.iter().enumerate() {
-            let w = ws[i];
-            let (w_ptr, w_guard) = match &w.data {
-                MatData::Bf16(data) => data.device_ptr(&self.stream),
-                MatData::Fp8 { codes, scales } => {
-                    let (scale_ptr, scale_guard) = scales.device_ptr(&self.stream);
-                    group.scale[m] = scale_ptr;
-                    guards.push(scale_guard);
-                    codes.device_ptr(&self.stream)
-                }
-                MatData::F32(_) => unreachable!("mixed_gemv_applies admits bf16 and fp8 only"),
-            };
-            guards.push(w_guard);
-            group.w[m] = w_ptr;
-            group.out[m] = out_ptrs[i].0;
-            group.first_row[m] = rows as i32;
-            rows += w.rows;
-        }
-        group.first_row[ws.len()] = rows as i32;
+        let members = order.iter().map(|&i| (ws[i], out_ptrs[i].0));
+        let (group, rows, guards) = self.gemv_group(members);
         let shape = self.gemv_lane_shape;
         let cfg = LaunchConfig {
             grid_dim: (
@@ -315,6 +292,38 @@ impl CudaBackend {
         );
         drop(guards);
         drop(out_ptrs);
+    }
+
+    /// The kernels' `GemvGroup` over `members` (each matrix with its output pointer, in launch
+    /// order), the group's total rows, and the guards that keep the weights' device pointers valid
+    /// until the launch is queued.
+    fn gemv_group<'a>(
+        &'a self,
+        members: impl Iterator<Item = (&'a CudaMat, u64)>,
+    ) -> (GemvGroup, usize, Vec<cudarc::driver::SyncOnDrop<'a>>) {
+        let mut group = GemvGroup::default();
+        let mut guards = Vec::new();
+        let mut rows = 0usize;
+        for (m, (w, out)) in members.enumerate() {
+            let (w_ptr, w_guard) = match &w.data {
+                MatData::Bf16(data) => data.device_ptr(&self.stream),
+                MatData::Fp8 { codes, scales } => {
+                    let (scale_ptr, scale_guard) = scales.device_ptr(&self.stream);
+                    group.scale[m] = scale_ptr;
+                    guards.push(scale_guard);
+                    codes.device_ptr(&self.stream)
+                }
+                MatData::F32(_) => unreachable!("the GEMV paths admit bf16 and fp8 matrices only"),
+            };
+            guards.push(w_guard);
+            group.w[m] = w_ptr;
+            group.out[m] = out;
+            group.first_row[m] = rows as i32;
+            group.count = m as i32 + 1;
+            rows += w.rows;
+        }
+        group.first_row[group.count as usize] = rows as i32;
+        (group, rows, guards)
     }
 
     /// Whether `matmul_silu_gate` can take a paired GEMV kernel: the token counts of the lane
@@ -396,32 +405,7 @@ impl CudaBackend {
         let w8a8 = matches!(input, GemvInput::Fp8(_));
         let mma = w8a8 || shape.mma(fp8, tokens);
         let lanes = !mma && tokens <= LANE_TOKENS;
-        let mut group = GemvGroup {
-            count: ws.len() as i32,
-            ..GemvGroup::default()
-        };
-        let mut guards = Vec::with_capacity(2 * ws.len());
-        let mut rows = 0usize;
-        for (m, (w, out)) in ws.iter().zip(outs).enumerate() {
-            let (w_ptr, w_guard) = match &w.data {
-                MatData::Bf16(data) => data.device_ptr(&self.stream),
-                MatData::Fp8 { codes, scales } => {
-                    let (scale_ptr, scale_guard) = scales.device_ptr(&self.stream);
-                    group.scale[m] = scale_ptr;
-                    guards.push(scale_guard);
-                    codes.device_ptr(&self.stream)
-                }
-                MatData::F32(_) => {
-                    unreachable!("gemv_applies admits bf16 and fp8 matrices only")
-                }
-            };
-            guards.push(w_guard);
-            group.w[m] = w_ptr;
-            group.out[m] = *out;
-            group.first_row[m] = rows as i32;
-            rows += w.rows;
-        }
-        group.first_row[ws.len()] = rows as i32;
+        let (group, rows, guards) = self.gemv_group(ws.iter().copied().zip(outs.iter().copied()));
         let (mut rows_per_block, warps) = if mma {
             (MMA_ROWS_PER_BLOCK, shape.mma_warps)
         } else if lanes {

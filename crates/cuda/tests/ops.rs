@@ -225,8 +225,9 @@ fn gemv_rows_are_batch_invariant_bitwise() {
 }
 
 /// Launches too small to give every SM a block take one row a warp (`gemv_bf16_lanes_narrow_t*`):
-/// bit for bit the rows of the usual lane kernels, for 1-4 tokens and a group whose matrices end
-/// inside a warp's rows there (the GDN gate projections of an FP8 model: 2 x 48 rows of 5120).
+/// bit for bit the rows of the usual lane kernels, for 1-4 tokens, on the GDN gate projections of
+/// an FP8 model (2 x 48 rows of 5120) and on a group whose matrices end inside the usual kernels'
+/// warps (37, 1 and 6 rows).
 #[test]
 fn narrow_lane_kernels_equal_the_lane_kernels_bitwise() {
     let test = "narrow_lane_kernels_equal_the_lane_kernels_bitwise";
