@@ -7,6 +7,7 @@ use crate::serve_flags::flag_values::KvCacheDtype;
 use anyhow::{bail, Context, Result};
 use deltaserve_cuda::{CudaBackend, CudaOptions, GemmPrecision, NcclCommunicator};
 use deltaserve_model::config::ModelConfig;
+use deltaserve_model::draft_fp8::DraftFp8Source;
 use deltaserve_model::dummy::DummySource;
 use deltaserve_model::online_fp8::Fp8QuantizingSource;
 use deltaserve_model::quantization::Fp8Quantization;
@@ -30,6 +31,8 @@ pub struct ModelSettings {
     pub backend: BackendKind,
     pub load_format: LoadFormat,
     pub quantization: Option<Quantization>,
+    /// `--speculative-draft-model-quantization`: the MTP head's format (crate::draft_fp8).
+    pub draft_quantization: Option<Quantization>,
     /// CPU threads of the cpu backend; 0 = all cores.
     pub threads: usize,
     pub cpu_matmul_precision: MatmulPrecision,
@@ -112,6 +115,24 @@ pub fn open_source(args: &ModelSettings) -> Result<(ModelConfig, Box<dyn TensorS
             Fp8QuantizingSource::new(source, Fp8Quantization::qwen_default()),
         ),
         _ => source,
+    };
+    if args.draft_quantization.is_some() && config.mtp_num_hidden_layers == 0 {
+        bail!(
+            "--speculative-draft-model-quantization: {} has no MTP head (mtp_num_hidden_layers is \
+             0 in config.json), so there is no draft model to quantize",
+            dir.display()
+        );
+    }
+    let source = match args.draft_quantization {
+        Some(Quantization::Fp8) => {
+            let scheme = config
+                .quantization
+                .clone()
+                .unwrap_or_else(Fp8Quantization::qwen_default);
+            let tied = config.tie_word_embeddings;
+            Box::new(DraftFp8Source::new(source, scheme, tied)) as Box<dyn TensorSource>
+        }
+        None => source,
     };
     Ok((config, source))
 }

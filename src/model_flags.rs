@@ -39,6 +39,12 @@ pub struct ModelFlags {
     /// either way. The backends keep the dequantized values (docs/fp8.md).
     #[arg(long, value_enum)]
     pub quantization: Option<Quantization>,
+    /// `fp8`: the draft model, the MTP head (its decoder layer, and an output head of its own
+    /// quantized from the trunk's), in block FP8 whatever the trunk's format, as SGLang's flag
+    /// quantizes its draft model. Drafting then reads about half the bytes; verification and the
+    /// text stay the trunk's, only the acceptance can change (docs/fp8.md).
+    #[arg(long, value_enum, value_name = "QUANTIZATION")]
+    pub speculative_draft_model_quantization: Option<Quantization>,
     /// CPU threads for the cpu backend (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -205,6 +211,7 @@ impl ModelFlags {
             backend: self.backend,
             load_format: self.load_format,
             quantization: self.quantization,
+            draft_quantization: self.speculative_draft_model_quantization,
             threads: self.threads.unwrap_or(0),
             cpu_matmul_precision: match self.cpu_matmul_precision {
                 MatmulPrecisionFlag::F32 => MatmulPrecision::F32,
@@ -286,7 +293,7 @@ mod tests {
         let s = settings(
             "--backend cpu --threads 3 --cpu-matmul-precision bf16 --cuda-matmul-precision f32 \
              --disable-cuda-graph --attention-backend diagnostic-broken-attention --load-format dummy \
-             --quantization fp8",
+             --quantization fp8 --speculative-draft-model-quantization fp8",
         )
         .unwrap();
         assert_eq!((s.backend, s.threads), (BackendKind::Cpu, 3));
@@ -295,8 +302,12 @@ mod tests {
         assert_eq!(s.cuda_graph_max_bs, None);
         assert_eq!(s.attention, Attention::DiagnosticBroken);
         assert_eq!(
-            (s.load_format, s.quantization),
-            (LoadFormat::Dummy, Some(Quantization::Fp8))
+            (s.load_format, s.quantization, s.draft_quantization),
+            (
+                LoadFormat::Dummy,
+                Some(Quantization::Fp8),
+                Some(Quantization::Fp8)
+            )
         );
         assert_eq!(
             settings("--load-format safetensors").unwrap().load_format,

@@ -1,7 +1,8 @@
 //! `deltaserve bench` as a user runs it, on the bundled demo model and the cpu backend: the
 //! speculative (MTP) mode commits k+1 tokens per step and reports positive throughputs, a model
-//! without an MTP head is refused naming the flag, `--profile` says the backend cannot profile, and
-//! the kernel level forced with `DELTASERVE_CPU_LEVEL` is the one reported.
+//! without an MTP head is refused naming the flag, an FP8 draft model reads fewer bytes a draft,
+//! `--profile` says the backend cannot profile, and the kernel level forced with
+//! `DELTASERVE_CPU_LEVEL` is the one reported.
 
 use serde_json::Value;
 use std::process::Command;
@@ -87,6 +88,46 @@ fn speculative_bench_commits_k_plus_one_tokens_per_step() {
     // The cpu backend cannot time ops: said, not faked.
     assert_eq!(report["profile_supported"], false);
     assert!(report["profile"].is_null());
+}
+
+/// `--speculative-draft-model-quantization fp8`: the MTP head's layer and its own output head are
+/// FP8 (the cpu backend keeps the codes), so one MTP forward reads fewer bytes; the trunk's do not
+/// change. A model without an MTP head refuses the flag, naming it.
+#[test]
+fn an_fp8_draft_model_reads_fewer_bytes_per_draft() {
+    let mtp_bytes = |extra: &[&str]| {
+        let out = bench(&[&["--speculative-num-steps", "2", "--json"], extra].concat());
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let trunk = report["decode_weight_bytes_per_token"].as_u64().unwrap();
+        let mtp = report["speculative"]["mtp_forward_weight_bytes"]
+            .as_u64()
+            .unwrap();
+        (trunk, mtp)
+    };
+    let (trunk, bf16_mtp) = mtp_bytes(&[]);
+    let (fp8_trunk, fp8_mtp) = mtp_bytes(&["--speculative-draft-model-quantization", "fp8"]);
+    assert_eq!(trunk, fp8_trunk, "the trunk is not the draft model");
+    assert!(
+        fp8_mtp * 10 < bf16_mtp * 6,
+        "an FP8 draft forward reads {fp8_mtp} bytes against {bf16_mtp} for bf16"
+    );
+    let out = Command::new(BINARY)
+        .args(["bench", "--model-path"])
+        .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen3_next"))
+        .args(["--speculative-draft-model-quantization", "fp8"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--speculative-draft-model-quantization") && stderr.contains("no MTP head"),
+        "{stderr}"
+    );
 }
 
 #[test]

@@ -121,6 +121,35 @@ fn demo_model_speculative_greedy_equals_plain_greedy() {
     );
 }
 
+/// `--speculative-draft-model-quantization fp8` on the demo model (the MTP layer and a draft head
+/// of its own in block FP8, the trunk in bf16): greedy text equals plain greedy (verification is
+/// the trunk's), and the drafts are accepted within 5 % as often as the bf16 head's.
+#[test]
+fn demo_model_draft_in_fp8_keeps_greedy_text_and_acceptance() {
+    let (greedy, plain, _) = plain_run();
+    let (_, _, bf16_usage) = speculative_run();
+    let (_, spec, usage) = run(
+        load(CpuBackend::new(0), Weighting::DraftFp8),
+        Some(mtp_k3()),
+    );
+    let differing: Vec<_> = greedy
+        .iter()
+        .zip(plain.iter().zip(&spec))
+        .filter(|(_, (a, b))| a != b)
+        .map(|(g, _)| g["id"].clone())
+        .collect();
+    let (bf16_accept, fp8_accept) = (accept_length(bf16_usage), accept_length(&usage));
+    println!("MTP k=3 accept length: bf16 draft {bf16_accept:.3}, FP8 draft {fp8_accept:.3}");
+    assert!(
+        differing.is_empty(),
+        "speculative greedy with an FP8 draft differs from plain greedy on {differing:?}"
+    );
+    assert!(
+        fp8_accept >= bf16_accept * 0.95,
+        "FP8 draft accept length {fp8_accept:.3} is more than 5 % below bf16's {bf16_accept:.3}"
+    );
+}
+
 /// `--quantization fp8` on the demo model (every linear weight but the embedding, lm_head, router,
 /// GDN a/b projections and mtp.fc quantized to 128 x 128 block FP8): its held-out accuracy stays
 /// within 2 points of bf16 and its MTP k=3 accept length within 5 %. One speculative run gives

@@ -236,9 +236,21 @@ impl<B: Backend> Model<B> {
         logit_rows: &[u32],
         hidden_rows: &[u32],
     ) -> ForwardOutput<B> {
+        let head = self.weights.lm_head.as_ref().unwrap_or(&self.weights.embed);
+        self.head_with(head, h, norm, logit_rows, hidden_rows)
+    }
+
+    /// `head` through the output matrix `head` (the MTP draft model's own head, when it has one).
+    pub(crate) fn head_with(
+        &self,
+        head: &B::Mat,
+        h: &B::Buf,
+        norm: &B::Buf,
+        logit_rows: &[u32],
+        hidden_rows: &[u32],
+    ) -> ForwardOutput<B> {
         let (be, c) = (&self.backend, &self.config);
         let normed = self.norm(&be.gather_rows(h, c.hidden_size, logit_rows), norm);
-        let head = self.weights.lm_head.as_ref().unwrap_or(&self.weights.embed);
         let rows = logit_rows.len();
         let local_vocab = be.mat_shape(head).0;
         let mut logits = be.scratch(rows * local_vocab);

@@ -5,6 +5,7 @@
 pub mod block_fp8;
 pub mod cache;
 pub mod config;
+pub mod draft_fp8;
 pub mod dummy;
 pub mod error;
 pub mod forward;

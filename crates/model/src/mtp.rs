@@ -1,7 +1,7 @@
 //! The MTP head forward (docs/model.md, "MTP head"): from the trunk's post-norm hidden state of
 //! token t and the id of token t+1, predict token t+2. One full-attention layer with its own KV
-//! pool (`HybridCache::mtp_kv`), sharing the trunk's embedding and lm_head. Positions are those of
-//! the hidden states' tokens.
+//! pool (`HybridCache::mtp_kv`), sharing the trunk's embedding and lm_head (or with a head of its
+//! own in block FP8: crate::draft_fp8). Positions are those of the hidden states' tokens.
 
 use crate::cache::HybridCache;
 use crate::forward::{ForwardOutput, Model};
@@ -83,6 +83,9 @@ impl<B: Backend> Model<B> {
         be.matmul(&both, &mtp.fc, &mut u, t);
         let positions = input.batch.positions();
         self.decoder_layer(&mtp.layer, &mut u, t, &positions, input.batch, cache, None);
-        self.head(&u, &mtp.norm, input.logit_rows, input.hidden_rows)
+        match &mtp.draft_head {
+            Some(head) => self.head_with(head, &u, &mtp.norm, input.logit_rows, input.hidden_rows),
+            None => self.head(&u, &mtp.norm, input.logit_rows, input.hidden_rows),
+        }
     }
 }

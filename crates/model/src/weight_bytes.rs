@@ -15,20 +15,27 @@ impl<B: Backend> Model<B> {
     pub fn decode_weight_bytes(&self) -> usize {
         let w = &self.weights;
         let layers: usize = w.layers.iter().map(|l| self.layer_bytes(l)).sum();
-        layers + self.head_bytes()
+        layers + self.head_bytes(self.trunk_head())
     }
 
-    /// Bytes one single-token forward of the MTP head reads: `fc`, its decoder layer and the
-    /// output head with one embedding row; `None` without an MTP head.
+    /// Bytes one single-token forward of the MTP head reads: `fc`, its decoder layer and its output
+    /// head (its own draft head, or the trunk's) with one embedding row; `None` without an MTP
+    /// head.
     pub fn mtp_forward_weight_bytes(&self) -> Option<usize> {
         let mtp = self.weights.mtp.as_ref()?;
-        Some(self.backend.mat_bytes(&mtp.fc) + self.layer_bytes(&mtp.layer) + self.head_bytes())
+        let head = mtp.draft_head.as_ref().unwrap_or_else(|| self.trunk_head());
+        let fc_and_layer = self.backend.mat_bytes(&mtp.fc) + self.layer_bytes(&mtp.layer);
+        Some(fc_and_layer + self.head_bytes(head))
     }
 
-    /// The output head (the tied embedding when there is none) and one embedding row.
-    fn head_bytes(&self) -> usize {
+    /// The trunk's output head: `lm_head`, or the tied embedding when there is none.
+    fn trunk_head(&self) -> &B::Mat {
+        self.weights.lm_head.as_ref().unwrap_or(&self.weights.embed)
+    }
+
+    /// The output head `head` and one embedding row.
+    fn head_bytes(&self, head: &B::Mat) -> usize {
         let (be, w) = (&self.backend, &self.weights);
-        let head = w.lm_head.as_ref().unwrap_or(&w.embed);
         let embed_rows = be.mat_shape(&w.embed).0.max(1);
         be.mat_bytes(head) + be.mat_bytes(&w.embed) / embed_rows
     }

@@ -4,6 +4,7 @@
 //! per-expert MoE tensors become one list of experts. Every tensor is shape-checked on the way.
 
 use crate::config::{LayerKind, ModelConfig};
+use crate::draft_fp8::DRAFT_HEAD;
 use crate::error::LoadError;
 use crate::source::TensorSource;
 use crate::tp::Shard;
@@ -85,6 +86,9 @@ pub struct MtpWeights<B: Backend> {
     /// One full-attention decoder layer.
     pub layer: Layer<B>,
     pub norm: B::Buf,
+    /// The draft model's own output head (`--speculative-draft-model-quantization fp8`: the
+    /// trunk's head in block FP8, split like it); `None`: drafting uses the trunk's head.
+    pub draft_head: Option<B::Mat>,
 }
 
 pub struct Weights<B: Backend> {
@@ -559,6 +563,11 @@ impl<B: Backend> Weights<B> {
                 pre_fc_norm_hidden: b.vec("mtp.pre_fc_norm_hidden.weight", &[h])?,
                 layer: b.layer("mtp.layers.0", LayerKind::FullAttention, moe)?,
                 norm: b.vec("mtp.norm.weight", &[h])?,
+                draft_head: if source.contains(DRAFT_HEAD) {
+                    Some(b.mat_rows(DRAFT_HEAD, [v, h], &[shard.range(v)])?)
+                } else {
+                    None
+                },
             })
         } else {
             None

@@ -8,6 +8,7 @@
 
 use deltaserve_engine::*;
 use deltaserve_model::config::ModelConfig;
+use deltaserve_model::draft_fp8::DraftFp8Source;
 use deltaserve_model::online_fp8::Fp8QuantizingSource;
 use deltaserve_model::quantization::Fp8Quantization;
 use deltaserve_model::safetensors::SafetensorsSource;
@@ -48,6 +49,9 @@ pub enum Weighting {
     Bf16,
     /// `--quantization fp8`: linear weights quantized to 128 x 128 block FP8 at load.
     Fp8,
+    /// `--speculative-draft-model-quantization fp8`: the bf16 trunk, the MTP head's layer and an
+    /// output head of its own in block FP8.
+    DraftFp8,
 }
 
 /// The demo model on `backend`, its weights as `weighting` says.
@@ -60,6 +64,11 @@ pub fn load<B: Backend>(backend: B, weighting: Weighting) -> Model<B> {
         Weighting::Fp8 => Box::new(Fp8QuantizingSource::new(
             Box::new(stored),
             Fp8Quantization::qwen_default(),
+        )),
+        Weighting::DraftFp8 => Box::new(DraftFp8Source::new(
+            Box::new(stored),
+            Fp8Quantization::qwen_default(),
+            config.tie_word_embeddings,
         )),
     };
     let weights = Weights::load(&backend, &config, source.as_ref(), true, &mut |_, _| {}).unwrap();
