@@ -15,6 +15,8 @@
 #                             (--quantization fp8, DELTASERVE_CUDA_FP8_WEIGHTS=1)
 #   batch:SHAPES:D,D, fp8batch:SHAPES:D,D  batched decode steps (`bench --batch $BATCH`, default
 #                             8,16,32,64), bf16 or FP8 kept
+#                             (these six take MORE_ARGS, more bench flags, their runs named with MORE_TAG,
+#                             e.g. MORE_ARGS="--speculative-draft-model-quantization fp8" MORE_TAG=draft8)
 #   floor:SHAPE               scripts/gemv_floor.py (torch/cuBLAS GEMV sweep in a CUDA graph) for the shape
 #   doctor                    doctor --backend cuda on the demo model
 #   serve                     serve with MTP k=3, then deltaserve smoke against it
@@ -59,6 +61,7 @@ for step in "$@"; do
       case $kind in mtp | fp8mtp) spec=1 ;; esac
       case $kind in fp8 | fp8mtp | fp8batch) fp8=1 args="--quantization fp8" tag=fp8 ;; esac
       case $kind in batch | fp8batch) batch=${BATCH:-8,16,32,64} ;; esac
+      [ -n "${MORE_ARGS:-}" ] && args="$args $MORE_ARGS" tag="${tag:+$tag-}${MORE_TAG:-more}"
       DELTASERVE_CUDA_FP8_WEIGHTS=$fp8 ARGS=$args TAG=$tag SPEC=$spec BATCH=$batch timeout "$(left)" \
         scripts/h200_decode_variants.sh "$bins/deltaserve" "$res/v" "${shapes//+/ }" "${d[@]}" 2>&1 |
         tee -a "$res/summary.log"
