@@ -41,24 +41,16 @@ struct GemvGroup {
     int count;
 };
 
-// GEMV_GROUP_SELECT: the group's per-matrix fields are picked by compare-and-select over the
-// GEMV_MATRICES constant indices instead of indexed by a runtime matrix number, which makes the
-// compiler copy the whole by-value parameter to local memory first (120 bytes a thread, stored and
-// reloaded in the prologue of every warp). Same values either way; 0 keeps the indexing (27B FP8
-// decode on the H200, session 14: 91.1 tok/s with it, 94.0 with the selects).
-#ifndef GEMV_GROUP_SELECT
-#define GEMV_GROUP_SELECT 1
-#endif
+// The group's per-matrix fields are picked by compare-and-select over the GEMV_MATRICES constant
+// indices, never indexed by a runtime matrix number: indexing made the compiler copy the whole
+// by-value parameter to local memory first (120 bytes a thread, stored and reloaded in the prologue
+// of every warp; 27B FP8 decode on the H200, session 14: 91.1 tok/s with the copy, 94.0 without).
 template <typename T>
 __device__ __forceinline__ T group_pick(const T* field, int m) {
-#if GEMV_GROUP_SELECT
     T picked = field[0];
 #pragma unroll
     for (int i = 1; i < GEMV_MATRICES; ++i) picked = m == i ? field[i] : picked;
     return picked;
-#else
-    return field[m];
-#endif
 }
 
 // Rows of matrix m of the group.
@@ -68,7 +60,6 @@ __device__ __forceinline__ int group_rows(const GemvGroup& group, int m) {
 
 // The matrix holding global row `row` of the group and the row's index in it; -1 past the end.
 __device__ __forceinline__ int group_row(const GemvGroup& group, int row, int* local) {
-#if GEMV_GROUP_SELECT
     int m = -1, first = 0;
 #pragma unroll
     for (int i = 0; i < GEMV_MATRICES; ++i) {
@@ -79,13 +70,6 @@ __device__ __forceinline__ int group_row(const GemvGroup& group, int row, int* l
     }
     *local = row - first;
     return m;
-#else
-    if (row >= group.first_row[group.count]) return -1;
-    int m = 0;
-    while (m + 1 < group.count && row >= group.first_row[m + 1]) ++m;
-    *local = row - group.first_row[m];
-    return m;
-#endif
 }
 
 template <int TILES>
@@ -575,15 +559,8 @@ __device__ __forceinline__ void mma_e4m3(float* d, unsigned int a0, unsigned int
 // scripts/pdl_audit.py checks the SASS for such early reads. They are ordinary (weak) loads cached
 // in L1 too (`ld.global.ca`), which the memory model orders after the wait like any load, so the
 // warps of an SM that read the same activations share them in L1 (H200, 27B FP8, session 14: MTP
-// k=3 266.7 tok/s against 249.9 with `LOAD_FRESH_L1=0`, L2 only).
-#ifndef LOAD_FRESH_L1
-#define LOAD_FRESH_L1 1
-#endif
-#if LOAD_FRESH_L1
+// k=3 266.7 tok/s against 249.9 with `ld.global.cg`, L2 only).
 #define LOAD_FRESH_OP "ld.global.ca"
-#else
-#define LOAD_FRESH_OP "ld.global.cg"
-#endif
 __device__ __forceinline__ uint4 load_fresh(const void* p) {
     uint4 v;
     asm volatile(LOAD_FRESH_OP ".v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
