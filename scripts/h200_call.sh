@@ -15,8 +15,8 @@
 #                             (--quantization fp8, DELTASERVE_CUDA_FP8_WEIGHTS=1)
 #   batch:SHAPES:D,D, fp8batch:SHAPES:D,D  batched decode steps (`bench --batch $BATCH`, default
 #                             8,16,32,64), bf16 or FP8 kept
-#                             (these six take MORE_ARGS, more bench flags, their runs named with MORE_TAG,
-#                             e.g. MORE_ARGS="--speculative-draft-model-quantization fp8" MORE_TAG=draft8)
+#                             (these six take more bench flags as a fourth field, named in the runs' files,
+#                             e.g. "fp8mtp:qwen3.6-27b::--speculative-draft-model-quantization fp8")
 #   floor:SHAPE               scripts/gemv_floor.py (torch/cuBLAS GEMV sweep in a CUDA graph) for the shape
 #   doctor                    doctor --backend cuda on the demo model
 #   serve                     serve with MTP k=3, then deltaserve smoke against it
@@ -54,14 +54,18 @@ for step in "$@"; do
   s=$(date +%s)
   case $step in
     variants:* | mtp:* | fp8:* | fp8mtp:* | batch:* | fp8batch:*)
-      IFS=: read -r kind shapes defs <<<"$step"
+      IFS=: read -r kind shapes defs more <<<"$step"
       IFS=, read -ra d <<<"$defs"
       [ ${#d[@]} -eq 0 ] && d=("")  # "SHAPE:" alone: the defaults once
       spec=0 fp8=0 args="" tag="" batch=""
       case $kind in mtp | fp8mtp) spec=1 ;; esac
       case $kind in fp8 | fp8mtp | fp8batch) fp8=1 args="--quantization fp8" tag=fp8 ;; esac
       case $kind in batch | fp8batch) batch=${BATCH:-8,16,32,64} ;; esac
-      [ -n "${MORE_ARGS:-}" ] && args="$args $MORE_ARGS" tag="${tag:+$tag-}${MORE_TAG:-more}"
+      if [ -n "$more" ]; then
+        args="$args $more"
+        more_tag=${more//[^A-Za-z0-9]/}
+        tag="${tag:+$tag-}${more_tag:0:40}"
+      fi
       DELTASERVE_CUDA_FP8_WEIGHTS=$fp8 ARGS=$args TAG=$tag SPEC=$spec BATCH=$batch timeout "$(left)" \
         scripts/h200_decode_variants.sh "$bins/deltaserve" "$res/v" "${shapes//+/ }" "${d[@]}" 2>&1 |
         tee -a "$res/summary.log"
