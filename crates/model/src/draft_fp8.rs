@@ -6,7 +6,7 @@
 //! bf16 one, which on the 27B shape is most of a draft step's reads (2.5 GB of bf16 against ~0.4 GB
 //! for the MTP layer in FP8). The verify step and every committed token still come from the trunk
 //! and its exact head, so the text is what plain decoding gives; only how often a draft is
-//! accepted can change (docs/speculative.md).
+//! accepted can change (docs/fp8.md). A MoE draft layer's packed experts stay as stored.
 
 use crate::block_fp8;
 use crate::error::LoadError;
