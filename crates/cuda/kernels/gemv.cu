@@ -166,6 +166,21 @@ __device__ __forceinline__ void gemv_block(const GemvGroup& group, const bf16_bi
 #define GEMV_LANE_UNROLL 2
 #endif
 
+// GEMV_LANE_UNCHECKED=1: the lane kernels' iterations that lie wholly inside the rows run without
+// per-load and per-vector bounds (off by default until measured; written in session 14 after its
+// last device call: the FP8 one-token loop spends ~176 of its 504 instructions per 128 weights a
+// lane on addresses, predicates and their descriptors).
+#ifndef GEMV_LANE_UNCHECKED
+#define GEMV_LANE_UNCHECKED 0
+#endif
+// The second loop takes the FP8 one-token kernel from 96 to 138 registers (ptxas, sm_90), which
+// would cut it from 5 blocks an SM to 3: held to the 5 it has.
+#if GEMV_LANE_UNCHECKED
+#define FP8_LANE_BOUNDS __launch_bounds__(32 * GEMV_LANE_WARPS, 5)
+#else
+#define FP8_LANE_BOUNDS __launch_bounds__(32 * GEMV_LANE_WARPS)
+#endif
+
 // With GEMV_LANE_PIPELINE a lane issues the loads of its next GEMV_LANE_UNROLL sweeps before it
 // multiplies the current ones (two register buffers), so a warp always has loads in flight instead
 // of waiting for a whole batch of them after each batch of multiply-adds.
@@ -269,20 +284,23 @@ __device__ __forceinline__ void gemv_lanes(const GemvGroup& group, const void* _
     const int vecs = k / VALUES;
     constexpr int STEP = 32 * UNROLL;
 
-    auto load = [&](uint4 (&wv)[ROWS][UNROLL], int base) {
+    // `checked`: vectors past the row's end and rows past the group's may occur (always a
+    // constant where called, so each call site compiles to one form).
+    auto load = [&](uint4 (&wv)[ROWS][UNROLL], int base, bool checked) {
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             const int v = base + 32 * u;
 #pragma unroll
             for (int r = 0; r < ROWS; ++r)
-                wv[r][u] = (v < vecs && w[r]) ? load_streaming((const bf16_bits*)(w[r] + 16 * v)) : make_uint4(0u, 0u, 0u, 0u);
+                wv[r][u] = (!checked || (v < vecs && w[r])) ? load_streaming((const bf16_bits*)(w[r] + 16 * v))
+                                                             : make_uint4(0u, 0u, 0u, 0u);
         }
     };
-    auto multiply = [&](const uint4 (&wv)[ROWS][UNROLL], int base) {
+    auto multiply = [&](const uint4 (&wv)[ROWS][UNROLL], int base, bool checked) {
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             const int v = base + 32 * u;
-            if (v >= vecs) continue;  // the weights there are zero: nothing to add
+            if (checked && v >= vecs) continue;  // the weights there are zero: nothing to add
             float xf[T][VALUES];
 #pragma unroll
             for (int t = 0; t < T; ++t) {
@@ -322,7 +340,7 @@ __device__ __forceinline__ void gemv_lanes(const GemvGroup& group, const void* _
 #pragma unroll
                         for (int j = 0; j < 16; ++j) s = fmaf(wf[j], xf[t][j], s);
                         // Rows past the group's end have no scales (and zero weights).
-                        const float scale = w[r] ? scale_row[r][(VALUES * v) / 128] : 0.0f;
+                        const float scale = (!checked || w[r]) ? scale_row[r][(VALUES * v) / 128] : 0.0f;
                         acc[r][t] = fmaf(s * FP8_VALUE_UNSCALE, scale, acc[r][t]);
                     } else {
                         float s = acc[r][t];
@@ -338,20 +356,34 @@ __device__ __forceinline__ void gemv_lanes(const GemvGroup& group, const void* _
     // The weights do not depend on earlier kernels: the first sweeps' loads are issued before the
     // wait, so they overlap the previous kernel's tail.
     uint4 wa[ROWS][UNROLL];
-    load(wa, lane);
+    load(wa, lane, true);
     wait_for_previous_kernel();
     if (GEMV_LANE_PIPELINE) {
         uint4 wb[ROWS][UNROLL];
-        for (int base = lane; base < vecs; base += 2 * STEP) {
-            load(wb, base + STEP);
-            multiply(wa, base);
-            load(wa, base + 2 * STEP);
-            multiply(wb, base + STEP);
+        int base = lane;
+#if GEMV_LANE_UNCHECKED
+        // A warp whose rows all exist runs its whole iterations (every lane's loads, the next
+        // buffer's included, inside the row) without a bound on any load or product; the rest as
+        // below. The same vectors in the same order: the same sums.
+        if (mat[ROWS - 1] >= 0) {
+            for (; base - lane + 3 * STEP <= vecs; base += 2 * STEP) {
+                load(wb, base + STEP, false);
+                multiply(wa, base, false);
+                load(wa, base + 2 * STEP, false);
+                multiply(wb, base + STEP, false);
+            }
+        }
+#endif
+        for (; base < vecs; base += 2 * STEP) {
+            load(wb, base + STEP, true);
+            multiply(wa, base, true);
+            load(wa, base + 2 * STEP, true);
+            multiply(wb, base + STEP, true);
         }
     } else {
         for (int base = lane; base < vecs; base += STEP) {
-            if (base != lane) load(wa, base);
-            multiply(wa, base);
+            if (base != lane) load(wa, base, true);
+            multiply(wa, base, true);
         }
     }
 #pragma unroll
@@ -420,7 +452,7 @@ GEMV_NARROW_KERNEL(4, true)
 // group.scale): the same grid and block. x: f32 activations of every token (never rounded).
 // Requires k % 16 == 0.
 #define GEMV_FP8_KERNEL(T, ROWS)                                                                             \
-    extern "C" __global__ void __launch_bounds__(32 * GEMV_LANE_WARPS)                                 \
+    extern "C" __global__ void FP8_LANE_BOUNDS                                                          \
         gemv_fp8_lanes_t##T(const GemvGroup group, const void* __restrict__ x, int tokens, int k) {     \
         gemv_lanes<T, false, ROWS, WEIGHTS_FP8, GEMV_FP8_UNROLL, false>(group, x, k);                                          \
     }                                                                                                   \

@@ -20,7 +20,7 @@ mod common;
 
 use common::{
     cuda, cuda_fp8, cuda_fp8_deep, cuda_fp8_gemm_bf16_out, cuda_fp8_tiles, cuda_fp8_unmixed,
-    cuda_fp8_w8a16, cuda_fp8_w8a8,
+    cuda_fp8_w8a16, cuda_fp8_w8a8, cuda_lanes_unchecked,
 };
 use deltaserve_cuda::GemmPrecision;
 use deltaserve_model::dummy::DummySource;
@@ -329,6 +329,53 @@ fn fp8_mixed_group_is_one_launch_per_format_bitwise() {
                 &ReferenceBackend.to_host(&want),
                 tol,
             );
+        }
+    }
+}
+
+/// The lane kernels with their whole iterations unbounded (`GEMV_LANE_UNCHECKED=1`) give the
+/// bounded kernels' rows bit for bit: FP8 for one token, bf16 for 1-4, on groups whose matrices end
+/// inside a warp and whose last warp runs past the group (where the bounded loop must run).
+#[test]
+fn lane_kernels_without_bounds_equal_the_bounded_ones_bitwise() {
+    let test = "lane_kernels_without_bounds_equal_the_bounded_ones_bitwise";
+    let (Some(bounded), Some(unbounded)) = (cuda_fp8_w8a16(test), cuda_lanes_unchecked(test))
+    else {
+        return;
+    };
+    let mut rng = Rng(38);
+    for cols in [5120, 17408, 144] {
+        let rows = [37, 300, 129, 10];
+        let fp8: Vec<HostTensor> = rows
+            .iter()
+            .map(|&n| random_fp8(&mut rng, n, cols))
+            .collect();
+        let bf16: Vec<HostTensor> = rows
+            .iter()
+            .map(|&n| HostTensor::from_f32_as_bf16("w", vec![n, cols], &rng.vec(n * cols, 1.0)))
+            .collect();
+        for (host, token_counts) in [(&fp8, 1..=1), (&bf16, 1..=4)] {
+            for tokens in token_counts {
+                let x = rng.vec(tokens * cols, 1.0);
+                let run = |be: &deltaserve_cuda::CudaBackend| {
+                    let ws: Vec<_> = host.iter().map(|t| be.load_mat(t).unwrap()).collect();
+                    let mut outs: Vec<_> = rows.iter().map(|&n| be.zeros(tokens * n)).collect();
+                    let mut out_refs: Vec<_> = outs.iter_mut().collect();
+                    be.matmul_group(
+                        &be.upload(&x),
+                        &ws.iter().collect::<Vec<_>>(),
+                        &mut out_refs,
+                        tokens,
+                    );
+                    outs.iter().map(|o| be.to_host(o)).collect::<Vec<_>>()
+                };
+                let dtype = host[0].dtype;
+                assert_eq!(
+                    run(bounded),
+                    run(unbounded),
+                    "{dtype:?} x {cols}, {tokens} tokens"
+                );
+            }
         }
     }
 }

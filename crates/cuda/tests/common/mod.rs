@@ -19,6 +19,7 @@ static FP8_W8A8_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new()
 static FP8_GEMM_BF16_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static FP8_DEEP_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static FP8_UNMIXED_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
+static LANES_UNCHECKED_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static BF16_WIDE_LANES_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 
 /// The bf16 backend that keeps block-FP8 weights as FP8, or `None` after printing why not.
@@ -47,6 +48,17 @@ pub fn cuda_fp8_unmixed(test: &str) -> Option<&'static CudaBackend> {
         ("GEMV_MIXED", "0"),
     ];
     fp8_backend(&FP8_UNMIXED_BACKEND, &defines, test)
+}
+
+/// `cuda_fp8_w8a16` with the lane kernels' whole iterations unbounded (`GEMV_LANE_UNCHECKED=1`;
+/// off by default), or `None` after printing why not.
+pub fn cuda_lanes_unchecked(test: &str) -> Option<&'static CudaBackend> {
+    let defines = [
+        ("GEMV_FP8_W8A8_FROM", "9"),
+        ("GEMV_FP8_DEEP_BELOW", "0"),
+        ("GEMV_LANE_UNCHECKED", "1"),
+    ];
+    fp8_backend(&LANES_UNCHECKED_BACKEND, &defines, test)
 }
 
 /// `cuda_fp8_w8a16` with all four tiles of the widening tensor-core kernel (2-32 rows;
