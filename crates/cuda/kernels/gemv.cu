@@ -440,6 +440,17 @@ GEMV_NARROW_KERNEL(1, false)
 GEMV_NARROW_KERNEL(2, true)
 GEMV_NARROW_KERNEL(3, true)
 GEMV_NARROW_KERNEL(4, true)
+// 2-4 tokens reading the f32 activations and rounding them as cast_f32_to_bf16 does, so that a
+// narrow launch needs no cast launch before it (`GEMV_NARROW_F32=1`; the rounding per weight
+// vector costs little at the few rows these launches have). Bit for bit the kernels above.
+#define GEMV_NARROW_F32_KERNEL(T)                                                                       \
+    extern "C" __global__ void __launch_bounds__(32 * GEMV_LANE_WARPS)                                 \
+        gemv_bf16_lanes_narrow_f32_t##T(const GemvGroup group, const void* __restrict__ x, int tokens, int k) { \
+        gemv_lanes<T, false, 1, WEIGHTS_BF16, GEMV_LANE_UNROLL, false>(group, x, k);                   \
+    }
+GEMV_NARROW_F32_KERNEL(2)
+GEMV_NARROW_F32_KERNEL(3)
+GEMV_NARROW_F32_KERNEL(4)
 
 // Sweeps in flight per buffer for FP8 weights: the conversion makes these kernels issue-bound, and
 // fewer registers a lane let more warps hide it. Measured on the H200 (27B shape, one-token decode,

@@ -20,7 +20,7 @@
 
 mod common;
 
-use common::{check, cuda, cuda_chunked_gdn, cuda_wide_lanes, Rng};
+use common::{check, cuda, cuda_chunked_gdn, cuda_narrow_f32, cuda_wide_lanes, Rng};
 use deltaserve_cuda::{CudaBackend, CudaOptions, GemmPrecision};
 use deltaserve_tensor::op_check::{self, AttentionPools, Operands, StatePools};
 use deltaserve_tensor::reference::ReferenceBackend;
@@ -224,8 +224,9 @@ fn gemv_rows_are_batch_invariant_bitwise() {
     );
 }
 
-/// Launches too small to give every SM a block take one row a warp (`gemv_bf16_lanes_narrow_t*`):
-/// bit for bit the rows of the usual lane kernels, for 1-4 tokens, on the GDN gate projections of
+/// Launches too small to give every SM a block take one row a warp (`gemv_bf16_lanes_narrow_t*`,
+/// and with `GEMV_NARROW_F32=1` the forms that round the f32 activations themselves): bit for bit
+/// the rows of the usual lane kernels, for 1-4 tokens, on the GDN gate projections of
 /// an FP8 model (2 x 48 rows of 5120) and on a group whose matrices end inside the usual kernels'
 /// warps (37, 1 and 6 rows).
 #[test]
@@ -255,7 +256,15 @@ fn narrow_lane_kernels_equal_the_lane_kernels_bitwise() {
                 );
                 outs.iter().map(|o| be.to_host(o)).collect::<Vec<_>>()
             };
-            assert_eq!(run(narrow), run(wide), "{rows:?} x {k}, {tokens} tokens");
+            let want = run(wide);
+            assert_eq!(run(narrow), want, "{rows:?} x {k}, {tokens} tokens");
+            if let Some(narrow_f32) = cuda_narrow_f32(test) {
+                assert_eq!(
+                    run(narrow_f32),
+                    want,
+                    "{rows:?} x {k}, {tokens} tokens, f32 input"
+                );
+            }
         }
     }
 }

@@ -21,6 +21,7 @@ static FP8_DEEP_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new()
 static FP8_UNMIXED_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static LANES_UNCHECKED_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static BF16_WIDE_LANES_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
+static BF16_NARROW_F32_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 
 /// The bf16 backend that keeps block-FP8 weights as FP8, or `None` after printing why not.
 pub fn cuda_fp8(test: &str) -> Option<&'static CudaBackend> {
@@ -159,6 +160,18 @@ pub fn cuda_wide_lanes(test: &str) -> Option<&'static CudaBackend> {
         ..CudaOptions::default()
     };
     shared_backend(&BF16_WIDE_LANES_BACKEND, options, test)
+}
+
+/// The bf16 backend whose narrow launches of 2-4 tokens read the f32 activations and round them
+/// themselves (`GEMV_NARROW_F32=1`; a cast launch first by default), or `None` after printing why
+/// not.
+pub fn cuda_narrow_f32(test: &str) -> Option<&'static CudaBackend> {
+    let options = CudaOptions {
+        keep_fp8_weights: Some(false),
+        defines: vec![("GEMV_NARROW_F32".to_string(), "1".to_string())],
+        ..CudaOptions::default()
+    };
+    shared_backend(&BF16_NARROW_F32_BACKEND, options, test)
 }
 
 /// The backend `cell` holds for the whole test binary, made with `options` on first use.
