@@ -20,7 +20,7 @@ mod common;
 
 use common::{
     cuda, cuda_fp8, cuda_fp8_deep, cuda_fp8_gemm_bf16_out, cuda_fp8_tiles, cuda_fp8_unmixed,
-    cuda_fp8_w8a16, cuda_fp8_w8a8, cuda_lanes_unchecked,
+    cuda_fp8_w8a16, cuda_fp8_w8a8, cuda_lanes_unchecked, group_products,
 };
 use deltaserve_cuda::GemmPrecision;
 use deltaserve_model::dummy::DummySource;
@@ -300,18 +300,7 @@ fn fp8_mixed_group_is_one_launch_per_format_bitwise() {
             ),
         ];
         let x = rng.vec(cols, 1.0);
-        let run = |be: &deltaserve_cuda::CudaBackend| {
-            let ws: Vec<_> = host.iter().map(|t| be.load_mat(t).unwrap()).collect();
-            let mut outs: Vec<_> = host.iter().map(|t| be.zeros(t.shape[0])).collect();
-            let mut out_refs: Vec<_> = outs.iter_mut().collect();
-            be.matmul_group(
-                &be.upload(&x),
-                &ws.iter().collect::<Vec<_>>(),
-                &mut out_refs,
-                1,
-            );
-            outs.iter().map(|o| be.to_host(o)).collect::<Vec<_>>()
-        };
+        let run = |be| group_products(be, &host, &x, 1);
         let got = run(mixed);
         assert_eq!(
             got,
@@ -357,18 +346,7 @@ fn lane_kernels_without_bounds_equal_the_bounded_ones_bitwise() {
         for (host, token_counts) in [(&fp8, 1..=1), (&bf16, 1..=4)] {
             for tokens in token_counts {
                 let x = rng.vec(tokens * cols, 1.0);
-                let run = |be: &deltaserve_cuda::CudaBackend| {
-                    let ws: Vec<_> = host.iter().map(|t| be.load_mat(t).unwrap()).collect();
-                    let mut outs: Vec<_> = rows.iter().map(|&n| be.zeros(tokens * n)).collect();
-                    let mut out_refs: Vec<_> = outs.iter_mut().collect();
-                    be.matmul_group(
-                        &be.upload(&x),
-                        &ws.iter().collect::<Vec<_>>(),
-                        &mut out_refs,
-                        tokens,
-                    );
-                    outs.iter().map(|o| be.to_host(o)).collect::<Vec<_>>()
-                };
+                let run = |be| group_products(be, host, &x, tokens);
                 let dtype = host[0].dtype;
                 assert_eq!(
                     run(bounded),

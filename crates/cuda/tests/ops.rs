@@ -20,7 +20,9 @@
 
 mod common;
 
-use common::{check, cuda, cuda_chunked_gdn, cuda_narrow_f32, cuda_wide_lanes, Rng};
+use common::{
+    check, cuda, cuda_chunked_gdn, cuda_narrow_f32, cuda_wide_lanes, group_products, Rng,
+};
 use deltaserve_cuda::{CudaBackend, CudaOptions, GemmPrecision};
 use deltaserve_tensor::op_check::{self, AttentionPools, Operands, StatePools};
 use deltaserve_tensor::reference::ReferenceBackend;
@@ -244,18 +246,7 @@ fn narrow_lane_kernels_equal_the_lane_kernels_bitwise() {
             .collect();
         for tokens in 1..=4 {
             let x = rng.vec(tokens * k, 1.0);
-            let run = |be: &CudaBackend| {
-                let ws: Vec<_> = host.iter().map(|t| be.load_mat(t).unwrap()).collect();
-                let mut outs: Vec<_> = rows.iter().map(|&n| be.zeros(tokens * n)).collect();
-                let mut out_refs: Vec<_> = outs.iter_mut().collect();
-                be.matmul_group(
-                    &be.upload(&x),
-                    &ws.iter().collect::<Vec<_>>(),
-                    &mut out_refs,
-                    tokens,
-                );
-                outs.iter().map(|o| be.to_host(o)).collect::<Vec<_>>()
-            };
+            let run = |be| group_products(be, &host, &x, tokens);
             let want = run(wide);
             assert_eq!(run(narrow), want, "{rows:?} x {k}, {tokens} tokens");
             if let Some(narrow_f32) = cuda_narrow_f32(test) {

@@ -4,7 +4,7 @@
 #![allow(dead_code, unused_imports)]
 
 use deltaserve_cuda::{CudaBackend, CudaOptions, GdnPrefill, GemmPrecision};
-use deltaserve_tensor::KvDtype;
+use deltaserve_tensor::{Backend, HostTensor, KvDtype};
 use std::sync::OnceLock;
 
 static F32_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
@@ -191,6 +191,26 @@ fn shared_backend(
 
 /// The op harness's inputs and error measure, shared with the cpu backend's tests and doctor.
 pub use deltaserve_tensor::op_check::{check, Rng};
+
+/// `matmul_group` over the matrices `host` (loaded on `be`) for `tokens` rows of `x`, each
+/// matrix's output read back: the form the kernel-variant tests compare bit for bit.
+pub fn group_products(
+    be: &CudaBackend,
+    host: &[HostTensor],
+    x: &[f32],
+    tokens: usize,
+) -> Vec<Vec<f32>> {
+    let ws: Vec<_> = host.iter().map(|t| be.load_mat(t).unwrap()).collect();
+    let mut outs: Vec<_> = host.iter().map(|t| be.zeros(tokens * t.shape[0])).collect();
+    let mut out_refs: Vec<_> = outs.iter_mut().collect();
+    be.matmul_group(
+        &be.upload(x),
+        &ws.iter().collect::<Vec<_>>(),
+        &mut out_refs,
+        tokens,
+    );
+    outs.iter().map(|o| be.to_host(o)).collect()
+}
 
 /// `matmul_silu_gate` against `matmul_group` over `[gate, up]` then `silu_mul`, bit for bit, for
 /// token counts on both sides of the paired kernels' limits (4 for the CUDA-core kernel, 32 for the
