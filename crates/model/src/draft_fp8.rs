@@ -8,11 +8,11 @@
 //! and its exact head, so the text is what plain decoding gives; only how often a draft is
 //! accepted can change (docs/fp8.md). A MoE draft layer's packed experts stay as stored.
 
-use crate::block_fp8;
 use crate::error::LoadError;
+use crate::online_fp8::quantized_to_block_fp8;
 use crate::quantization::Fp8Quantization;
 use crate::source::TensorSource;
-use deltaserve_tensor::{BlockFp8Matrix, GeneratedMatrix, HostTensor};
+use deltaserve_tensor::{GeneratedMatrix, HostTensor};
 
 /// The canonical name the draft head is asked for by (no checkpoint holds it: this source makes
 /// it from the trunk's head).
@@ -69,18 +69,7 @@ impl DraftFp8Source {
         if tensor.block_fp8().is_some() {
             return tensor; // an FP8 checkpoint, or --quantization fp8 already did it
         }
-        let [rows, cols] = tensor.shape[..] else {
-            unreachable!("only matrices are quantized here")
-        };
-        let block = self.scheme.block;
-        let (codes, scales) = block_fp8::quantize(&tensor.to_f32_vec(), 1, [rows, cols], block);
-        let values = block_fp8::dequantize(&codes, &scales, 1, [rows, cols], block);
-        let stored = BlockFp8Matrix {
-            codes,
-            scales,
-            block,
-        };
-        HostTensor::from_f32(tensor.name, tensor.shape, &values).with_block_fp8(stored)
+        quantized_to_block_fp8(tensor, self.scheme.block)
     }
 }
 

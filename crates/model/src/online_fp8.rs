@@ -31,6 +31,25 @@ impl Fp8QuantizingSource {
     }
 }
 
+/// `tensor` (`[.., rows, cols]`: one matrix or a stack of them) quantized to block FP8 with the
+/// recipe of block_fp8.rs and handed on as its dequantized values with the codes and scales
+/// attached, as an FP8 checkpoint's tensor is read.
+pub(crate) fn quantized_to_block_fp8(tensor: HostTensor, block: [usize; 2]) -> HostTensor {
+    let shape = tensor.shape.clone();
+    let [.., rows, cols] = shape[..] else {
+        unreachable!("only matrices and stacks of them are quantized")
+    };
+    let matrices = shape[..shape.len() - 2].iter().product();
+    let (codes, scales) = block_fp8::quantize(&tensor.to_f32_vec(), matrices, [rows, cols], block);
+    let values = block_fp8::dequantize(&codes, &scales, matrices, [rows, cols], block);
+    let stored = BlockFp8Matrix {
+        codes,
+        scales,
+        block,
+    };
+    HostTensor::from_f32(tensor.name, shape, &values).with_block_fp8(stored)
+}
+
 fn is_packed_experts(name: &str) -> bool {
     name.ends_with(".experts.gate_up_proj") || name.ends_with(".experts.down_proj")
 }
@@ -41,20 +60,7 @@ impl TensorSource for Fp8QuantizingSource {
         if !self.converts(name, shape) {
             return Ok(tensor);
         }
-        let [.., rows, cols] = *shape else {
-            unreachable!("converts() only accepts 2-D and 3-D shapes")
-        };
-        let matrices = shape[..shape.len() - 2].iter().product();
-        let block = self.scheme.block;
-        let (codes, scales) =
-            block_fp8::quantize(&tensor.to_f32_vec(), matrices, [rows, cols], block);
-        let values = block_fp8::dequantize(&codes, &scales, matrices, [rows, cols], block);
-        let stored = BlockFp8Matrix {
-            codes,
-            scales,
-            block,
-        };
-        Ok(HostTensor::from_f32(tensor.name, shape.to_vec(), &values).with_block_fp8(stored))
+        Ok(quantized_to_block_fp8(tensor, self.scheme.block))
     }
 
     fn contains(&self, name: &str) -> bool {
