@@ -236,8 +236,12 @@ impl<B: Backend> Model<B> {
         logit_rows: &[u32],
         hidden_rows: &[u32],
     ) -> ForwardOutput<B> {
-        let head = self.weights.lm_head.as_ref().unwrap_or(&self.weights.embed);
-        self.head_with(head, h, norm, logit_rows, hidden_rows)
+        self.head_with(self.trunk_head(), h, norm, logit_rows, hidden_rows)
+    }
+
+    /// The trunk's output head: `lm_head`, or the tied embedding when there is none.
+    pub(crate) fn trunk_head(&self) -> &B::Mat {
+        self.weights.lm_head.as_ref().unwrap_or(&self.weights.embed)
     }
 
     /// `head` through the output matrix `head` (the MTP draft model's own head, when it has one).

@@ -83,9 +83,7 @@ impl<B: Backend> Model<B> {
         be.matmul(&both, &mtp.fc, &mut u, t);
         let positions = input.batch.positions();
         self.decoder_layer(&mtp.layer, &mut u, t, &positions, input.batch, cache, None);
-        match &mtp.draft_head {
-            Some(head) => self.head_with(head, &u, &mtp.norm, input.logit_rows, input.hidden_rows),
-            None => self.head(&u, &mtp.norm, input.logit_rows, input.hidden_rows),
-        }
+        let head = mtp.draft_head.as_ref().unwrap_or_else(|| self.trunk_head());
+        self.head_with(head, &u, &mtp.norm, input.logit_rows, input.hidden_rows)
     }
 }

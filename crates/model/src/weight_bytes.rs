@@ -28,11 +28,6 @@ impl<B: Backend> Model<B> {
         Some(fc_and_layer + self.head_bytes(head))
     }
 
-    /// The trunk's output head: `lm_head`, or the tied embedding when there is none.
-    fn trunk_head(&self) -> &B::Mat {
-        self.weights.lm_head.as_ref().unwrap_or(&self.weights.embed)
-    }
-
     /// The output head `head` and one embedding row.
     fn head_bytes(&self, head: &B::Mat) -> usize {
         let (be, w) = (&self.backend, &self.weights);
