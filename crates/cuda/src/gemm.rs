@@ -57,13 +57,14 @@ impl CudaBackend {
         }
         let is_fp8 = |w: &CudaMat| matches!(w.data, MatData::Fp8 { .. });
         let fp8_members = ws.iter().filter(|w| is_fp8(w)).count();
-        if fp8_members > 0 && fp8_members < ws.len() && self.mixed_gemv_applies(ws, tokens) {
-            self.gemv_mixed_op(x, ws, outs);
-            return;
-        }
         if fp8_members > 0 && fp8_members < ws.len() {
             // A checkpoint keeps some matrices of a group unquantized (GDN in_proj_a/b beside
-            // in_proj_qkv/z): each format is a group of its own, so both can take the GEMV.
+            // in_proj_qkv/z): one launch over both formats where the lane kernels can, else each
+            // format is a group of its own, so both can take the GEMV.
+            if self.mixed_gemv_applies(ws, tokens) {
+                self.gemv_mixed_op(x, ws, outs);
+                return;
+            }
             for fp8 in [true, false] {
                 let (sub_ws, mut sub_outs): (Vec<&CudaMat>, Vec<&mut CudaBuf>) = ws
                     .iter()

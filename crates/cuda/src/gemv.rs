@@ -1,9 +1,10 @@
 //! The skinny-GEMM path of `matmul` for decode and verify (gemv.cu): up to `GEMV_MAX_TOKENS` rows
 //! against up to `GEMV_MATRICES` bf16 weight matrices that share their input, in one launch, or up
 //! to 8-32 rows (`LaneShape::fp8_mma_to`) against block-FP8 matrices (W8A16, half the bytes of
-//! bf16: one token on the CUDA cores with the f32 activations, one scale a 16-code vector; more on
-//! the tensor cores with the activations rounded to bf16, one scale a 128-column piece; opt-in,
-//! W8A8 for 1-16 rows: the activations quantized to FP8, both codes on the FP8 tensor cores). cuBLAS
+//! bf16: one token on the CUDA cores with the f32 activations, one scale a 16-code vector; 2-8
+//! rows W8A8 on the FP8 tensor cores from compute capability 8.9, the activations quantized to FP8
+//! per 128 columns, or elsewhere on the tensor cores with them rounded to bf16, one scale a
+//! 128-column piece; one token over a group mixing FP8 and bf16 matrices in one launch). cuBLAS
 //! picks GEMM tilings that leave bandwidth unused on these shapes and needs a separate cast of the
 //! activations per matrix; this path rounds the activations once per group and streams each weight
 //! byte once with 16-byte loads into tensor-core multiply-adds, K split over a block's warps.
