@@ -431,26 +431,22 @@ GEMV_LANE_KERNEL(4, true, GEMV_LANE_ROWS_MULTI)
 // on the H200 for 1 MB, each warp streaming 4 rows alone): four times the warps, each with a
 // quarter of the chain. A row's sum is the same lane order and butterfly, so bit for bit the
 // wider kernels' (gemv.rs picks it, `GEMV_LANE_NARROW`).
-#define GEMV_NARROW_KERNEL(T, ROUNDED_X)                                                                \
+// NAME: the kernel's name; ROUNDED_X: its activations come rounded to bf16 by a cast launch. The
+// narrow_f32 forms take 2-4 tokens' f32 activations and round them as cast_f32_to_bf16 does, so
+// that a narrow launch needs no cast launch before it (`GEMV_NARROW_F32=1`; the rounding per weight
+// vector costs little at the few rows these launches have): bit for bit the forms they replace.
+#define GEMV_NARROW_KERNEL(NAME, T, ROUNDED_X)                                                          \
     extern "C" __global__ void __launch_bounds__(32 * GEMV_LANE_WARPS)                                 \
-        gemv_bf16_lanes_narrow_t##T(const GemvGroup group, const void* __restrict__ x, int tokens, int k) { \
+        NAME(const GemvGroup group, const void* __restrict__ x, int tokens, int k) {                    \
         gemv_lanes<T, ROUNDED_X, 1, WEIGHTS_BF16, GEMV_LANE_UNROLL, false>(group, x, k);               \
     }
-GEMV_NARROW_KERNEL(1, false)
-GEMV_NARROW_KERNEL(2, true)
-GEMV_NARROW_KERNEL(3, true)
-GEMV_NARROW_KERNEL(4, true)
-// 2-4 tokens reading the f32 activations and rounding them as cast_f32_to_bf16 does, so that a
-// narrow launch needs no cast launch before it (`GEMV_NARROW_F32=1`; the rounding per weight
-// vector costs little at the few rows these launches have). Bit for bit the kernels above.
-#define GEMV_NARROW_F32_KERNEL(T)                                                                       \
-    extern "C" __global__ void __launch_bounds__(32 * GEMV_LANE_WARPS)                                 \
-        gemv_bf16_lanes_narrow_f32_t##T(const GemvGroup group, const void* __restrict__ x, int tokens, int k) { \
-        gemv_lanes<T, false, 1, WEIGHTS_BF16, GEMV_LANE_UNROLL, false>(group, x, k);                   \
-    }
-GEMV_NARROW_F32_KERNEL(2)
-GEMV_NARROW_F32_KERNEL(3)
-GEMV_NARROW_F32_KERNEL(4)
+GEMV_NARROW_KERNEL(gemv_bf16_lanes_narrow_t1, 1, false)
+GEMV_NARROW_KERNEL(gemv_bf16_lanes_narrow_t2, 2, true)
+GEMV_NARROW_KERNEL(gemv_bf16_lanes_narrow_t3, 3, true)
+GEMV_NARROW_KERNEL(gemv_bf16_lanes_narrow_t4, 4, true)
+GEMV_NARROW_KERNEL(gemv_bf16_lanes_narrow_f32_t2, 2, false)
+GEMV_NARROW_KERNEL(gemv_bf16_lanes_narrow_f32_t3, 3, false)
+GEMV_NARROW_KERNEL(gemv_bf16_lanes_narrow_f32_t4, 4, false)
 
 // Sweeps in flight per buffer for FP8 weights: the conversion makes these kernels issue-bound, and
 // fewer registers a lane let more warps hide it. Measured on the H200 (27B shape, one-token decode,
