@@ -36,18 +36,17 @@ pub fn cuda_fp8(test: &str) -> Option<&'static CudaBackend> {
 /// that widens the codes to bf16, as on GPUs before compute capability 8.9) and one row always on
 /// the plain lane kernel (`GEMV_FP8_DEEP_BELOW=0`), or `None` after printing why not.
 pub fn cuda_fp8_w8a16(test: &str) -> Option<&'static CudaBackend> {
-    let defines = [("GEMV_FP8_W8A8_FROM", "9"), ("GEMV_FP8_DEEP_BELOW", "0")];
-    fp8_backend(&FP8_W8A16_BACKEND, &defines, test)
+    fp8_backend(&FP8_W8A16_BACKEND, &W8A16_DEFINES, test)
 }
+
+/// The defines of `cuda_fp8_w8a16`, which the backends described as its variants extend.
+const W8A16_DEFINES: [(&str, &str); 2] =
+    [("GEMV_FP8_W8A8_FROM", "9"), ("GEMV_FP8_DEEP_BELOW", "0")];
 
 /// `cuda_fp8_w8a16` with one launch per format for a group mixing FP8 and bf16 matrices
 /// (`GEMV_MIXED=0`; one launch for one token by default), or `None` after printing why not.
 pub fn cuda_fp8_unmixed(test: &str) -> Option<&'static CudaBackend> {
-    let defines = [
-        ("GEMV_FP8_W8A8_FROM", "9"),
-        ("GEMV_FP8_DEEP_BELOW", "0"),
-        ("GEMV_MIXED", "0"),
-    ];
+    let defines = [W8A16_DEFINES[0], W8A16_DEFINES[1], ("GEMV_MIXED", "0")];
     fp8_backend(&FP8_UNMIXED_BACKEND, &defines, test)
 }
 
@@ -55,8 +54,8 @@ pub fn cuda_fp8_unmixed(test: &str) -> Option<&'static CudaBackend> {
 /// off by default), or `None` after printing why not.
 pub fn cuda_lanes_unchecked(test: &str) -> Option<&'static CudaBackend> {
     let defines = [
-        ("GEMV_FP8_W8A8_FROM", "9"),
-        ("GEMV_FP8_DEEP_BELOW", "0"),
+        W8A16_DEFINES[0],
+        W8A16_DEFINES[1],
         ("GEMV_LANE_UNCHECKED", "1"),
     ];
     fp8_backend(&LANES_UNCHECKED_BACKEND, &defines, test)
@@ -98,8 +97,18 @@ fn fp8_backend(
     defines: &[(&str, &str)],
     test: &str,
 ) -> Option<&'static CudaBackend> {
+    backend_with_defines(cell, true, defines, test)
+}
+
+/// The default backend (bf16 GEMMs), FP8 weights kept or widened, with `defines`.
+fn backend_with_defines(
+    cell: &'static OnceLock<Result<CudaBackend, String>>,
+    keep_fp8_weights: bool,
+    defines: &[(&str, &str)],
+    test: &str,
+) -> Option<&'static CudaBackend> {
     let options = CudaOptions {
-        keep_fp8_weights: Some(true),
+        keep_fp8_weights: Some(keep_fp8_weights),
         defines: defines
             .iter()
             .map(|(name, value)| (name.to_string(), value.to_string()))
@@ -154,24 +163,16 @@ pub fn cuda_kv(
 /// (`GEMV_LANE_NARROW=0`; one row a warp below a block per SM by default), or `None` after
 /// printing why not.
 pub fn cuda_wide_lanes(test: &str) -> Option<&'static CudaBackend> {
-    let options = CudaOptions {
-        keep_fp8_weights: Some(false),
-        defines: vec![("GEMV_LANE_NARROW".to_string(), "0".to_string())],
-        ..CudaOptions::default()
-    };
-    shared_backend(&BF16_WIDE_LANES_BACKEND, options, test)
+    let defines = [("GEMV_LANE_NARROW", "0")];
+    backend_with_defines(&BF16_WIDE_LANES_BACKEND, false, &defines, test)
 }
 
 /// The bf16 backend whose narrow launches of 2-4 tokens read the f32 activations and round them
 /// themselves (`GEMV_NARROW_F32=1`; a cast launch first by default), or `None` after printing why
 /// not.
 pub fn cuda_narrow_f32(test: &str) -> Option<&'static CudaBackend> {
-    let options = CudaOptions {
-        keep_fp8_weights: Some(false),
-        defines: vec![("GEMV_NARROW_F32".to_string(), "1".to_string())],
-        ..CudaOptions::default()
-    };
-    shared_backend(&BF16_NARROW_F32_BACKEND, options, test)
+    let defines = [("GEMV_NARROW_F32", "1")];
+    backend_with_defines(&BF16_NARROW_F32_BACKEND, false, &defines, test)
 }
 
 /// The backend `cell` holds for the whole test binary, made with `options` on first use.
