@@ -57,7 +57,9 @@ for step in "$@"; do
       IFS=: read -r kind shapes defs more <<<"$step"
       IFS=, read -ra d <<<"$defs"
       [ ${#d[@]} -eq 0 ] && d=("")  # "SHAPE:" alone: the defaults once
-      spec=0 fp8=0 args="" tag="" batch=""
+      # bf16 kinds leave DELTASERVE_CUDA_FP8_WEIGHTS empty: the device default, so the FP8 matrices of
+      # --speculative-draft-model-quantization fp8 stay FP8 as a plain serve on the H200 keeps them.
+      spec=0 fp8="" args="" tag="" batch=""
       case $kind in mtp | fp8mtp) spec=1 ;; esac
       case $kind in fp8 | fp8mtp | fp8batch) fp8=1 args="--quantization fp8" tag=fp8 ;; esac
       case $kind in batch | fp8batch) batch=${BATCH:-8,16,32,64} ;; esac

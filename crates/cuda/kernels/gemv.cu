@@ -166,12 +166,13 @@ __device__ __forceinline__ void gemv_block(const GemvGroup& group, const bf16_bi
 #define GEMV_LANE_UNROLL 2
 #endif
 
-// GEMV_LANE_UNCHECKED=1: the lane kernels' iterations that lie wholly inside the rows run without
-// per-load and per-vector bounds (off by default until measured; written in session 14 after its
-// last device call: the FP8 one-token loop spends ~176 of its 504 instructions per 128 weights a
-// lane on addresses, predicates and their descriptors).
+// The lane kernels' iterations that lie wholly inside the rows run without per-load and per-vector
+// bounds: the FP8 one-token loop spent ~176 of its 504 instructions per 128 weights a lane on
+// addresses, predicates and their descriptors (403 without). H200, one call (session 15): 27B FP8
+// decode 101.0 -> 104.4 tok/s, bf16 68.2 -> 69.9, 9B 194.2 -> 202.5. GEMV_LANE_UNCHECKED=0: every
+// iteration bounded (the tests' reference for the unbounded loop).
 #ifndef GEMV_LANE_UNCHECKED
-#define GEMV_LANE_UNCHECKED 0
+#define GEMV_LANE_UNCHECKED 1
 #endif
 // The second loop takes the FP8 one-token kernel from 96 to 138 registers (ptxas, sm_90), which
 // would cut it from 5 blocks an SM to 3: held to the 5 it has.
@@ -431,10 +432,9 @@ GEMV_LANE_KERNEL(4, true, GEMV_LANE_ROWS_MULTI)
 // on the H200 for 1 MB, each warp streaming 4 rows alone): four times the warps, each with a
 // quarter of the chain. A row's sum is the same lane order and butterfly, so bit for bit the
 // wider kernels' (gemv.rs picks it, `GEMV_LANE_NARROW`).
-// NAME: the kernel's name; ROUNDED_X: its activations come rounded to bf16 by a cast launch. The
-// narrow_f32 forms take 2-4 tokens' f32 activations and round them as cast_f32_to_bf16 does, so
-// that a narrow launch needs no cast launch before it (`GEMV_NARROW_F32=1`; the rounding per weight
-// vector costs little at the few rows these launches have): bit for bit the forms they replace.
+// NAME: the kernel's name; ROUNDED_X: its activations come rounded to bf16 by a cast launch (2-4
+// tokens; rounding them in the kernel instead, without the cast launch, measured slower: 27B FP8
+// MTP k=3 257.1 against 270.3 tok/s, session 15).
 #define GEMV_NARROW_KERNEL(NAME, T, ROUNDED_X)                                                          \
     extern "C" __global__ void __launch_bounds__(32 * GEMV_LANE_WARPS)                                 \
         NAME(const GemvGroup group, const void* __restrict__ x, int tokens, int k) {                    \
@@ -444,9 +444,6 @@ GEMV_NARROW_KERNEL(gemv_bf16_lanes_narrow_t1, 1, false)
 GEMV_NARROW_KERNEL(gemv_bf16_lanes_narrow_t2, 2, true)
 GEMV_NARROW_KERNEL(gemv_bf16_lanes_narrow_t3, 3, true)
 GEMV_NARROW_KERNEL(gemv_bf16_lanes_narrow_t4, 4, true)
-GEMV_NARROW_KERNEL(gemv_bf16_lanes_narrow_f32_t2, 2, false)
-GEMV_NARROW_KERNEL(gemv_bf16_lanes_narrow_f32_t3, 3, false)
-GEMV_NARROW_KERNEL(gemv_bf16_lanes_narrow_f32_t4, 4, false)
 
 // Sweeps in flight per buffer for FP8 weights: the conversion makes these kernels issue-bound, and
 // fewer registers a lane let more warps hide it. Measured on the H200 (27B shape, one-token decode,

@@ -87,9 +87,6 @@ pub(crate) struct LaneShape {
     /// (`gemv_bf16_lanes_narrow_t*`; `GEMV_LANE_NARROW=0`: never). The unquantized GDN gate
     /// projections of an FP8 model (2 x 48 rows of 5120) ran as 6 blocks for 15 us on the H200.
     narrow: bool,
-    /// Narrow launches of 2-4 tokens read the f32 activations and round them themselves
-    /// (`GEMV_NARROW_F32=1`, off by default until measured): no cast launch before them.
-    narrow_f32: bool,
     /// One token over a group of FP8 and bf16 matrices takes one launch (`gemv_mixed_lanes_t1`;
     /// `GEMV_MIXED=0`: one launch per format). H200, 27B FP8 decode (session 14): 100.7 tok/s
     /// against 96.4 with the GDN in_proj_a/b rows launched on their own.
@@ -131,7 +128,6 @@ impl LaneShape {
                 .clamp(MMA_TILE, W8A8_TOKENS),
             fp8_deep_below: options.define("GEMV_FP8_DEEP_BELOW").unwrap_or(16),
             narrow: options.define::<u32>("GEMV_LANE_NARROW").unwrap_or(1) != 0,
-            narrow_f32: options.define::<u32>("GEMV_NARROW_F32").unwrap_or(0) != 0,
             mixed: options.define::<u32>("GEMV_MIXED").unwrap_or(1) != 0,
             sm_count,
         }
@@ -388,10 +384,7 @@ impl CudaBackend {
         let fp8 = matches!(ws[0].data, MatData::Fp8 { .. });
         if self.gemv_w8a8(ws, tokens) {
             GemvInput::Fp8(self.quantize_activations_fp8(x, tokens, ws[0].cols))
-        } else if fp8
-            || tokens == 1
-            || (self.gemv_lane_shape.narrow_f32 && self.narrow_gemv(ws, tokens, false))
-        {
+        } else if fp8 || tokens == 1 {
             GemvInput::F32
         } else {
             GemvInput::Bf16(self.cast_to_bf16(x, tokens * ws[0].cols))
@@ -468,11 +461,6 @@ impl CudaBackend {
         let deep =
             lanes && fp8 && tokens == 1 && launch_warps < shape.fp8_deep_below * shape.sm_count;
         let kernel = match (mma, fp8, paired, tokens) {
-            _ if narrow && tokens > 1 && matches!(input, GemvInput::F32) => match tokens {
-                2 => "gemv_bf16_lanes_narrow_f32_t2",
-                3 => "gemv_bf16_lanes_narrow_f32_t3",
-                _ => "gemv_bf16_lanes_narrow_f32_t4",
-            },
             _ if narrow && tokens == 1 => "gemv_bf16_lanes_narrow_t1",
             _ if narrow && tokens == 2 => "gemv_bf16_lanes_narrow_t2",
             _ if narrow && tokens == 3 => "gemv_bf16_lanes_narrow_t3",

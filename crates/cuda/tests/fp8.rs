@@ -20,7 +20,7 @@ mod common;
 
 use common::{
     cuda, cuda_fp8, cuda_fp8_deep, cuda_fp8_gemm_bf16_out, cuda_fp8_tiles, cuda_fp8_unmixed,
-    cuda_fp8_w8a16, cuda_fp8_w8a8, cuda_lanes_unchecked, group_products,
+    cuda_fp8_w8a16, cuda_fp8_w8a8, cuda_lanes_bounded, group_products,
 };
 use deltaserve_cuda::GemmPrecision;
 use deltaserve_model::dummy::DummySource;
@@ -322,14 +322,13 @@ fn fp8_mixed_group_is_one_launch_per_format_bitwise() {
     }
 }
 
-/// The lane kernels with their whole iterations unbounded (`GEMV_LANE_UNCHECKED=1`) give the
-/// bounded kernels' rows bit for bit: FP8 for one token, bf16 for 1-4, on groups whose matrices end
+/// The lane kernels with their whole iterations unbounded (the default) give the bounded kernels'
+/// (`GEMV_LANE_UNCHECKED=0`) rows bit for bit: FP8 for one token, bf16 for 1-4, on groups whose matrices end
 /// inside a warp and whose last warp runs past the group (where the bounded loop must run).
 #[test]
 fn lane_kernels_without_bounds_equal_the_bounded_ones_bitwise() {
     let test = "lane_kernels_without_bounds_equal_the_bounded_ones_bitwise";
-    let (Some(bounded), Some(unbounded)) = (cuda_fp8_w8a16(test), cuda_lanes_unchecked(test))
-    else {
+    let (Some(bounded), Some(unbounded)) = (cuda_lanes_bounded(test), cuda_fp8_w8a16(test)) else {
         return;
     };
     let mut rng = Rng(38);

@@ -19,9 +19,8 @@ static FP8_W8A8_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new()
 static FP8_GEMM_BF16_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static FP8_DEEP_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static FP8_UNMIXED_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
-static LANES_UNCHECKED_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
+static LANES_BOUNDED_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static BF16_WIDE_LANES_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
-static BF16_NARROW_F32_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 
 /// The bf16 backend that keeps block-FP8 weights as FP8, or `None` after printing why not.
 pub fn cuda_fp8(test: &str) -> Option<&'static CudaBackend> {
@@ -50,15 +49,15 @@ pub fn cuda_fp8_unmixed(test: &str) -> Option<&'static CudaBackend> {
     fp8_backend(&FP8_UNMIXED_BACKEND, &defines, test)
 }
 
-/// `cuda_fp8_w8a16` with the lane kernels' whole iterations unbounded (`GEMV_LANE_UNCHECKED=1`;
-/// off by default), or `None` after printing why not.
-pub fn cuda_lanes_unchecked(test: &str) -> Option<&'static CudaBackend> {
+/// `cuda_fp8_w8a16` with every iteration of the lane kernels bounded (`GEMV_LANE_UNCHECKED=0`;
+/// the whole ones run unbounded by default), or `None` after printing why not.
+pub fn cuda_lanes_bounded(test: &str) -> Option<&'static CudaBackend> {
     let defines = [
         W8A16_DEFINES[0],
         W8A16_DEFINES[1],
-        ("GEMV_LANE_UNCHECKED", "1"),
+        ("GEMV_LANE_UNCHECKED", "0"),
     ];
-    fp8_backend(&LANES_UNCHECKED_BACKEND, &defines, test)
+    fp8_backend(&LANES_BOUNDED_BACKEND, &defines, test)
 }
 
 /// `cuda_fp8_w8a16` with all four tiles of the widening tensor-core kernel (2-32 rows;
@@ -165,14 +164,6 @@ pub fn cuda_kv(
 pub fn cuda_wide_lanes(test: &str) -> Option<&'static CudaBackend> {
     let defines = [("GEMV_LANE_NARROW", "0")];
     backend_with_defines(&BF16_WIDE_LANES_BACKEND, false, &defines, test)
-}
-
-/// The bf16 backend whose narrow launches of 2-4 tokens read the f32 activations and round them
-/// themselves (`GEMV_NARROW_F32=1`; a cast launch first by default), or `None` after printing why
-/// not.
-pub fn cuda_narrow_f32(test: &str) -> Option<&'static CudaBackend> {
-    let defines = [("GEMV_NARROW_F32", "1")];
-    backend_with_defines(&BF16_NARROW_F32_BACKEND, false, &defines, test)
 }
 
 /// The backend `cell` holds for the whole test binary, made with `options` on first use.
