@@ -107,10 +107,12 @@ fn an_fp8_draft_model_reads_fewer_bytes_per_draft() {
         let mtp = report["speculative"]["mtp_forward_weight_bytes"]
             .as_u64()
             .unwrap();
-        (trunk, mtp)
+        (trunk, mtp, report["draft_model_quantization"].clone())
     };
-    let (trunk, bf16_mtp) = mtp_bytes(&[]);
-    let (fp8_trunk, fp8_mtp) = mtp_bytes(&["--speculative-draft-model-quantization", "fp8"]);
+    let (trunk, bf16_mtp, bf16_named) = mtp_bytes(&[]);
+    let (fp8_trunk, fp8_mtp, fp8_named) =
+        mtp_bytes(&["--speculative-draft-model-quantization", "fp8"]);
+    assert_eq!((bf16_named, fp8_named), (Value::Null, Value::from("fp8")));
     assert_eq!(trunk, fp8_trunk, "the trunk is not the draft model");
     assert!(
         fp8_mtp * 10 < bf16_mtp * 6,

@@ -309,6 +309,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
         "cpu_kernels": cpu_kernels,
         "kv_cache_dtype": kv_cache_dtype,
         "quantization": settings.quantization.map(|q| format!("{q:?}").to_lowercase()),
+        "draft_model_quantization": settings
+            .draft_quantization
+            .map(|q| format!("{q:?}").to_lowercase()),
         "kernel_overrides": kernel_overrides(),
         "threads": threads,
         "load_seconds": load_s,
