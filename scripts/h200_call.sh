@@ -24,6 +24,10 @@
 #                             value (an empty one is the defaults): a race shows as a failed canary or smoke
 #   ncu:D,D                   Nsight Compute on 24 GEMV launches of a 27B FP8 decode (un-captured), one run
 #                             per DELTASERVE_CUDA_DEFINES value: raw CSV + scripts/ncu_summary.py lines
+#   ncustep:SHAPE:FLAGS:DEFS  Nsight Compute on every kernel of a short un-captured bench of the shape (prefill
+#                             8, 3 decode steps, bench FLAGS added, e.g. "--quantization fp8", under
+#                             DELTASERVE_CUDA_DEFINES=DEFS): raw CSV + scripts/ncu_step.py's table of the
+#                             last decode step, kernel by kernel
 #   sh:COMMAND                any command (its output in sh.log)
 # Each step's one-line result goes to summary.log (also printed); the raw files to $OUT/results.tgz.
 # CARRY (default .carry) is the folder the binaries were packed into.
@@ -145,6 +149,17 @@ for step in "$@"; do
         log "== $name rc=$?"
         python3 scripts/ncu_summary.py "$res/$name.csv" | tee -a "$res/summary.log"
       done
+      ;;
+    ncustep:*)
+      IFS=: read -r _ shape flags defines <<<"$step"
+      name="ncustep-$shape${flags:+-${flags//[^A-Za-z0-9]/}}${defines:+-${defines//[^A-Za-z0-9]/_}}"
+      # shellcheck disable=SC2086 # FLAGS are bench flags, split on purpose
+      DELTASERVE_CUDA_DEFINES="$defines" timeout "$(($(left) < 200 ? $(left) : 200))" \
+        ncu --clock-control none --csv --page raw --metrics gpu__time_duration.sum,dram__bytes_read.sum \
+        "$bins/deltaserve" bench --backend cuda --model-path "examples/$shape" --load-format dummy \
+        --prefill-len 8 --decode-len 3 --warmup 0 --disable-cuda-graph $flags >"$res/$name.csv" 2>"$res/$name.err"
+      log "== $name rc=$?"
+      python3 scripts/ncu_step.py "$res/$name.csv" 2>&1 | tee -a "$res/summary.log"
       ;;
     sh:*)
       timeout "$(left)" bash -c "${step#sh:}" >>"$res/sh.log" 2>&1
