@@ -11,23 +11,15 @@ Compute runs them) to set against the graph-replayed step time `bench` reports.
 """
 
 import argparse
-import csv
 from collections import defaultdict
 
-
-def number(text):
-    try:
-        return float(str(text).replace(",", ""))
-    except ValueError:
-        return float("nan")
+from ncu_summary import launch_rows, number
 
 
 def launches(path):
-    lines = open(path).read().splitlines()
-    start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
-    if start is None:
+    rows = launch_rows(path)
+    if rows is None:
         raise SystemExit(f"{path}: no ncu CSV (see the .err file next to it)")
-    rows = list(csv.DictReader(lines[start:]))[1:]  # rows[0] holds the units
     return [
         (
             r["Kernel Name"],

@@ -16,15 +16,22 @@ def number(text):
         return float("nan")
 
 
-def main(path):
+def launch_rows(path):
+    """The CSV's rows, one per kernel launch (after ncu's log lines and the units row), or None when
+    the file holds no ncu CSV."""
     lines = open(path).read().splitlines()
     start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
     if start is None:
+        return None
+    return list(csv.DictReader(lines[start:]))[1:]  # rows[0] holds the units (ns, byte, %)
+
+
+def main(path):
+    rows = launch_rows(path)
+    if rows is None:
         print(f"{path}: no ncu CSV (see the .err file next to it)")
         return
-    rows = list(csv.DictReader(lines[start:]))
-    # rows[0] holds the units (ns, byte, %).
-    for r in rows[1:]:
+    for r in rows:
         field = lambda name: r.get(name, "?")
         active = number(field("sm__cycles_active.avg")) / max(1.0, number(field("gpc__cycles_elapsed.max")))
         print(
