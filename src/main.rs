@@ -41,7 +41,7 @@ docs/compatibility-flags.md lists them (`deltaserve serve MODEL ...` takes vLLM'
     Score(commands::score::ScoreArgs),
     /// Prefill and decode throughput of a model (real or `--load-format dummy`); `bench serve` load-tests
     /// any OpenAI-compatible server.
-    Bench(commands::bench::BenchCli),
+    Bench(Box<commands::bench::BenchCli>),
     /// Check a backend against the reference on the model's weights (every op, every layer), then
     /// run the canary through the degeneration detector. Exits 1 when a check fails, 2 when it cannot
     /// run.
@@ -62,7 +62,7 @@ fn main() -> std::process::ExitCode {
         Command::Chat(args) => commands::chat::run(args),
         Command::Generate(args) => commands::generate::run(args),
         Command::Score(args) => commands::score::run(args),
-        Command::Bench(cli) => commands::bench::dispatch(cli),
+        Command::Bench(cli) => commands::bench::dispatch(*cli),
         Command::Doctor(args) => return CheckOutcome::exit_code(commands::doctor::run(args)),
         Command::LintOutput(args) => {
             return CheckOutcome::exit_code(commands::lint_output::run(args))

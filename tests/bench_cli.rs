@@ -1,8 +1,9 @@
 //! `deltaserve bench` as a user runs it, on the bundled demo model and the cpu backend: the
 //! speculative (MTP) mode commits k+1 tokens per step and reports positive throughputs, a model
 //! without an MTP head is refused naming the flag, an FP8 draft model reads fewer bytes a draft,
-//! `--profile` says the backend cannot profile, and the kernel level forced with
-//! `DELTASERVE_CPU_LEVEL` is the one reported.
+//! `--profile` says the backend cannot profile, the kernel level forced with
+//! `DELTASERVE_CPU_LEVEL` is the one reported, and sampled decode (`--temperature`) is reported and
+//! its bad flags refused.
 
 use serde_json::Value;
 use std::process::Command;
@@ -169,4 +170,47 @@ fn speculation_without_an_mtp_head_names_the_flag() {
         stderr.contains("--speculative-num-steps") && stderr.contains("no MTP head"),
         "{stderr}"
     );
+}
+
+/// `--temperature` (with `--top-k` / `--top-p`) samples the plain and batched decode steps' tokens
+/// and the JSON says with what; speculative steps (greedy, forced acceptance) refuse it, and the
+/// filters refuse to run without a temperature, each naming the flags.
+#[test]
+fn sampled_decode_is_reported_and_bad_sampling_flags_are_refused() {
+    let flags = ["--temperature", "0.8", "--top-k", "20", "--top-p", "0.95"];
+    let out = bench(&[&flags[..], &["--batch", "2", "--json"]].concat());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    positive(&report, "decode_tokens_per_s");
+    let sampling = &report["decode_sampling"];
+    assert_eq!(sampling["top_k"], 20, "{report}");
+    assert!((sampling["temperature"].as_f64().unwrap() - 0.8).abs() < 1e-6);
+    assert!((sampling["top_p"].as_f64().unwrap() - 0.95).abs() < 1e-6);
+    let greedy: Value = serde_json::from_slice(&bench(&["--json"]).stdout).unwrap();
+    assert_eq!(greedy["decode_sampling"], Value::Null);
+
+    for (extra, named) in [
+        (
+            &["--temperature", "0.8", "--speculative-num-steps", "2"][..],
+            ["--temperature", "--speculative-num-steps"],
+        ),
+        (&["--top-k", "5"][..], ["--top-k", "--temperature"]),
+        (&["--temperature=-1"][..], ["--temperature", ">= 0"]),
+        (
+            &["--temperature", "1", "--top-p", "0"][..],
+            ["--top-p", "(0, 1]"],
+        ),
+    ] {
+        let out = bench(extra);
+        assert!(!out.status.success(), "{extra:?} was accepted");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            named.iter().all(|n| stderr.contains(n)),
+            "{extra:?}: {stderr}"
+        );
+    }
 }

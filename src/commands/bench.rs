@@ -2,6 +2,7 @@
 //! `--load-format dummy`), optionally speculative decoding with the MTP head, a per-op profile, and
 //! the fraction of the measured read bandwidth (roofline) reached. Numbers only; nothing asserts.
 
+use super::bench_picks::DecodeSampling;
 use super::bench_runs::{measure, median, Measured, Phase, RunPlan};
 use crate::loading::{load_model, with_model};
 use crate::model_flags::ModelFlags;
@@ -66,9 +67,39 @@ pub struct BenchArgs {
     /// step time and its ratio to a batch-1 step through the same path.
     #[arg(long = "batch", value_delimiter = ',')]
     pub batch: Vec<usize>,
+    /// Sample the plain and batched decode steps' tokens at this temperature, as `serve` samples
+    /// (on the GPU with cuda) instead of picking the most likely one (0). Speculative steps keep
+    /// greedy picks (forced acceptance), so the two do not go together.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    /// With --temperature: keep the K most likely tokens (0 = all).
+    #[arg(long = "top-k", default_value_t = 0)]
+    pub top_k: usize,
+    /// With --temperature: keep the smallest most likely set holding this probability (1 = all).
+    #[arg(long = "top-p", default_value_t = 1.0)]
+    pub top_p: f32,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
+}
+
+/// The decode steps' sampling settings, each flag checked.
+fn decode_sampling(args: &BenchArgs) -> Result<DecodeSampling> {
+    let (temperature, top_k, top_p) = (args.temperature, args.top_k, args.top_p);
+    if !(temperature >= 0.0 && temperature.is_finite()) {
+        bail!("--temperature {temperature}: must be a finite number >= 0 (0 = greedy)");
+    }
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        bail!("--top-p {top_p}: must be in (0, 1]");
+    }
+    if temperature == 0.0 && (top_k != 0 || top_p != 1.0) {
+        bail!("--top-k / --top-p filter sampled tokens: give --temperature above 0 with them");
+    }
+    Ok(DecodeSampling {
+        temperature,
+        top_k,
+        top_p,
+    })
 }
 
 /// Streams over 1 GiB with `threads` threads and returns bytes per second.
@@ -181,6 +212,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
         "--batch: every batch size must be at least 1"
     );
     let k = args.speculative_num_steps;
+    let sampling = decode_sampling(&args)?;
+    if k > 0 && !sampling.is_greedy() {
+        bail!(
+            "--temperature {} with --speculative-num-steps {k}: speculative steps are measured with forced acceptance and greedy picks; sample plain or batched decode (drop --speculative-num-steps) or drop --temperature",
+            args.temperature
+        );
+    }
     let config = ModelConfig::from_dir(&settings.model_path)
         .with_context(|| format!("--model-path {}", settings.model_path.display()))?;
     if k > 0 && config.mtp_num_hidden_layers == 0 {
@@ -200,6 +238,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         profile: args.profile,
         measure_bandwidth: args.measure_bandwidth,
         batches: args.batch.clone(),
+        sampling,
     };
     let measured = with_model!(&model, m => measure(m, &plan))?;
     let cpu_kernels = model.cpu_kernels();
@@ -309,6 +348,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
         "cpu_kernels": cpu_kernels,
         "kv_cache_dtype": kv_cache_dtype,
         "quantization": settings.quantization.map(|q| format!("{q:?}").to_lowercase()),
+        "decode_sampling": (!sampling.is_greedy()).then(|| json!({
+            "temperature": sampling.temperature,
+            "top_k": sampling.top_k,
+            "top_p": sampling.top_p,
+        })),
         "draft_model_quantization": settings
             .draft_quantization
             .map(|q| format!("{q:?}").to_lowercase()),
@@ -372,8 +416,16 @@ fn print_table(
         args.prefill_len,
         f("prefill_ms")
     );
+    let picks = if args.temperature > 0.0 {
+        format!(
+            "sampled at temperature {}, top-k {}, top-p {}",
+            args.temperature, args.top_k, args.top_p
+        )
+    } else {
+        "greedy".to_string()
+    };
     println!(
-        "decode          {:.2} tok/s (median {:.2} ms/token over {} steps)",
+        "decode          {:.2} tok/s (median {:.2} ms/token over {} steps, {picks})",
         f("decode_tokens_per_s"),
         f("decode_ms_per_token_median"),
         args.decode_len

@@ -2,10 +2,11 @@
 //! speculative steps as the engine runs them for one sequence (verify k+1 tokens, then MTP drafting),
 //! each optionally with the backend's per-op profile per phase. Reporting stays in `bench.rs`.
 
+use super::bench_picks::{DecodeSampling, Picker};
 use deltaserve_model::{
-    argmax, CacheGeometry, ForwardInput, HybridCache, Model, MtpError, MtpInput, StepGraphCounts,
+    CacheGeometry, ForwardInput, HybridCache, Model, MtpError, MtpInput, StepGraphCounts,
 };
-use deltaserve_tensor::{Backend, BatchLayout, Device, OpTiming, RowSampling, SeqLayout};
+use deltaserve_tensor::{Backend, BatchLayout, Device, OpTiming, SeqLayout};
 use std::time::Instant;
 
 /// Tokens per paged-KV block of the bench's private caches.
@@ -100,30 +101,21 @@ fn prompt_tokens(vocab: usize, len: usize) -> Vec<u32> {
         .collect()
 }
 
-/// The greedy token of each of `rows` logits rows, picked as `serve` picks it: on the device when the
-/// backend samples there (only the ids come back), else from the logits copied to the host.
+/// The greedy token of each of `rows` logits rows, picked as `serve` picks it (`Picker`).
 fn greedy_rows<B: Backend>(m: &Model<B>, logits: &B::Buf, rows: usize) -> Vec<u32> {
-    let vocab = m.config.vocab_size;
-    let requests: Vec<RowSampling> = (0..rows as u32).map(RowSampling::greedy).collect();
-    m.backend
-        .sample_rows(logits, vocab, &requests)
-        .unwrap_or_else(|| {
-            m.backend
-                .to_host(logits)
-                .chunks_exact(vocab)
-                .map(argmax)
-                .collect()
-        })
+    Picker::greedy().pick(m, logits, rows)
 }
 
-/// Prefill of `prefill_len` tokens then `decode_len` greedy single-token steps, each picking its
-/// token as `serve` does (`greedy_rows`).
+/// Prefill of `prefill_len` tokens then `decode_len` single-token steps, each picking its token
+/// with `sampling` as `serve` does (`Picker`).
 pub fn plain_run<B: Backend>(
     m: &Model<B>,
     prefill_len: usize,
     decode_len: usize,
+    sampling: DecodeSampling,
     profile: bool,
 ) -> PlainRun {
+    let picker = Picker::new(sampling);
     let prompt = prompt_tokens(m.config.vocab_size, prefill_len);
     let mut cache = m.single_sequence_cache(prefill_len + decode_len + 1);
     let blocks: Vec<u32> = (0..cache.geometry.num_blocks as u32).collect();
@@ -141,7 +133,7 @@ pub fn plain_run<B: Backend>(
         },
         &mut cache,
     );
-    let mut next = greedy_rows(m, &out.logits, 1)[0];
+    let mut next = picker.pick(m, &out.logits, 1)[0];
     prefill.step_s.push(start.elapsed().as_secs_f64());
     profiler.take_into(&mut prefill);
     let bar = indicatif::ProgressBar::new(decode_len as u64);
@@ -158,7 +150,7 @@ pub fn plain_run<B: Backend>(
             },
             &mut cache,
         );
-        next = greedy_rows(m, &out.logits, 1)[0];
+        next = picker.pick(m, &out.logits, 1)[0];
         decode.step_s.push(t0.elapsed().as_secs_f64());
         bar.inc(1);
     }
@@ -169,13 +161,14 @@ pub fn plain_run<B: Backend>(
 
 /// Decode steps of `batch` sequences at once, as a serving engine runs them: each sequence is
 /// prefilled with `prefill_len` tokens (one forward each, untimed), then every step feeds all of
-/// them one token and picks each next token greedily (on the device when the backend samples
-/// there, so the logits stay put as in `serve`).
+/// them one token and picks each next token with `sampling` (on the device when the backend
+/// samples there, so the logits stay put as in `serve`).
 pub fn batched_decode_run<B: Backend>(
     m: &Model<B>,
     batch: usize,
     prefill_len: usize,
     decode_len: usize,
+    sampling: DecodeSampling,
     profile: bool,
 ) -> Phase {
     let blocks_per_seq = (prefill_len + decode_len + 1).div_ceil(BLOCK_SIZE);
@@ -190,7 +183,8 @@ pub fn batched_decode_run<B: Backend>(
         ((i * blocks_per_seq) as u32..((i + 1) * blocks_per_seq) as u32).collect()
     };
     let vocab = m.config.vocab_size;
-    let pick = |logits: &B::Buf, rows: usize| greedy_rows(m, logits, rows);
+    let picker = Picker::new(sampling);
+    let pick = |logits: &B::Buf, rows: usize| picker.pick(m, logits, rows);
     let mut next = Vec::with_capacity(batch);
     for i in 0..batch {
         cache.reset_slot(&m.backend, i);
@@ -420,6 +414,8 @@ pub struct RunPlan {
     pub measure_bandwidth: bool,
     /// Batch sizes of the batched decode runs (empty: none).
     pub batches: Vec<usize>,
+    /// How the plain and batched decode steps pick their tokens.
+    pub sampling: DecodeSampling,
 }
 
 /// The runs of the profiled pass (`--profile` on a backend that can time its ops).
@@ -456,10 +452,11 @@ pub fn measure<B: Backend>(m: &Model<B>, plan: &RunPlan) -> anyhow::Result<Measu
         anyhow::bail!("--speculative-num-steps {k}: the model's MTP head was not loaded");
     }
     let spec_err = |e| anyhow::anyhow!("--speculative-num-steps {k}: {e}");
+    let sampling = plan.sampling;
     for _ in 0..plan.warmup {
-        plain_run(m, prefill, steps.min(2), false);
+        plain_run(m, prefill, steps.min(2), sampling, false);
     }
-    let plain = plain_run(m, prefill, steps, false);
+    let plain = plain_run(m, prefill, steps, sampling, false);
     let speculative = (k > 0)
         .then(|| speculative_run(m, prefill, steps, k, false))
         .transpose()
@@ -468,7 +465,7 @@ pub fn measure<B: Backend>(m: &Model<B>, plan: &RunPlan) -> anyhow::Result<Measu
         None
     } else if let Some(device) = m.backend.device() {
         device.set_op_profiling(true);
-        let plain = plain_run(m, prefill, steps, true);
+        let plain = plain_run(m, prefill, steps, sampling, true);
         let speculative = (k > 0)
             .then(|| speculative_run(m, prefill, steps, k, true))
             .transpose();
@@ -476,7 +473,7 @@ pub fn measure<B: Backend>(m: &Model<B>, plan: &RunPlan) -> anyhow::Result<Measu
             .batches
             .iter()
             .filter(|&&b| b > 1)
-            .map(|&b| (b, batched_decode_run(m, b, prefill, steps, true)))
+            .map(|&b| (b, batched_decode_run(m, b, prefill, steps, sampling, true)))
             .collect();
         device.set_op_profiling(false);
         Some(Some(Profiled {
@@ -496,7 +493,7 @@ pub fn measure<B: Backend>(m: &Model<B>, plan: &RunPlan) -> anyhow::Result<Measu
     batches.dedup();
     let batched = batches
         .into_iter()
-        .map(|b| (b, batched_decode_run(m, b, prefill, steps, false)))
+        .map(|b| (b, batched_decode_run(m, b, prefill, steps, sampling, false)))
         .collect();
     // Over every run above; profiled runs cannot record (their shapes count as failed).
     let step_graphs = m.step_graph_counts();

@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod bench;
+mod bench_picks;
 mod bench_runs;
 pub mod bench_serve;
 pub mod chat;
