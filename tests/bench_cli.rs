@@ -14,6 +14,17 @@ fn bench(extra: &[&str]) -> std::process::Output {
     bench_command(extra).output().unwrap()
 }
 
+/// A successful `bench --json` run's report.
+fn bench_json(extra: &[&str]) -> Value {
+    let out = bench(&[extra, &["--json"]].concat());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 fn bench_command(extra: &[&str]) -> Command {
     let mut command = Command::new(BINARY);
     command
@@ -60,13 +71,7 @@ fn positive(v: &Value, key: &str) -> f64 {
 
 #[test]
 fn speculative_bench_commits_k_plus_one_tokens_per_step() {
-    let out = bench(&["--speculative-num-steps", "2", "--profile", "--json"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let report = bench_json(&["--speculative-num-steps", "2", "--profile"]);
     positive(&report, "prefill_tokens_per_s");
     positive(&report, "decode_tokens_per_s");
     let spec = &report["speculative"];
@@ -97,13 +102,7 @@ fn speculative_bench_commits_k_plus_one_tokens_per_step() {
 #[test]
 fn an_fp8_draft_model_reads_fewer_bytes_per_draft() {
     let mtp_bytes = |extra: &[&str]| {
-        let out = bench(&[&["--speculative-num-steps", "2", "--json"], extra].concat());
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let report = bench_json(&[&["--speculative-num-steps", "2"], extra].concat());
         let trunk = report["decode_weight_bytes_per_token"].as_u64().unwrap();
         let mtp = report["speculative"]["mtp_forward_weight_bytes"]
             .as_u64()
@@ -135,9 +134,7 @@ fn an_fp8_draft_model_reads_fewer_bytes_per_draft() {
 
 #[test]
 fn plain_bench_has_no_speculative_section() {
-    let out = bench(&["--json"]);
-    assert!(out.status.success());
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let report = bench_json(&[]);
     positive(&report, "decode_tokens_per_s");
     assert!(report["speculative"].is_null());
     assert!(report["profile_supported"].is_null());
@@ -178,19 +175,13 @@ fn speculation_without_an_mtp_head_names_the_flag() {
 #[test]
 fn sampled_decode_is_reported_and_bad_sampling_flags_are_refused() {
     let flags = ["--temperature", "0.8", "--top-k", "20", "--top-p", "0.95"];
-    let out = bench(&[&flags[..], &["--batch", "2", "--json"]].concat());
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let report = bench_json(&[&flags[..], &["--batch", "2"]].concat());
     positive(&report, "decode_tokens_per_s");
     let sampling = &report["decode_sampling"];
     assert_eq!(sampling["top_k"], 20, "{report}");
     assert!((sampling["temperature"].as_f64().unwrap() - 0.8).abs() < 1e-6);
     assert!((sampling["top_p"].as_f64().unwrap() - 0.95).abs() < 1e-6);
-    let greedy: Value = serde_json::from_slice(&bench(&["--json"]).stdout).unwrap();
+    let greedy = bench_json(&[]);
     assert_eq!(greedy["decode_sampling"], Value::Null);
 
     for (extra, named) in [
