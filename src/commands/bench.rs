@@ -2,12 +2,13 @@
 //! `--load-format dummy`), optionally speculative decoding with the MTP head, a per-op profile, and
 //! the fraction of the measured read bandwidth (roofline) reached. Numbers only; nothing asserts.
 
-use super::bench_picks::DecodeSampling;
+use super::bench_picks::is_greedy;
 use super::bench_runs::{measure, median, Measured, Phase, RunPlan};
 use crate::loading::{load_model, with_model};
 use crate::model_flags::ModelFlags;
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use deltaserve_engine::SamplingParams;
 use deltaserve_model::config::ModelConfig;
 use serde_json::{json, Value};
 use std::time::Instant;
@@ -84,7 +85,7 @@ pub struct BenchArgs {
 }
 
 /// The decode steps' sampling settings, each flag checked.
-fn decode_sampling(args: &BenchArgs) -> Result<DecodeSampling> {
+fn decode_sampling(args: &BenchArgs) -> Result<SamplingParams> {
     let (temperature, top_k, top_p) = (args.temperature, args.top_k, args.top_p);
     if !(temperature >= 0.0 && temperature.is_finite()) {
         bail!("--temperature {temperature}: must be a finite number >= 0 (0 = greedy)");
@@ -95,10 +96,11 @@ fn decode_sampling(args: &BenchArgs) -> Result<DecodeSampling> {
     if temperature == 0.0 && (top_k != 0 || top_p != 1.0) {
         bail!("--top-k / --top-p filter sampled tokens: give --temperature above 0 with them");
     }
-    Ok(DecodeSampling {
+    Ok(SamplingParams {
         temperature,
         top_k,
         top_p,
+        ..SamplingParams::default()
     })
 }
 
@@ -213,7 +215,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     );
     let k = args.speculative_num_steps;
     let sampling = decode_sampling(&args)?;
-    if k > 0 && !sampling.is_greedy() {
+    if k > 0 && !is_greedy(&sampling) {
         bail!(
             "--temperature {} with --speculative-num-steps {k}: speculative steps are measured with forced acceptance and greedy picks; sample plain or batched decode (drop --speculative-num-steps) or drop --temperature",
             args.temperature
@@ -348,10 +350,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
         "cpu_kernels": cpu_kernels,
         "kv_cache_dtype": kv_cache_dtype,
         "quantization": settings.quantization.map(|q| format!("{q:?}").to_lowercase()),
-        "decode_sampling": (!sampling.is_greedy()).then(|| json!({
-            "temperature": sampling.temperature,
-            "top_k": sampling.top_k,
-            "top_p": sampling.top_p,
+        "decode_sampling": (!is_greedy(&plan.sampling)).then(|| json!({
+            "temperature": plan.sampling.temperature,
+            "top_k": plan.sampling.top_k,
+            "top_p": plan.sampling.top_p,
         })),
         "draft_model_quantization": settings
             .draft_quantization

@@ -2,7 +2,8 @@
 //! speculative steps as the engine runs them for one sequence (verify k+1 tokens, then MTP drafting),
 //! each optionally with the backend's per-op profile per phase. Reporting stays in `bench.rs`.
 
-use super::bench_picks::{DecodeSampling, Picker};
+use super::bench_picks::Picker;
+use deltaserve_engine::SamplingParams;
 use deltaserve_model::{
     CacheGeometry, ForwardInput, HybridCache, Model, MtpError, MtpInput, StepGraphCounts,
 };
@@ -112,10 +113,10 @@ pub fn plain_run<B: Backend>(
     m: &Model<B>,
     prefill_len: usize,
     decode_len: usize,
-    sampling: DecodeSampling,
+    sampling: &SamplingParams,
     profile: bool,
 ) -> PlainRun {
-    let picker = Picker::new(sampling);
+    let picker = Picker::new(sampling.clone());
     let prompt = prompt_tokens(m.config.vocab_size, prefill_len);
     let mut cache = m.single_sequence_cache(prefill_len + decode_len + 1);
     let blocks: Vec<u32> = (0..cache.geometry.num_blocks as u32).collect();
@@ -168,7 +169,7 @@ pub fn batched_decode_run<B: Backend>(
     batch: usize,
     prefill_len: usize,
     decode_len: usize,
-    sampling: DecodeSampling,
+    sampling: &SamplingParams,
     profile: bool,
 ) -> Phase {
     let blocks_per_seq = (prefill_len + decode_len + 1).div_ceil(BLOCK_SIZE);
@@ -183,7 +184,7 @@ pub fn batched_decode_run<B: Backend>(
         ((i * blocks_per_seq) as u32..((i + 1) * blocks_per_seq) as u32).collect()
     };
     let vocab = m.config.vocab_size;
-    let picker = Picker::new(sampling);
+    let picker = Picker::new(sampling.clone());
     let pick = |logits: &B::Buf, rows: usize| picker.pick(m, logits, rows);
     let mut next = Vec::with_capacity(batch);
     for i in 0..batch {
@@ -415,7 +416,7 @@ pub struct RunPlan {
     /// Batch sizes of the batched decode runs (empty: none).
     pub batches: Vec<usize>,
     /// How the plain and batched decode steps pick their tokens.
-    pub sampling: DecodeSampling,
+    pub sampling: SamplingParams,
 }
 
 /// The runs of the profiled pass (`--profile` on a backend that can time its ops).
@@ -452,7 +453,7 @@ pub fn measure<B: Backend>(m: &Model<B>, plan: &RunPlan) -> anyhow::Result<Measu
         anyhow::bail!("--speculative-num-steps {k}: the model's MTP head was not loaded");
     }
     let spec_err = |e| anyhow::anyhow!("--speculative-num-steps {k}: {e}");
-    let sampling = plan.sampling;
+    let sampling = &plan.sampling;
     for _ in 0..plan.warmup {
         plain_run(m, prefill, steps.min(2), sampling, false);
     }

@@ -20,7 +20,8 @@ pub(crate) fn needs_host_logits(p: &SamplingParams, speculative: bool) -> bool {
     p.logprobs.is_some() || has_penalties(p) || (speculative && p.temperature != 0.0)
 }
 
-fn row_sampling<'a>(
+/// The device sampler's settings for one row of request `p`.
+pub fn row_sampling<'a>(
     row: u32,
     p: &SamplingParams,
     uniform: f64,

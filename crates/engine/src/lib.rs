@@ -19,6 +19,7 @@ pub mod sequence;
 pub mod speculative;
 
 pub use api::*;
+pub use device_sampling::row_sampling;
 pub use engine::{EngineConfig, LocalEngine};
 pub use prefix_cache::PrefixCacheConfig;
 pub use replicas::ReplicaSet;
