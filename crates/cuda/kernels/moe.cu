@@ -23,46 +23,112 @@
 #define MOE_EXPERTS_PER_LANE (MOE_MAX_EXPERTS / 32)
 #define MOE_WARPS 8
 
+// moe_route's ranking key: ordered as the logits are (-0 as +0, so that equal logits tie and go to
+// the lower expert as in the comparison of the floats), 0 for NaN, which is never chosen while a
+// number is left.
+__device__ __forceinline__ unsigned int moe_rank_key(float v) {
+    if (v != v) return 0u;
+    const unsigned int b = v == 0.0f ? 0u : __float_as_uint(v);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+__device__ __forceinline__ float moe_key_logit(unsigned int key) {
+    return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
+}
+
 // One warp per token. Ranks by probability, highest first, ties to the lower expert index (the
 // reference's stable sort); the softmax and the weights in f64 as the reference computes them.
 // Ranking compares the f32 logits, which orders them as their f64 probabilities do (exp is
 // increasing; the two differ only for logits more than ~745 below the maximum, where f64 rounds
 // the probability to 0). The chosen ranks' probabilities are then computed side by side, summed in
-// rank order for the renormalisation, and written. Grid: ceil(tokens / MOE_ROUTE_WARPS) blocks of
-// 32 * MOE_ROUTE_WARPS threads.
+// rank order for the renormalisation, and written; renormalised weights skip the softmax's
+// denominator (it cancels), which spares the warp an f64 exponential of every expert: this kernel
+// runs alone between the router and the experts in every MoE layer of a decode step, so its
+// latency is the step's (H200, 35B-A3B: ~5 us of a 3.5 ms step per layer before). Grid:
+// ceil(tokens / MOE_ROUTE_WARPS) blocks of 32 * MOE_ROUTE_WARPS threads.
 #define MOE_ROUTE_WARPS 4
-extern "C" __global__ void moe_route(const float* __restrict__ logits, int tokens, int experts, int top_k,
-                                     int renormalize, int* __restrict__ ids, float* __restrict__ weights) {
-    AFTER_PREVIOUS_KERNEL();
-    // top_k <= experts <= MOE_MAX_EXPERTS (checked by the launcher).
-    __shared__ float chosen_logit[MOE_ROUTE_WARPS][MOE_MAX_EXPERTS];
-    __shared__ double chosen_p[MOE_ROUTE_WARPS][MOE_MAX_EXPERTS];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int token = blockIdx.x * MOE_ROUTE_WARPS + warp;
-    if (token >= tokens) return;
-    const float* row = logits + (i64)token * experts;
-    float v[MOE_EXPERTS_PER_LANE];
+// The ranking by warp reductions (redux.sync, compute capability 8.0 on) instead of butterfly
+// shuffles; the same choices either way (DELTASERVE_CUDA_DEFINES=MOE_ROUTE_REDUX=0 measures the
+// shuffles).
+#ifndef MOE_ROUTE_REDUX
+#define MOE_ROUTE_REDUX 1
+#endif
+#if MOE_ROUTE_REDUX && __CUDA_ARCH__ >= 800
+#define MOE_ROUTE_BY_REDUX 1
+#else
+#define MOE_ROUTE_BY_REDUX 0
+#endif
+
+// PER_LANE: experts a lane holds (expert e in lane e % 32), experts <= 32 * PER_LANE.
+template <int PER_LANE>
+__device__ __forceinline__ void moe_route_token(const float* __restrict__ row, int experts, int top_k,
+                                                int renormalize, int* __restrict__ ids,
+                                                float* __restrict__ weights, float* chosen_logit,
+                                                double* chosen_p) {
+    const int lane = threadIdx.x & 31;
+    float v[PER_LANE];
+#pragma unroll
+    for (int i = 0; i < PER_LANE; ++i) v[i] = lane + 32 * i < experts ? row[lane + 32 * i] : NEG_INF;
+#if MOE_ROUTE_BY_REDUX
+    unsigned int key[PER_LANE];
+    unsigned int lane_top = 0u;
+#pragma unroll
+    for (int i = 0; i < PER_LANE; ++i) {
+        key[i] = lane + 32 * i < experts ? moe_rank_key(v[i]) : 0u;
+        lane_top = max(lane_top, key[i]);
+    }
+    const unsigned int top_key = __reduce_max_sync(0xffffffffu, lane_top);
+    const float row_max = top_key != 0u ? moe_key_logit(top_key) : NEG_INF;
+#else
     float row_max = NEG_INF;
 #pragma unroll
-    for (int i = 0; i < MOE_EXPERTS_PER_LANE; ++i) {
-        const int e = lane + 32 * i;
-        v[i] = e < experts ? row[e] : NEG_INF;
-        row_max = fmaxf(row_max, v[i]);
-    }
+    for (int i = 0; i < PER_LANE; ++i) row_max = fmaxf(row_max, v[i]);
     for (int o = 16; o > 0; o >>= 1) row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, o));
-    double total = 0.0;
+#endif
+    double total = 1.0;
+    if (!renormalize) {
+        total = 0.0;
 #pragma unroll
-    for (int i = 0; i < MOE_EXPERTS_PER_LANE; ++i)
-        if (lane + 32 * i < experts) total += exp((double)v[i] - (double)row_max);
-    for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
+        for (int i = 0; i < PER_LANE; ++i)
+            if (lane + 32 * i < experts) total += exp((double)v[i] - (double)row_max);
+        for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
+    }
 
-    const i64 out = (i64)token * top_k;
+#if MOE_ROUTE_BY_REDUX
+    for (int r = 0; r < top_k; ++r) {
+        // The lane's best (ties to its lower index, the lower expert), then the warp's best key and,
+        // among the lanes holding it, the lowest expert: two single-instruction reductions a rank.
+        unsigned int mine = 0u;
+        int mine_i = 0;
+#pragma unroll
+        for (int i = 0; i < PER_LANE; ++i)
+            if (key[i] > mine) {
+                mine = key[i];
+                mine_i = i;
+            }
+        const unsigned int top = __reduce_max_sync(0xffffffffu, mine);
+        const unsigned int candidate = top != 0u && mine == top ? (unsigned int)(lane + 32 * mine_i) : 0xffffffffu;
+        int best_e = (int)__reduce_min_sync(0xffffffffu, candidate);
+        float best = moe_key_logit(top);
+        if (top == 0u) {  // NaN logits only: keep the index in range
+            best_e = 0;
+            best = NEG_INF;
+        }
+#pragma unroll
+        for (int i = 0; i < PER_LANE; ++i)
+            if (lane + 32 * i == best_e) key[i] = 0u;
+        if (lane == 0) {
+            ids[r] = best_e;
+            chosen_logit[r] = best;
+        }
+    }
+#else
     unsigned int taken = 0;
     for (int r = 0; r < top_k; ++r) {
         float best = NEG_INF;
         int best_e = 0x7fffffff;
 #pragma unroll
-        for (int i = 0; i < MOE_EXPERTS_PER_LANE; ++i) {
+        for (int i = 0; i < PER_LANE; ++i) {
             const int e = lane + 32 * i;
             if (e < experts && !(taken >> i & 1u) && (v[i] > best || (v[i] == best && e < best_e))) {
                 best = v[i];
@@ -80,18 +146,46 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int token
         if (best_e >= experts) best_e = 0;  // NaN logits: keep the index in range
         if ((best_e & 31) == lane) taken |= 1u << (best_e >> 5);
         if (lane == 0) {
-            ids[out + r] = best_e;
-            chosen_logit[warp][r] = best;
+            ids[r] = best_e;
+            chosen_logit[r] = best;
         }
     }
+#endif
     __syncwarp();
-    for (int r = lane; r < top_k; r += 32) chosen_p[warp][r] = exp((double)chosen_logit[warp][r] - (double)row_max) / total;
+    for (int r = lane; r < top_k; r += 32) chosen_p[r] = exp((double)chosen_logit[r] - (double)row_max) / total;
     __syncwarp();
     double chosen_sum = 0.0;
     if (renormalize)
-        for (int r = 0; r < top_k; ++r) chosen_sum += chosen_p[warp][r];
-    for (int r = lane; r < top_k; r += 32)
-        weights[out + r] = (float)(renormalize ? chosen_p[warp][r] / chosen_sum : chosen_p[warp][r]);
+        for (int r = 0; r < top_k; ++r) chosen_sum += chosen_p[r];
+    for (int r = lane; r < top_k; r += 32) weights[r] = (float)(renormalize ? chosen_p[r] / chosen_sum : chosen_p[r]);
+}
+
+template <int PER_LANE>
+__device__ __forceinline__ void moe_route_rows(const float* __restrict__ logits, int tokens, int experts, int top_k,
+                                               int renormalize, int* __restrict__ ids,
+                                               float* __restrict__ weights) {
+    AFTER_PREVIOUS_KERNEL();
+    // top_k <= experts <= 32 * PER_LANE (checked by the launcher).
+    __shared__ float chosen_logit[MOE_ROUTE_WARPS][32 * PER_LANE];
+    __shared__ double chosen_p[MOE_ROUTE_WARPS][32 * PER_LANE];
+    const int warp = threadIdx.x >> 5;
+    const int token = blockIdx.x * MOE_ROUTE_WARPS + warp;
+    if (token >= tokens) return;
+    const i64 out = (i64)token * top_k;
+    moe_route_token<PER_LANE>(logits + (i64)token * experts, experts, top_k, renormalize, ids + out, weights + out,
+                              chosen_logit[warp], chosen_p[warp]);
+}
+
+// router logits [T, E] -> ids, weights [T, top_k]: E <= MOE_MAX_EXPERTS, or E <= 256 (moe_route_256,
+// half the registers and comparisons a rank).
+extern "C" __global__ void moe_route(const float* __restrict__ logits, int tokens, int experts, int top_k,
+                                     int renormalize, int* __restrict__ ids, float* __restrict__ weights) {
+    moe_route_rows<MOE_EXPERTS_PER_LANE>(logits, tokens, experts, top_k, renormalize, ids, weights);
+}
+
+extern "C" __global__ void moe_route_256(const float* __restrict__ logits, int tokens, int experts, int top_k,
+                                         int renormalize, int* __restrict__ ids, float* __restrict__ weights) {
+    moe_route_rows<8>(logits, tokens, experts, top_k, renormalize, ids, weights);
 }
 
 // Exclusive prefix sums of `a` and `b` over the block's threads in thread order (blockDim.x <= 1024);
@@ -288,14 +382,28 @@ MOE_GROUPED_KERNELS(4)
 // the same for every slot whatever else is batched.
 // moe_gate_up_slots: warps per block, (gate, up) row pairs per warp, 512-byte sweeps in flight per
 // row (8: a whole 2048-wide row in one round trip).
+// Each can be set through DELTASERVE_CUDA_DEFINES to measure variants (moe.rs reads the ones that
+// shape the grid back from the same defines).
+#ifndef MOE_LANE_WARPS
 #define MOE_LANE_WARPS 4
+#endif
+#ifndef MOE_LANE_ROWS
 #define MOE_LANE_ROWS 1
+#endif
+#ifndef MOE_LANE_UNROLL
 #define MOE_LANE_UNROLL 8
+#endif
 // moe_down_combine: warps per block, output rows per block, and the (row, rank) dot products each
 // warp has in flight at once (each a whole row of up to 512 columns).
+#ifndef MOE_DOWN_WARPS
 #define MOE_DOWN_WARPS 4
+#endif
+#ifndef MOE_DOWN_ROWS
 #define MOE_DOWN_ROWS 2
+#endif
+#ifndef MOE_DOWN_ITEMS
 #define MOE_DOWN_ITEMS 5
+#endif
 
 __device__ __forceinline__ float dot8(const uint4 w, const float* x, float acc) {
     float wf[8];

@@ -43,6 +43,7 @@ pub struct CudaBackend {
     /// Whether kernels that wait for their predecessor themselves are launched early (PDL).
     pub(crate) dependent_launch: bool,
     pub(crate) gemv_lane_shape: crate::gemv::LaneShape,
+    pub(crate) moe_slot_shape: crate::moe::SlotShape,
     /// Whether decode attention takes a kv head's query heads in one block (attention.rs).
     pub(crate) grouped_attention: bool,
     pub(crate) gemm_precision: GemmPrecision,
@@ -206,6 +207,7 @@ impl CudaBackend {
             kernels: Arc::new(kernels),
             dependent_launch: options.dependent_launch,
             gemv_lane_shape: crate::gemv::LaneShape::from_options(options, sm_count),
+            moe_slot_shape: crate::moe::SlotShape::from_options(options),
             grouped_attention: options.define::<u32>("ATTENTION_GQA").unwrap_or(1) != 0,
             gemm_precision: options.gemm_precision,
             keep_fp8_weights: options.keep_fp8_weights.unwrap_or(major >= 9)

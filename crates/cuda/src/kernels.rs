@@ -77,6 +77,7 @@ pub const FILES: [KernelFile; 14] = [
         source: include_str!("../kernels/moe.cu"),
         functions: &[
             "moe_route",
+            "moe_route_256",
             "moe_plan",
             "moe_gate_up_t1",
             "moe_down_t1",

@@ -38,20 +38,37 @@ fn grouped_kernels(tokens: usize) -> (&'static str, &'static str, usize) {
 }
 /// Output rows per block of the gate/up and down kernels.
 const TILE_ROWS: usize = 16;
-/// `MOE_LANE_WARPS` and `MOE_LANE_WARPS` x `MOE_LANE_ROWS` of moe.cu: warps and output rows per
-/// block of `moe_gate_up_slots`.
-const LANE_WARPS: u32 = 4;
-const LANE_ROWS_PER_BLOCK: usize = 4;
-/// `MOE_DOWN_WARPS` and `MOE_DOWN_ROWS` of moe.cu: warps and output rows per block of
-/// `moe_down_combine`.
-const DOWN_WARPS: u32 = 4;
-const DOWN_ROWS_PER_BLOCK: usize = 2;
+/// The by-slot kernels' block shapes: `moe_gate_up_slots`' `MOE_LANE_WARPS` warps of
+/// `MOE_LANE_ROWS` (gate, up) row pairs each, `moe_down_combine`'s `MOE_DOWN_WARPS` warps and
+/// `MOE_DOWN_ROWS` output rows a block; moe.cu's defaults unless `CudaOptions::defines` sets them
+/// (for measuring variants), read from the same defines so the grids match the kernels.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SlotShape {
+    lane_warps: u32,
+    lane_rows_per_block: usize,
+    down_warps: u32,
+    down_rows_per_block: usize,
+}
+
+impl SlotShape {
+    pub(crate) fn from_options(options: &crate::options::CudaOptions) -> Self {
+        let lane_warps = options.define("MOE_LANE_WARPS").unwrap_or(4);
+        Self {
+            lane_warps,
+            lane_rows_per_block: lane_warps as usize * options.define("MOE_LANE_ROWS").unwrap_or(1),
+            down_warps: options.define("MOE_DOWN_WARPS").unwrap_or(4),
+            down_rows_per_block: options.define("MOE_DOWN_ROWS").unwrap_or(2),
+        }
+    }
+}
 /// Up to this many tokens the by-slot kernels run (each slot reads its expert; with more tokens
 /// the experts repeat and grouping them on the tensor cores reads less); beyond, the grouped path.
 /// A token's result is bit for bit the same at every batch size within each of the two ranges.
 const SLOT_PATH_MAX_TOKENS: usize = 4;
 /// Tokens routed per block of `moe_route` (`MOE_ROUTE_WARPS`: one warp each).
 const ROUTE_TOKENS_PER_BLOCK: usize = 4;
+/// The most experts `moe_route_256` ranks.
+const ROUTE_NARROW_EXPERTS: usize = 256;
 
 /// Whether the fused kernels can run these experts: bf16 GEMMs, rows of whole 16-byte vectors,
 /// few enough experts for the routing kernel's registers.
@@ -235,7 +252,7 @@ impl CudaBackend {
         }
     }
 
-    /// `moe_route`: the top-k expert ids and weights of every token.
+    /// `moe_route` / `moe_route_256`: the top-k expert ids and weights of every token.
     fn moe_route(
         &self,
         router_logits: &CudaBuf,
@@ -256,9 +273,15 @@ impl CudaBackend {
         };
         // Contract: logits hold tokens x experts (checked by the caller), 1 <= k <= experts <=
         // MAX_EXPERTS (checked, fused_applies), ids and weights hold tokens x k.
+        // Up to 256 experts (Qwen3.5/3.6 MoE) a lane holds 8 logits instead of 16.
+        let kernel = if experts <= ROUTE_NARROW_EXPERTS {
+            "moe_route_256"
+        } else {
+            "moe_route"
+        };
         launch!(
             self,
-            "moe_route",
+            kernel,
             cfg,
             &router_logits.data,
             &t32,
@@ -296,6 +319,7 @@ impl CudaBackend {
         let ims = shared.as_ref().map_or(0, |s| s.ims);
         let act_stride = w.im.max(ims);
         let slots = tokens * ranks;
+        let shape = self.moe_slot_shape;
         // Each act row's first `rows` of its rank are written by the blocks of its slot, and only
         // those are read.
         let mut act: CudaSlice<u16> =
@@ -314,11 +338,11 @@ impl CudaBackend {
         );
         let gate_up_cfg = LaunchConfig {
             grid_dim: (
-                act_stride.div_ceil(LANE_ROWS_PER_BLOCK) as u32,
+                act_stride.div_ceil(shape.lane_rows_per_block) as u32,
                 slots as u32,
                 1,
             ),
-            block_dim: (32 * LANE_WARPS, 1, 1),
+            block_dim: (32 * shape.lane_warps, 1, 1),
             shared_mem_bytes: 0,
         };
         // Contract: gate_up is e x 2im x h bf16 with h % 8 == 0 (fused_applies), the shared
@@ -341,8 +365,12 @@ impl CudaBackend {
             &stride32
         );
         let down_cfg = LaunchConfig {
-            grid_dim: (w.h.div_ceil(DOWN_ROWS_PER_BLOCK) as u32, tokens as u32, 1),
-            block_dim: (32 * DOWN_WARPS, 1, 1),
+            grid_dim: (
+                w.h.div_ceil(shape.down_rows_per_block) as u32,
+                tokens as u32,
+                1,
+            ),
+            block_dim: (32 * shape.down_warps, 1, 1),
             shared_mem_bytes: 0,
         };
         // Contract: down is e x h x im bf16 with im % 8 == 0; act, ids, weights as written above;
