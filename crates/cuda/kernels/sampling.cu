@@ -66,6 +66,72 @@ __device__ __forceinline__ bool below_prefix(unsigned int k, unsigned int key, i
     return k < key || (k == key && ties >= 0);
 }
 
+// The argmax's and the full-row passes' 16-byte loads a thread has in flight.
+#define ARGMAX_LOADS 4
+
+// Calls visit(valid, i, logit) for every token i of the row once, reading it in 16-byte loads,
+// ARGMAX_LOADS of them in flight a thread (one scalar load at a time left a 248k-token row's pass
+// latency-bound in one block). Every lane of a warp makes the same number of calls (valid false for
+// padding), so `visit` may use warp-collective instructions.
+template <typename Visit>
+__device__ __forceinline__ void for_each_logit(const float* x, int vocab, Visit visit) {
+    const int lane = threadIdx.x & 31;
+    const int head = min(vocab, (int)((16u - ((unsigned int)(size_t)x & 15u)) & 15u) / 4);
+    const float4* xv = (const float4*)(x + head);
+    const int vectors = (vocab - head) / 4;
+    const int tail = head + 4 * vectors;
+    if (threadIdx.x < 32) {
+        // At most 3 tokens before the first 16-byte boundary and 3 after the last whole vector.
+        const int i = lane < head ? lane : tail + lane - head;
+        const bool valid = lane < head || (i < vocab && lane - head < 4);
+        visit(valid, valid ? i : 0, valid ? x[i] : 0.0f);
+    }
+    for (int v0 = threadIdx.x - lane; v0 < vectors; v0 += ARGMAX_LOADS * blockDim.x) {
+        float4 q[ARGMAX_LOADS];
+#pragma unroll
+        for (int u = 0; u < ARGMAX_LOADS; ++u) {
+            const int v = v0 + lane + u * blockDim.x;
+            q[u] = v < vectors ? xv[v] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int u = 0; u < ARGMAX_LOADS; ++u) {
+            const int v = v0 + lane + u * blockDim.x;
+            const bool valid = v < vectors;
+            const int i = head + 4 * v;
+            visit(valid, i, q[u].x);
+            visit(valid, i + 1, q[u].y);
+            visit(valid, i + 2, q[u].z);
+            visit(valid, i + 3, q[u].w);
+        }
+    }
+}
+
+#define NO_BIN RADIX_BINS
+
+// hist_count[bin] += 1 for each lane's bin (NO_BIN: none), one shared atomic per distinct bin of the
+// warp: a row's logits share a few exponents, so the first radix pass puts nearly every token of a
+// warp in one bin, and per-lane atomics on it serialised 32 deep. Later passes count few tokens:
+// a warp with none skips the match.
+__device__ __forceinline__ void count_in_bin(unsigned int bin, unsigned int* hist_count) {
+    if (__ballot_sync(0xffffffffu, bin != NO_BIN) == 0u) return;
+    const unsigned int peers = __match_any_sync(0xffffffffu, bin);
+    if (bin != NO_BIN && (threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&hist_count[bin], __popc(peers));
+}
+
+// hist_mass[bin] += mass for each lane's bin: the warp sums each distinct bin's masses (a butterfly
+// over the lanes in it) and adds that once, for the reason count_in_bin gives.
+__device__ __forceinline__ void add_mass_in_bin(unsigned int bin, double mass, double* hist_mass) {
+    unsigned int left = __ballot_sync(0xffffffffu, bin != NO_BIN);
+    while (left != 0u) {
+        const int leader = __ffs(left) - 1;
+        const unsigned int b = __shfl_sync(0xffffffffu, bin, leader);
+        double sum = bin == b ? mass : 0.0;
+        for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        if ((threadIdx.x & 31) == leader) atomicAdd(&hist_mass[b], sum);
+        left &= ~__ballot_sync(0xffffffffu, bin == b);
+    }
+}
+
 // The smallest prefix holding `need` tokens (count select) or reaching probability mass `need_mass`
 // (mass select), among the tokens of the prefix (`within_key`, `within_ties`); the result goes to
 // `out_key` / `out_ties`. Returns false when rounding left the mass short of `need_mass` (the caller
@@ -81,14 +147,14 @@ __device__ bool radix_select(const float* x, int vocab, bool by_mass, int need, 
             hist_mass[b] = 0.0;
         }
         __syncthreads();
-        for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-            const unsigned int k = order_key(x[i]);
+        for_each_logit(x, vocab, [&](bool valid, int, float logit) {
+            const unsigned int k = order_key(logit);
             // A bounded tie group at the `within` key is added below as exactly `within_ties` tokens.
-            if ((k & mask) != prefix || below_prefix(k, within_key, within_ties)) continue;
-            const unsigned int d = (k >> shift) & 255u;
-            atomicAdd(&hist_count[d], 1u);
-            if (by_mass) atomicAdd(&hist_mass[d], (double)expf((x[i] - max_x) * inv_t));
-        }
+            const bool counted = valid && (k & mask) == prefix && !below_prefix(k, within_key, within_ties);
+            const unsigned int bin = counted ? (k >> shift) & 255u : NO_BIN;
+            count_in_bin(bin, hist_count);
+            if (by_mass) add_mass_in_bin(bin, counted ? (double)expf((logit - max_x) * inv_t) : 0.0, hist_mass);
+        });
         __syncthreads();
         if (threadIdx.x == 0) {
             if (within_ties >= 0 && (within_key & mask) == prefix) {
@@ -130,7 +196,7 @@ __device__ bool radix_select(const float* x, int vocab, bool by_mass, int need, 
     if (threadIdx.x == 0) hist_count[0] = 0;
     __syncthreads();
     unsigned int local = 0;
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x) local += order_key(x[i]) == prefix ? 1u : 0u;
+    for_each_logit(x, vocab, [&](bool valid, int, float logit) { local += valid && order_key(logit) == prefix; });
     if (local) atomicAdd(&hist_count[0], local);
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -161,9 +227,6 @@ __device__ __forceinline__ float kept_weight(float logit, unsigned int keep_key,
     const float w = expf((logit - max_x) * inv_t);
     return (min_p > 0.0f && w < min_p) ? 0.0f : w;
 }
-
-// The argmax's 16-byte loads a thread has in flight.
-#define ARGMAX_LOADS 4
 
 __device__ __forceinline__ void consider_for_argmax(unsigned int k, int i, unsigned int* best_key, int* best_id) {
     if (k > *best_key || (k == *best_key && i < *best_id)) {
@@ -275,9 +338,10 @@ extern "C" __global__ void sample_rows(const float* logits, int vocab, const Row
     // Top-p over the top-k prefix: the smallest prefix holding top_p of its mass.
     if (top_p < 1.0f) {
         double mass = 0.0;
-        for (int i = tid; i < vocab; i += blockDim.x) {
-            if (!below_prefix(order_key(x[i]), keep_key, keep_ties)) mass += (double)expf((x[i] - max_x) * inv_t);
-        }
+        for_each_logit(x, vocab, [&](bool valid, int, float logit) {
+            if (valid && !below_prefix(order_key(logit), keep_key, keep_ties))
+                mass += (double)expf((logit - max_x) * inv_t);
+        });
         double total = block_sum_double(mass, scan_double);
         if (keep_ties >= 0) total += (double)keep_ties * (double)expf((key_value(keep_key) - max_x) * inv_t);
         const bool found = radix_select(x, vocab, true, 0, (double)top_p * total, max_x, inv_t, keep_key,
