@@ -71,6 +71,14 @@ __device__ __forceinline__ uint4 load_streaming(const bf16_bits* p) {
     return v;
 }
 
+// One f32 of a weight (a norm's scale), read the same way: allowed before the wait for the previous
+// kernel, since weights do not change while the kernels that read them run.
+__device__ __forceinline__ float load_streaming_f32(const float* p) {
+    float v;
+    asm volatile("ld.global.nc.L1::no_allocate.f32 %0, [%1];" : "=f"(v) : "l"(p));
+    return v;
+}
+
 // d += a (16x16, rows of W) * b (16x8, tokens), bf16 inputs, f32 accumulators.
 __device__ __forceinline__ void mma_bf16(float* d, unsigned int a0, unsigned int a1, unsigned int a2,
                                          unsigned int a3, unsigned int b0, unsigned int b1) {

@@ -19,11 +19,19 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, 
 
 extern "C" __global__ void add_rms_norm(float* __restrict__ acc, const float* __restrict__ x,
                                         const float* __restrict__ w, float* __restrict__ out, int dim, float eps) {
-    AFTER_PREVIOUS_KERNEL();
     __shared__ float scratch[32];
     const i64 base = (i64)blockIdx.x * dim;
     float ss = 0.0f;
     if (dim <= ADD_NORM_PER_THREAD * (int)blockDim.x) {
+        // The scale is a weight: read before the wait, it is in registers when the sum is done
+        // instead of one more round trip after it.
+        float scale[ADD_NORM_PER_THREAD];
+#pragma unroll
+        for (int j = 0; j < ADD_NORM_PER_THREAD; ++j) {
+            const int i = threadIdx.x + j * blockDim.x;
+            scale[j] = i < dim ? 1.0f + load_streaming_f32(w + i) : 0.0f;
+        }
+        AFTER_PREVIOUS_KERNEL();
         float v[ADD_NORM_PER_THREAD];
 #pragma unroll
         for (int j = 0; j < ADD_NORM_PER_THREAD; ++j) {
@@ -43,10 +51,11 @@ extern "C" __global__ void add_rms_norm(float* __restrict__ acc, const float* __
 #pragma unroll
         for (int j = 0; j < ADD_NORM_PER_THREAD; ++j) {
             const int i = threadIdx.x + j * blockDim.x;
-            if (i < dim) out[base + i] = v[j] * inv * (1.0f + w[i]);
+            if (i < dim) out[base + i] = v[j] * inv * scale[j];
         }
         return;
     }
+    AFTER_PREVIOUS_KERNEL();
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
         const float v = acc[base + i] + x[base + i];
         acc[base + i] = v;
