@@ -235,6 +235,131 @@ __device__ __forceinline__ void consider_for_argmax(unsigned int k, int i, unsig
     }
 }
 
+// The most tokens sample_from_top_k holds in shared memory: candidates (key >= the top-k key) past it
+// take the whole-row path.
+#define TOP_K_CAP 2048
+
+// Sorts keys[0, n) ascending, n a power of two <= 2 * blockDim.x (bitonic; every thread must call it).
+__device__ void block_sort_u64(unsigned long long* keys, int n) {
+    for (int k = 2; k <= n; k <<= 1)
+        for (int j = k >> 1; j > 0; j >>= 1) {
+            for (int i = threadIdx.x; i < n; i += blockDim.x) {
+                const int partner = i ^ j;
+                if (partner > i) {
+                    const unsigned long long a = keys[i], b = keys[partner];
+                    if ((a > b) == ((i & k) == 0)) {
+                        keys[i] = b;
+                        keys[partner] = a;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+}
+
+__device__ __forceinline__ int pow2_at_least(int n) {
+    int p = 1;
+    while (p < n) p <<= 1;
+    return p;
+}
+
+// Exclusive and inclusive running sums of values[0, n) (n <= 2 * blockDim.x) in index order, two
+// consecutive values a thread; `total` gets the sum. Every thread must call it.
+__device__ void block_running_sums2(const double* values, int n, double* before, double* through,
+                                    double* scratch, double* total) {
+    const int i = 2 * threadIdx.x;
+    const double a = i < n ? values[i] : 0.0, b = i + 1 < n ? values[i + 1] : 0.0;
+    const double base = block_exclusive_scan(a + b, scratch, total);
+    before[0] = base;
+    through[0] = base + a;
+    before[1] = base + a;
+    through[1] = base + a + b;
+}
+
+// Top-k sampling with the kept tokens in shared memory: every token whose key reaches `keep_key`
+// (the k-th token's, from the radix select) is gathered in one pass over the row (n of them, n >= k;
+// false when n > TOP_K_CAP, for the caller's whole-row path) and sorted by (key desc, id asc), the
+// order whose first k tokens are the top-k prefix; top-p cuts that prefix where its running mass
+// reaches top_p of the whole; min-p and the draw then walk the kept tokens in id order as the
+// whole-row path does. `*pick` gets the token. Every thread must call it.
+__device__ bool sample_from_top_k(const float* x, int vocab, unsigned int keep_key, int top_k, float max_x,
+                                  float inv_t, float top_p, float min_p, double uniform, unsigned long long* keys,
+                                  double* weights, int* count, int* cut, double* scratch, int* pick) {
+    const int lane = threadIdx.x & 31;
+    if (threadIdx.x == 0) *count = 0;
+    __syncthreads();
+    for_each_logit(x, vocab, [&](bool valid, int i, float logit) {
+        const unsigned int k = order_key(logit);
+        const bool take = valid && k >= keep_key;
+        const unsigned int takers = __ballot_sync(0xffffffffu, take);
+        if (takers == 0u) return;
+        int base = 0;
+        if (lane == 0) base = atomicAdd(count, __popc(takers));
+        base = __shfl_sync(0xffffffffu, base, 0);
+        const int slot = base + __popc(takers & ((1u << lane) - 1u));
+        if (take && slot < TOP_K_CAP) keys[slot] = ((unsigned long long)~k << 32) | (unsigned int)i;
+    });
+    __syncthreads();
+    const int n = *count;
+    if (n > TOP_K_CAP || n < top_k) return false;
+    int sorted = pow2_at_least(n);
+    for (int i = n + threadIdx.x; i < sorted; i += blockDim.x) keys[i] = ~0ull;
+    __syncthreads();
+    block_sort_u64(keys, sorted);
+
+    int kept = top_k;
+    if (top_p < 1.0f) {
+        for (int j = threadIdx.x; j < kept; j += blockDim.x)
+            weights[j] = (double)expf((key_value(~(unsigned int)(keys[j] >> 32)) - max_x) * inv_t);
+        if (threadIdx.x == 0) *cut = kept - 1;
+        __syncthreads();
+        double before[2], through[2], total;
+        block_running_sums2(weights, kept, before, through, scratch, &total);
+        const double need = (double)top_p * total;
+        for (int q = 0; q < 2; ++q) {
+            const int j = 2 * threadIdx.x + q;
+            if (j < kept && through[q] >= need && before[q] < need) atomicMin(cut, j);
+        }
+        if (threadIdx.x == 0 && need <= 0.0) *cut = 0;
+        __syncthreads();
+        kept = *cut + 1;
+    }
+
+    // The kept tokens by id, for the draw.
+    sorted = pow2_at_least(kept);
+    for (int j = threadIdx.x; j < sorted; j += blockDim.x) {
+        keys[j] = j < kept ? ((unsigned long long)(unsigned int)keys[j] << 32) | ~(unsigned int)(keys[j] >> 32)
+                           : ~0ull;
+    }
+    __syncthreads();
+    block_sort_u64(keys, sorted);
+    for (int j = threadIdx.x; j < kept; j += blockDim.x) {
+        const float w = expf((key_value((unsigned int)keys[j]) - max_x) * inv_t);
+        weights[j] = (min_p > 0.0f && w < min_p) ? 0.0 : (double)w;
+    }
+    if (threadIdx.x == 0) {
+        *pick = vocab;
+        *cut = -1;
+    }
+    __syncthreads();
+    double before[2], through[2], total;
+    block_running_sums2(weights, kept, before, through, scratch, &total);
+    const double target = uniform * total;
+    for (int q = 0; q < 2; ++q) {
+        const int j = 2 * threadIdx.x + q;
+        if (j >= kept || weights[j] == 0.0) continue;
+        atomicMax(cut, j);  // rounding can leave the target past the last boundary: the last kept takes it
+        if (target >= before[q] && target < through[q]) atomicMin(pick, j);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const int j = *pick < vocab ? *pick : max(*cut, 0);
+        *pick = (int)(keys[j] >> 32);
+    }
+    __syncthreads();
+    return true;
+}
+
 // One row's settings (DeviceRowSampling in src/sampling.rs).
 struct RowParams {
     double uniform;
@@ -255,6 +380,9 @@ extern "C" __global__ void sample_rows(const float* logits, int vocab, const Row
     __shared__ int sel_ties;
     __shared__ int flag;
     __shared__ int chosen;
+    __shared__ unsigned long long top_keys[TOP_K_CAP];
+    __shared__ double top_weights[TOP_K_CAP];
+    __shared__ int top_count, top_cut;
 
     const int r = blockIdx.x;
     const RowParams p = params[r];
@@ -333,6 +461,12 @@ extern "C" __global__ void sample_rows(const float* logits, int vocab, const Row
                      &sel_ties, &flag);
         keep_key = sel_key;
         keep_ties = sel_ties;
+        if (top_k <= TOP_K_CAP && 2 * (int)blockDim.x >= TOP_K_CAP &&
+            sample_from_top_k(x, vocab, keep_key, top_k, max_x, inv_t, top_p, min_p, p.uniform, top_keys,
+                              top_weights, &top_count, &top_cut, scan_double, &chosen)) {
+            if (tid == 0) out[r] = chosen;
+            return;
+        }
     }
 
     // Top-p over the top-k prefix: the smallest prefix holding top_p of its mass.
