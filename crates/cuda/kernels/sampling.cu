@@ -4,10 +4,14 @@
 // which keeps a prefix of the tokens ordered by logit (descending, ties by lower id), then one draw
 // decided by the given uniform number.
 //
-// Nothing is sorted. Logits map to order-preserving integer keys; a radix select (4 passes of 8 bits)
-// finds the key of the k-th token for top-k and the key where the probability mass reaches top-p.
-// A prefix is then (key K, ties r): a token is kept when its key is above K, or equal to K and it is
-// among the first r such tokens by id. The draw walks the kept tokens in id order: a different map
+// The row is never sorted. Logits map to order-preserving integer keys; a radix select (4 passes of 8
+// bits) finds the key of the k-th token for top-k. With a top-k, the tokens whose key reaches it (at
+// most TOP_K_CAP) are gathered into shared memory and sorted there by (key desc, id asc): the first k
+// are the top-k prefix, top-p cuts it where its running mass reaches top-p, and min-p and the draw
+// walk the kept ones in id order (sample_from_top_k). Without one (or with more candidates), the
+// radix select also finds the key where the mass reaches top-p, a prefix is (key K, ties r): a token
+// is kept when its key is above K, or equal to K and it is among the first r such tokens by id, and
+// the draw walks the kept tokens of the whole row in id order. Either way the draw is a different map
 // from the uniform number to a token than the host's, drawing from the same distribution.
 //
 // Masses are summed in double, so they agree with the host's f64 sums to ~1e-7 (the f32 exponentials);
