@@ -60,6 +60,18 @@ __device__ float block_max(float v, float* scratch) {
     return m;
 }
 
+// ---- floats as ordered integer keys (sampling.cu, moe.cu) ----
+
+// Larger key = larger float (total order; positive NaN ranks above +inf, as Rust's total_cmp).
+__device__ __forceinline__ unsigned int order_key(float x) {
+    const unsigned int u = __float_as_uint(x);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+__device__ __forceinline__ float key_value(unsigned int key) {
+    return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
+}
+
 // ---- weight streaming and tensor-core helpers (gemv.cu, moe.cu) ----
 
 // Weights are read once per step: stream them past L1 so that the activations stay there.

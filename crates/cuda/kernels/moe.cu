@@ -28,12 +28,7 @@
 // number is left.
 __device__ __forceinline__ unsigned int moe_rank_key(float v) {
     if (v != v) return 0u;
-    const unsigned int b = v == 0.0f ? 0u : __float_as_uint(v);
-    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-}
-
-__device__ __forceinline__ float moe_key_logit(unsigned int key) {
-    return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
+    return order_key(__uint_as_float(v == 0.0f ? 0u : __float_as_uint(v)));
 }
 
 // One warp per token. Ranks by probability, highest first, ties to the lower expert index (the
@@ -78,7 +73,7 @@ __device__ __forceinline__ void moe_route_token(const float* __restrict__ row, i
         lane_top = max(lane_top, key[i]);
     }
     const unsigned int top_key = __reduce_max_sync(0xffffffffu, lane_top);
-    const float row_max = top_key != 0u ? moe_key_logit(top_key) : NEG_INF;
+    const float row_max = top_key != 0u ? key_value(top_key) : NEG_INF;
 #else
     float row_max = NEG_INF;
 #pragma unroll
@@ -109,7 +104,7 @@ __device__ __forceinline__ void moe_route_token(const float* __restrict__ row, i
         const unsigned int top = __reduce_max_sync(0xffffffffu, mine);
         const unsigned int candidate = top != 0u && mine == top ? (unsigned int)(lane + 32 * mine_i) : 0xffffffffu;
         int best_e = (int)__reduce_min_sync(0xffffffffu, candidate);
-        float best = moe_key_logit(top);
+        float best = key_value(top);
         if (top == 0u) {  // NaN logits only: keep the index in range
             best_e = 0;
             best = NEG_INF;

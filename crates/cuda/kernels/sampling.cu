@@ -19,16 +19,6 @@
 
 #define RADIX_BINS 256
 
-// Larger key = larger float (total order; positive NaN ranks above +inf, as Rust's total_cmp).
-__device__ __forceinline__ unsigned int order_key(float x) {
-    const unsigned int u = __float_as_uint(x);
-    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
-__device__ __forceinline__ float key_value(unsigned int key) {
-    return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
-}
-
 // Exclusive prefix sum of `v` over the block (blockDim.x a multiple of 32, at most 1024); `total`
 // gets the block's sum. `scratch` holds 33 values. Deterministic: a fixed tree of additions.
 template <typename T>
