@@ -35,6 +35,9 @@ pub use dtype::DType;
 pub use generated::GeneratedMatrix;
 pub use host::{ByteOwner, HostTensor, TensorError};
 pub use kv_dtype::KvDtype;
-pub use moe::{ExpertShape, ExpertTensors, ExpertWeights, Experts, MoeRouting, SharedExpert};
+pub use moe::{
+    ExpertShape, ExpertTensors, ExpertWeights, Experts, MoeRouting, SharedExpert,
+    SharedExpertWeights,
+};
 pub use op_profile::OpTiming;
 pub use step_graph::{StepGraph, StepInputs};
