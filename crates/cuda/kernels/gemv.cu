@@ -445,66 +445,6 @@ GEMV_NARROW_KERNEL(gemv_bf16_lanes_narrow_t2, 2, true)
 GEMV_NARROW_KERNEL(gemv_bf16_lanes_narrow_t3, 3, true)
 GEMV_NARROW_KERNEL(gemv_bf16_lanes_narrow_t4, 4, true)
 
-// The MoE router (and the shared expert's gate, matrix 1 of the group when present) as the narrow
-// kernel above, then the top-k ranking of moe_route in the block that finishes last, so the routing
-// needs no launch of its own: it sat alone between the router and the experts in every MoE layer,
-// its latency the step's. Each block counts itself in `arrivals` once its logits are written (a
-// release fence first, in every thread that wrote); the block that brings the count to the grid's
-// size reads every token's logits back from L2 (they were written by other blocks during this
-// kernel, so never through the non-coherent or L1 paths), ranks them as moe_route does (a warp a
-// token, the same function: the same ids and weights) and sets the count back to 0 for the next
-// launch (the launches are ordered on the stream; a failed step resets it, backend.rs).
-struct RouterRoute {
-    unsigned int* arrivals;
-    int* ids;         // [T, top_k]
-    float* weights;   // [T, top_k]
-    int experts;      // the router's rows, matrix 0 of the group; <= 32 * PER_LANE
-    int top_k;
-    int renormalize;
-};
-
-template <int T, bool ROUNDED_X, int PER_LANE>
-__device__ __forceinline__ void gemv_router_route(const GemvGroup& group, const void* __restrict__ x, int k,
-                                                  const RouterRoute& route) {
-    __shared__ float chosen_logit[GEMV_LANE_WARPS][32 * PER_LANE];
-    __shared__ double chosen_p[GEMV_LANE_WARPS][32 * PER_LANE];
-    __shared__ bool last_block;
-    gemv_lanes<T, ROUNDED_X, 1, WEIGHTS_BF16, GEMV_LANE_UNROLL, false>(group, x, k);
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last_block = atomicAdd(route.arrivals, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!last_block) return;
-    __threadfence();
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    for (int t = warp; t < T; t += GEMV_LANE_WARPS) {
-        const float* row = group.out[0] + (i64)t * route.experts;
-        float v[PER_LANE];
-#pragma unroll
-        for (int i = 0; i < PER_LANE; ++i) v[i] = lane + 32 * i < route.experts ? __ldcg(row + lane + 32 * i) : NEG_INF;
-        const i64 at = (i64)t * route.top_k;
-        moe_route_values<PER_LANE>(v, route.experts, route.top_k, route.renormalize, route.ids + at, route.weights + at,
-                                   chosen_logit[warp], chosen_p[warp]);
-    }
-    if (threadIdx.x == 0) *route.arrivals = 0u;
-}
-
-// Grid and activations as gemv_bf16_lanes_narrow_t*; PER_LANE 8 up to 256 experts, else 16.
-#define GEMV_ROUTER_KERNEL(T, ROUNDED_X, PER_LANE)                                                      \
-    extern "C" __global__ void __launch_bounds__(32 * GEMV_LANE_WARPS)                                 \
-        gemv_router_route##PER_LANE##_t##T(const GemvGroup group, const void* __restrict__ x, int tokens, int k, \
-                                          const RouterRoute route) {                                    \
-        gemv_router_route<T, ROUNDED_X, PER_LANE>(group, x, k, route);                                  \
-    }
-GEMV_ROUTER_KERNEL(1, false, 8)
-GEMV_ROUTER_KERNEL(2, true, 8)
-GEMV_ROUTER_KERNEL(3, true, 8)
-GEMV_ROUTER_KERNEL(4, true, 8)
-GEMV_ROUTER_KERNEL(1, false, 16)
-GEMV_ROUTER_KERNEL(2, true, 16)
-GEMV_ROUTER_KERNEL(3, true, 16)
-GEMV_ROUTER_KERNEL(4, true, 16)
-
 // Sweeps in flight per buffer for FP8 weights: the conversion makes these kernels issue-bound, and
 // fewer registers a lane let more warps hide it. Measured on the H200 (27B shape, one-token decode,
 // pipelined): 1 sweep 83.8 tok/s, 2 sweeps 74.7, 4 unpipelined 75.8.

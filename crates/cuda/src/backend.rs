@@ -19,7 +19,7 @@ use cudarc::driver::{
 use deltaserve_tensor::{
     AttnShape, Backend, BatchLayout, Device, ExpertShape, ExpertTensors, Experts, GdnGateInputs,
     GdnShape, GeneratedMatrix, HostTensor, KvDtype, KvLayerPool, MoeRouting, OpTiming, RouteChoice,
-    RowSampling, SharedExpert, SharedExpertWeights, StateLayerPool, StepGraph, StepInputs, TensorError,
+    RowSampling, SharedExpert, StateLayerPool, StepGraph, StepInputs, TensorError,
 };
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -44,12 +44,6 @@ pub struct CudaBackend {
     pub(crate) dependent_launch: bool,
     pub(crate) gemv_lane_shape: crate::gemv::LaneShape,
     pub(crate) moe_slot_shape: crate::moe::SlotShape,
-    /// Whether a few tokens' MoE routing runs in the router GEMV's last block (`moe_block`;
-    /// `MOE_ROUTE_IN_ROUTER=0` keeps the `moe_route` launch, to measure).
-    pub(crate) route_in_router: bool,
-    /// The router GEMV's count of its finished blocks (gemv.cu `RouterRoute::arrivals`): zero
-    /// between launches, set back by the last block, and by `recover_after_failure`.
-    pub(crate) route_arrivals: Arc<Mutex<CudaSlice<u32>>>,
     /// Whether decode attention takes a kv head's query heads in one block (attention.rs).
     pub(crate) grouped_attention: bool,
     pub(crate) gemm_precision: GemmPrecision,
@@ -206,9 +200,6 @@ impl CudaBackend {
             what: "creating a handle",
             message: format!("{e:?}"),
         })?;
-        let route_arrivals = stream
-            .alloc_zeros::<u32>(1)
-            .map_err(|e| CudaError::driver("allocating the router's block count", e))?;
         let mut backend = Self {
             ctx,
             stream,
@@ -217,8 +208,6 @@ impl CudaBackend {
             dependent_launch: options.dependent_launch,
             gemv_lane_shape: crate::gemv::LaneShape::from_options(options, sm_count),
             moe_slot_shape: crate::moe::SlotShape::from_options(options),
-            route_in_router: options.define::<u32>("MOE_ROUTE_IN_ROUTER").unwrap_or(1) != 0,
-            route_arrivals: Arc::new(Mutex::new(route_arrivals)),
             grouped_attention: options.define::<u32>("ATTENTION_GQA").unwrap_or(1) != 0,
             gemm_precision: options.gemm_precision,
             keep_fp8_weights: options.keep_fp8_weights.unwrap_or(major >= 9)
@@ -692,20 +681,6 @@ impl Backend for CudaBackend {
     ) -> CudaBuf {
         self.timed("moe_experts", || {
             self.moe_experts_op(x, router_logits, experts, routing, tokens, shared)
-        })
-    }
-
-    fn moe_block(
-        &self,
-        x: &CudaBuf,
-        router: &CudaMat,
-        experts: &Experts<CudaMat>,
-        routing: MoeRouting,
-        tokens: usize,
-        shared: Option<SharedExpertWeights<'_, CudaMat>>,
-    ) -> CudaBuf {
-        self.timed("moe_block", || {
-            self.moe_block_op(x, router, experts, routing, tokens, shared)
         })
     }
 

@@ -178,29 +178,6 @@ struct GemvGroup {
 // pointers, then 32-bit ints), so its bytes are what the kernel expects as a by-value parameter.
 unsafe impl ValueArg for GemvGroup {}
 
-/// The most experts `gemv_router_route*` ranks (`32 * PER_LANE` with its wider form).
-pub(crate) const ROUTER_ROUTE_MAX_EXPERTS: usize = 512;
-/// Up to this many experts the ranking holds 8 logits a lane instead of 16.
-const ROUTER_ROUTE_NARROW_EXPERTS: usize = 256;
-
-/// `RouterRoute` of gemv.cu, field for field: where the router GEMV's last block writes each
-/// token's top-k expert ids and weights.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub(crate) struct RouterRoute {
-    pub(crate) arrivals: u64,
-    pub(crate) ids: u64,
-    pub(crate) weights: u64,
-    pub(crate) experts: i32,
-    pub(crate) top_k: i32,
-    pub(crate) renormalize: i32,
-}
-
-// SAFETY: `RouterRoute` is `repr(C)` with the field types and order of the CUDA struct (three
-// 8-byte pointers, then three 32-bit ints; both sides pad to 40 bytes), so its bytes are what the
-// kernel expects as a by-value parameter.
-unsafe impl ValueArg for RouterRoute {}
-
 impl CudaBackend {
     /// Whether `matmul_group` can take the GEMV path for these matrices and this many rows: one
     /// shared input width, few rows, and either bf16 weights whose rows are whole 16-byte vectors
@@ -259,65 +236,6 @@ impl CudaBackend {
             && (1..=LANE_TOKENS).contains(&tokens)
             && ws.iter().all(|w| matches!(w.data, MatData::Bf16(_)))
             && rows.div_ceil(shape.rows_per_block(false, tokens)) < shape.sm_count
-    }
-
-    /// Whether the MoE router `ws` (the router, then the shared expert's gate if there is one) for
-    /// `tokens` rows can take `gemv_router_route*`: a narrow bf16 lane launch, and no more experts
-    /// than its ranking holds.
-    pub(crate) fn router_route_applies(&self, ws: &[&CudaMat], tokens: usize) -> bool {
-        ws.len() <= GEMV_MATRICES
-            && ws[0].rows <= ROUTER_ROUTE_MAX_EXPERTS
-            && self.gemv_applies(ws, tokens)
-            && self.narrow_gemv(ws, tokens, false)
-    }
-
-    /// `outs[i] [tokens, rows_i] = x @ ws[i]^T` as the narrow lane kernels compute it, then the
-    /// routing of `ws[0]`'s logits into `route` by the grid's last block; the caller checked
-    /// `router_route_applies`, the buffer lengths and `route`'s.
-    pub(crate) fn gemv_router_route_op(
-        &self,
-        x: &CudaBuf,
-        ws: &[&CudaMat],
-        outs: &mut [&mut CudaBuf],
-        tokens: usize,
-        route: RouterRoute,
-    ) {
-        let input = self.gemv_input(x, ws, tokens);
-        let out_ptrs: Vec<_> = outs
-            .iter_mut()
-            .map(|out| out.data.device_ptr_mut(&self.stream))
-            .collect();
-        let members = ws.iter().copied().zip(out_ptrs.iter().map(|(p, _)| *p));
-        let (group, rows, guards) = self.gemv_group(members);
-        let warps = self.gemv_lane_shape.warps;
-        let cfg = LaunchConfig {
-            grid_dim: (rows.div_ceil(warps) as u32, 1, 1),
-            block_dim: (32 * warps as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let (t32, k32) = (tokens as i32, ws[0].cols as i32);
-        let narrow_ranking = ws[0].rows <= ROUTER_ROUTE_NARROW_EXPERTS;
-        let kernel = match (narrow_ranking, tokens) {
-            (true, 1) => "gemv_router_route8_t1",
-            (true, 2) => "gemv_router_route8_t2",
-            (true, 3) => "gemv_router_route8_t3",
-            (true, _) => "gemv_router_route8_t4",
-            (false, 1) => "gemv_router_route16_t1",
-            (false, 2) => "gemv_router_route16_t2",
-            (false, 3) => "gemv_router_route16_t3",
-            (false, _) => "gemv_router_route16_t4",
-        };
-        // Contract: as the narrow lane launch of `launch_gemv` (router_route_applies: bf16
-        // matrices [rows_m, k], k % 8 == 0, 1-4 tokens, f32 x for one token and bf16 for more);
-        // route.ids and route.weights hold tokens x top_k, 1 <= top_k <= experts = ws[0].rows <=
-        // 32 * PER_LANE, and route.arrivals is the backend's zeroed count (checked by the caller).
-        match &input {
-            GemvInput::Bf16(xb) => launch!(self, kernel, cfg, &group, xb, &t32, &k32, &route),
-            GemvInput::F32 => launch!(self, kernel, cfg, &group, &x.data, &t32, &k32, &route),
-            GemvInput::Fp8(_) => unreachable!("router_route_applies admits bf16 matrices only"),
-        }
-        drop(guards);
-        drop(out_ptrs);
     }
 
     /// Whether one token over these matrices, some block-FP8 and some bf16, can take one launch of

@@ -107,13 +107,6 @@ impl CudaBackend {
                 CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH,
             );
         }
-        // A router GEMV that did not finish left its block count behind; the next must start
-        // from zero to find its last block.
-        let mut arrivals = self
-            .route_arrivals
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let _ = self.stream.memset_zeros(&mut *arrivals);
     }
 
     pub(crate) fn replay_op(&self, graph: &StepGraph) -> bool {

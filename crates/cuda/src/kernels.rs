@@ -7,15 +7,7 @@ pub struct KernelFile {
     pub source: &'static str,
     /// `extern "C"` kernels it defines, all loaded at start-up.
     pub functions: &'static [&'static str],
-    /// Device code it shares with other files, prepended after `COMMON`.
-    pub headers: &'static [Header],
 }
-
-/// Device code used by more than one file (`name` for NVRTC's line numbers, then the text).
-pub type Header = (&'static str, &'static str);
-
-/// Ranking a token's experts from its router logits: `moe_route` and the router GEMV that routes.
-pub const MOE_ROUTE: Header = ("moe_route.cuh", include_str!("../kernels/moe_route.cuh"));
 
 /// Helpers prepended to every file (`#line` keeps NVRTC's line numbers those of the file).
 pub const COMMON: &str = include_str!("../kernels/common.cuh");
@@ -24,7 +16,6 @@ pub const FILES: [KernelFile; 14] = [
     KernelFile {
         name: "elementwise.cu",
         source: include_str!("../kernels/elementwise.cu"),
-        headers: &[],
         functions: &[
             "add_inplace",
             "silu_mul",
@@ -42,7 +33,6 @@ pub const FILES: [KernelFile; 14] = [
     KernelFile {
         name: "gemv.cu",
         source: include_str!("../kernels/gemv.cu"),
-        headers: &[MOE_ROUTE],
         functions: &[
             "gemv_bf16_t1",
             "gemv_bf16_lanes_t1",
@@ -53,14 +43,6 @@ pub const FILES: [KernelFile; 14] = [
             "gemv_bf16_lanes_narrow_t2",
             "gemv_bf16_lanes_narrow_t3",
             "gemv_bf16_lanes_narrow_t4",
-            "gemv_router_route8_t1",
-            "gemv_router_route8_t2",
-            "gemv_router_route8_t3",
-            "gemv_router_route8_t4",
-            "gemv_router_route16_t1",
-            "gemv_router_route16_t2",
-            "gemv_router_route16_t3",
-            "gemv_router_route16_t4",
             "gemv_fp8_lanes_t1",
             "gemv_fp8_lanes_t2",
             "gemv_fp8_lanes_t3",
@@ -93,7 +75,6 @@ pub const FILES: [KernelFile; 14] = [
     KernelFile {
         name: "moe.cu",
         source: include_str!("../kernels/moe.cu"),
-        headers: &[MOE_ROUTE],
         functions: &[
             "moe_route",
             "moe_route_256",
@@ -110,19 +91,16 @@ pub const FILES: [KernelFile; 14] = [
     KernelFile {
         name: "norm.cu",
         source: include_str!("../kernels/norm.cu"),
-        headers: &[],
         functions: &["rms_norm", "add_rms_norm", "gated_rms_norm"],
     },
     KernelFile {
         name: "rope.cu",
         source: include_str!("../kernels/rope.cu"),
-        headers: &[],
         functions: &["rope", "qk_norm_rope"],
     },
     KernelFile {
         name: "conv.cu",
         source: include_str!("../kernels/conv.cu"),
-        headers: &[],
         functions: &[
             "causal_conv1d",
             "causal_conv1d_tokens",
@@ -132,7 +110,6 @@ pub const FILES: [KernelFile; 14] = [
     KernelFile {
         name: "gdn.cu",
         source: include_str!("../kernels/gdn.cu"),
-        headers: &[],
         functions: &[
             "gdn_gates",
             "gated_delta_rule",
@@ -151,7 +128,6 @@ pub const FILES: [KernelFile; 14] = [
     KernelFile {
         name: "gdn_chunked.cu",
         source: include_str!("../kernels/gdn_chunked.cu"),
-        headers: &[],
         functions: &[
             "gdn_chunk_prepare_k16",
             "gdn_chunk_scan_k16",
@@ -166,7 +142,6 @@ pub const FILES: [KernelFile; 14] = [
     KernelFile {
         name: "attention.cu",
         source: include_str!("../kernels/attention.cu"),
-        headers: &[],
         functions: &[
             "kv_write_f32",
             "kv_write_bf16",
@@ -202,7 +177,6 @@ pub const FILES: [KernelFile; 14] = [
     KernelFile {
         name: "flash_attention.cu",
         source: include_str!("../kernels/flash_attention.cu"),
-        headers: &[],
         functions: &[
             "flash_prefill_d32_f32",
             "flash_prefill_d64_f32",
@@ -217,13 +191,11 @@ pub const FILES: [KernelFile; 14] = [
     KernelFile {
         name: "sampling.cu",
         source: include_str!("../kernels/sampling.cu"),
-        headers: &[],
         functions: &["sample_rows", "mask_rows"],
     },
     KernelFile {
         name: "block_fp8.cu",
         source: include_str!("../kernels/block_fp8.cu"),
-        headers: &[],
         functions: &[
             "quantize_block_fp8",
             "dequantize_block_fp8_bf16",
@@ -233,24 +205,18 @@ pub const FILES: [KernelFile; 14] = [
     KernelFile {
         name: "dummy.cu",
         source: include_str!("../kernels/dummy.cu"),
-        headers: &[],
         functions: &["dummy_fill"],
     },
     KernelFile {
         name: "probe.cu",
         source: include_str!("../kernels/probe.cu"),
-        headers: &[],
         functions: &["read_bandwidth"],
     },
 ];
 
 /// The text NVRTC compiles for `file`: the common helpers, then the file with its own line numbers.
 pub fn full_source(file: &KernelFile) -> String {
-    let mut text = String::from(COMMON);
-    for (name, header) in file.headers.iter().chain([&(file.name, file.source)]) {
-        text.push_str(&format!("\n#line 1 \"{name}\"\n{header}"));
-    }
-    text
+    format!("{COMMON}\n#line 1 \"{}\"\n{}", file.name, file.source)
 }
 
 /// Longest conv history `causal_conv1d` keeps in registers (`MAX_HISTORY` in conv.cu).

@@ -6,20 +6,17 @@
 //! take keep one matrix per expert and the generic path.
 
 use crate::backend::{launch, CudaBackend};
-use crate::gemv::RouterRoute;
 use crate::buffer::CudaBuf;
 use crate::launcher::{KernelArg, ValueArg};
 use crate::mat::{CudaMat, MatData};
 use crate::options::GemmPrecision;
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
+use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig};
 use deltaserve_tensor::dtype::f32_to_bf16;
-use deltaserve_tensor::moe::{
-    load_per_expert, moe_block_by_ops, moe_per_expert, shared_expert_output,
-};
+use deltaserve_tensor::moe::{load_per_expert, moe_per_expert, shared_expert_output};
 use deltaserve_tensor::Backend;
 use deltaserve_tensor::{
     DType, ExpertShape, ExpertTensors, ExpertWeights, Experts, GeneratedMatrix, HostTensor,
-    MoeRouting, SharedExpert, SharedExpertWeights, TensorError,
+    MoeRouting, SharedExpert, TensorError,
 };
 
 /// `MOE_MAX_EXPERTS` and `MOE_WARPS` of moe.cu.
@@ -253,108 +250,6 @@ impl CudaBackend {
                 self.moe_grouped(x, &stacked, &routes, shared_out)
             }
         }
-    }
-
-    /// `Backend::moe_block`: for a few tokens over stacked experts, the router GEMV ranks the
-    /// experts in its last block (`gemv_router_route*`, no `moe_route` launch), then the by-slot
-    /// kernels; everything else as separate ops (`moe_block_by_ops`). The same ids, weights and
-    /// output either way: the router's rows are the narrow lane kernel's and the ranking is
-    /// `moe_route`'s function.
-    pub(crate) fn moe_block_op(
-        &self,
-        x: &CudaBuf,
-        router: &CudaMat,
-        experts: &Experts<CudaMat>,
-        routing: MoeRouting,
-        tokens: usize,
-        shared: Option<SharedExpertWeights<'_, CudaMat>>,
-    ) -> CudaBuf {
-        let ExpertShape {
-            experts: e,
-            intermediate: im,
-            hidden: h,
-        } = experts.shape;
-        let k = routing.top_k;
-        let mut ws = vec![router];
-        ws.extend(shared.as_ref().map(|s| s.output_gate));
-        let stacked = match &experts.weights {
-            ExpertWeights::Stacked {
-                gate_up:
-                    CudaMat {
-                        data: MatData::Bf16(gate_up),
-                        ..
-                    },
-                down:
-                    CudaMat {
-                        data: MatData::Bf16(down),
-                        ..
-                    },
-            } => Some(Stacked {
-                gate_up,
-                down,
-                e,
-                im,
-                h,
-            }),
-            _ => None,
-        };
-        let fusable = self.route_in_router
-            && (1..=SLOT_PATH_MAX_TOKENS).contains(&tokens)
-            && router.rows == e
-            && (1..=e).contains(&k)
-            && x.len >= tokens * h
-            && shared.as_ref().is_none_or(|s| s.output_gate.rows == 1)
-            && self.router_route_applies(&ws, tokens);
-        let (true, Some(stacked)) = (fusable, stacked) else {
-            return moe_block_by_ops(self, x, router, experts, routing, tokens, shared);
-        };
-        let mut router_logits = self.scratch(tokens * e);
-        let mut gate_logits = self.scratch(tokens);
-        let shared_expert = shared.as_ref().map(|s| SharedExpert {
-            gate: s.gate,
-            up: s.up,
-            down: s.down,
-            gate_logits: &gate_logits,
-        });
-        let shared_mats = match &shared_expert {
-            None => Some(None),
-            Some(s) => SharedMats::of(s, h).map(Some),
-        };
-        let Some(shared_mats) = shared_mats else {
-            return moe_block_by_ops(self, x, router, experts, routing, tokens, shared);
-        };
-        // Every id and weight is written by the router's last block.
-        let mut ids: CudaSlice<i32> = self.alloc_for_overwrite("moe expert ids", tokens * k);
-        let mut weights: CudaSlice<f32> = self.alloc_for_overwrite("moe weights", tokens * k);
-        {
-            let mut arrivals = self
-                .route_arrivals
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            let (arrivals_ptr, _arrivals_record) = arrivals.device_ptr_mut(&self.stream);
-            let (ids_ptr, _ids_record) = ids.device_ptr_mut(&self.stream);
-            let (weights_ptr, _weights_record) = weights.device_ptr_mut(&self.stream);
-            let route = RouterRoute {
-                arrivals: arrivals_ptr,
-                ids: ids_ptr,
-                weights: weights_ptr,
-                experts: e as i32,
-                top_k: k as i32,
-                renormalize: i32::from(routing.renormalize),
-            };
-            let mut outs = vec![&mut router_logits];
-            if shared.is_some() {
-                outs.push(&mut gate_logits);
-            }
-            self.gemv_router_route_op(x, &ws, &mut outs, tokens, route);
-        }
-        let routes = Routes {
-            ids,
-            weights,
-            k,
-            tokens,
-        };
-        self.moe_slots(x, &stacked, &routes, shared_mats)
     }
 
     /// `moe_route` / `moe_route_256`: the top-k expert ids and weights of every token.

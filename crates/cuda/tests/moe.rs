@@ -13,10 +13,9 @@ use common::{check, cuda, Rng};
 use deltaserve_cuda::{CudaMat, GemmPrecision};
 use deltaserve_tensor::op_check::Operands;
 use deltaserve_tensor::reference::{RefMat, ReferenceBackend};
-use deltaserve_tensor::moe::moe_block_by_ops;
 use deltaserve_tensor::{
     Backend, ExpertShape, ExpertTensors, ExpertWeights, Experts, HostTensor, MoeRouting,
-    SharedExpert, SharedExpertWeights,
+    SharedExpert,
 };
 
 const TOL_MOE: f32 = 1e-2;
@@ -265,77 +264,5 @@ fn fused_moe_is_batch_invariant_bitwise() {
             &rows(5)[..4 * h],
             TOL_MOE,
         );
-    }
-}
-
-/// `moe_block` for 1-4 tokens ranks the experts in the router GEMV's last block
-/// (`gemv_router_route*`): bit for bit the same output as the router GEMV, the `moe_route` launch
-/// and the by-slot kernels one after the other (`moe_block_by_ops`), with and without a shared
-/// expert, for both ranking widths (up to 256 experts and up to 512), with tied router rows, and
-/// again on repeated calls (the block count the last block resets).
-#[test]
-fn the_router_routes_in_its_last_block_as_moe_route_does() {
-    let mut rng = Rng(94);
-    let Some(be) = cuda(GemmPrecision::Bf16, "moe") else {
-        return;
-    };
-    // (experts, im, h, top_k, renormalize, shared expert rows)
-    let shapes = [
-        (256, 32, 256, 8, true, Some(64)),
-        (512, 16, 128, 10, true, Some(16)),
-        (64, 32, 64, 4, false, None),
-    ];
-    for (experts, im, h, top_k, renorm, shared_rows) in shapes {
-        let shape = ExpertShape {
-            experts,
-            intermediate: im,
-            hidden: h,
-        };
-        let Some(c) = case(&mut rng, shape, top_k, renorm, shared_rows) else {
-            return;
-        };
-        let mut router_rows = rng.vec(experts * h, 1.0 / (h as f32).sqrt());
-        // Experts 3, 7 and the last share their router row: their logits tie in every token.
-        let tied = router_rows[3 * h..4 * h].to_vec();
-        router_rows[7 * h..8 * h].copy_from_slice(&tied);
-        router_rows[(experts - 1) * h..].copy_from_slice(&tied);
-        let router = be
-            .load_mat(&HostTensor::from_f32_as_bf16(
-                "router",
-                vec![experts, h],
-                &router_rows,
-            ))
-            .unwrap();
-        let output_gate = be
-            .load_mat(&HostTensor::from_f32_as_bf16(
-                "shared_expert_gate",
-                vec![1, h],
-                &rng.vec(h, 1.0),
-            ))
-            .unwrap();
-        let shared = || {
-            c.shared.as_ref().map(|(_, d)| SharedExpertWeights {
-                gate: &d.gate,
-                up: &d.up,
-                down: &d.down,
-                output_gate: &output_gate,
-            })
-        };
-        for tokens in 1..=4 {
-            let x = be.upload(&rng.vec(tokens * h, 1.0));
-            let by_ops = be.to_host(&moe_block_by_ops(
-                be, &x, &router, &c.device, c.routing, tokens, shared(),
-            ));
-            for call in 0..3 {
-                let fused = be.to_host(&be.moe_block(
-                    &x, &router, &c.device, c.routing, tokens, shared(),
-                ));
-                assert_eq!(
-                    fused, by_ops,
-                    "moe_block E={experts} k={top_k} shared={shared_rows:?} tokens={tokens} call {call}: \
-                     routing in the router's last block differs from moe_route"
-                );
-            }
-        }
     }
 }

@@ -8,7 +8,7 @@ use crate::step_graphs::StepGraphs;
 use crate::tp::{RankCommand, TpRank};
 use crate::weights::{AttentionWeights, DenseMlp, GdnWeights, Layer, Mixer, Mlp, MoeMlp, Weights};
 use deltaserve_tensor::{
-    Backend, BatchLayout, Communicator, GdnGateInputs, MoeRouting, SharedExpertWeights,
+    Backend, BatchLayout, Communicator, GdnGateInputs, MoeRouting, SharedExpert,
 };
 
 /// What one forward step computes.
@@ -446,17 +446,27 @@ impl<B: Backend> Model<B> {
     }
 
     fn moe(&self, w: &MoeMlp<B>, x: &B::Buf, t: usize) -> B::Buf {
+        let be = &self.backend;
         let routing = MoeRouting {
             top_k: w.top_k,
             renormalize: w.renormalize,
         };
-        let shared = w.shared.as_ref().map(|(shared, gate)| SharedExpertWeights {
-            gate: &shared.gate,
-            up: &shared.up,
-            down: &shared.down,
-            output_gate: gate,
-        });
-        self.backend
-            .moe_block(x, &w.router, &w.experts, routing, t, shared)
+        match &w.shared {
+            Some((shared, gate)) => {
+                // One launch for the router and the shared expert's gate (both read x).
+                let [router_logits, gate_logits] = self.linears(x, [&w.router, gate], t);
+                let shared = SharedExpert {
+                    gate: &shared.gate,
+                    up: &shared.up,
+                    down: &shared.down,
+                    gate_logits: &gate_logits,
+                };
+                be.moe_experts(x, &router_logits, &w.experts, routing, t, Some(shared))
+            }
+            None => {
+                let router_logits = self.linear(x, &w.router, t);
+                be.moe_experts(x, &router_logits, &w.experts, routing, t, None)
+            }
+        }
     }
 }

@@ -13,9 +13,7 @@ use crate::device_sampling::RowSampling;
 use crate::generated::GeneratedMatrix;
 use crate::host::{HostTensor, TensorError};
 use crate::kv_dtype::KvDtype;
-use crate::moe::{
-    self, ExpertShape, ExpertTensors, Experts, MoeRouting, SharedExpert, SharedExpertWeights,
-};
+use crate::moe::{self, ExpertShape, ExpertTensors, Experts, MoeRouting, SharedExpert};
 use crate::step_graph::{StepGraph, StepInputs};
 
 /// Geometry of a gated full-attention layer.
@@ -357,22 +355,6 @@ pub trait Backend: Send + Sync {
         shared: Option<SharedExpert<'_, Self::Mat, Self::Buf>>,
     ) -> Self::Buf {
         moe::moe_per_expert(self, x, router_logits, experts, routing, tokens, shared)
-    }
-
-    /// The MoE block's output `[T, h]` from its input `x [T, h]`: the router's logits, the
-    /// routing, the routed experts and the gated shared expert. One op so that a backend can rank
-    /// the experts where it computes the logits. Default: `moe::moe_block_by_ops`.
-    #[allow(clippy::too_many_arguments)]
-    fn moe_block(
-        &self,
-        x: &Self::Buf,
-        router: &Self::Mat,
-        experts: &Experts<Self::Mat>,
-        routing: MoeRouting,
-        tokens: usize,
-        shared: Option<SharedExpertWeights<'_, Self::Mat>>,
-    ) -> Self::Buf {
-        moe::moe_block_by_ops(self, x, router, experts, routing, tokens, shared)
     }
 
     // ---- running a step -------------------------------------------------------------------------

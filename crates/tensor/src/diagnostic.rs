@@ -78,5 +78,5 @@ impl<B: Backend> Backend for BrokenAttention<B> {
         add_inplace, silu_mul, sigmoid_mul_inplace, rope, concat_cols, gather_rows,
         scatter_add_rows, sigmoid_scale_rows, causal_conv1d, gdn_gates, gated_delta_rule,
         reset_state_slot, copy_state_slot, route_top_k, load_experts, generate_experts,
-        moe_experts, moe_block, generate_mat, samples_on_device, sample_rows, device, run_step);
+        moe_experts, generate_mat, samples_on_device, sample_rows, device, run_step);
 }

@@ -333,19 +333,6 @@ macro_rules! forward_ops {
             self.$inner.moe_experts(x, router_logits, experts, routing, tokens, shared)
         }
     };
-    (@op $inner:ident moe_block) => {
-        fn moe_block(
-            &self,
-            x: &Self::Buf,
-            router: &Self::Mat,
-            experts: &$crate::Experts<Self::Mat>,
-            routing: $crate::MoeRouting,
-            tokens: usize,
-            shared: Option<$crate::SharedExpertWeights<'_, Self::Mat>>,
-        ) -> Self::Buf {
-            self.$inner.moe_block(x, router, experts, routing, tokens, shared)
-        }
-    };
     (@op $inner:ident samples_on_device) => {
         fn samples_on_device(&self) -> bool { self.$inner.samples_on_device() }
     };

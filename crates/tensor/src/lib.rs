@@ -35,9 +35,6 @@ pub use dtype::DType;
 pub use generated::GeneratedMatrix;
 pub use host::{ByteOwner, HostTensor, TensorError};
 pub use kv_dtype::KvDtype;
-pub use moe::{
-    ExpertShape, ExpertTensors, ExpertWeights, Experts, MoeRouting, SharedExpert,
-    SharedExpertWeights,
-};
+pub use moe::{ExpertShape, ExpertTensors, ExpertWeights, Experts, MoeRouting, SharedExpert};
 pub use op_profile::OpTiming;
 pub use step_graph::{StepGraph, StepInputs};

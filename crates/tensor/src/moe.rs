@@ -59,51 +59,6 @@ pub struct SharedExpert<'a, M, Buf> {
     pub gate_logits: &'a Buf,
 }
 
-/// The shared expert's matrices as `Backend::moe_block` takes them: its MLP and `output_gate`
-/// (`shared_expert_gate`, `[1, h]`), whose product with `x` is the gate logit of `SharedExpert`.
-pub struct SharedExpertWeights<'a, M> {
-    pub gate: &'a M,
-    pub up: &'a M,
-    pub down: &'a M,
-    pub output_gate: &'a M,
-}
-
-/// `Backend::moe_block` as separate ops (its default): the router's logits and the shared
-/// expert's gate logit in one `matmul_group` (both read `x`), then `moe_experts`.
-pub fn moe_block_by_ops<B: Backend + ?Sized>(
-    be: &B,
-    x: &B::Buf,
-    router: &B::Mat,
-    experts: &Experts<B::Mat>,
-    routing: MoeRouting,
-    tokens: usize,
-    shared: Option<SharedExpertWeights<'_, B::Mat>>,
-) -> B::Buf {
-    let mut router_logits = be.scratch(tokens * be.mat_shape(router).0);
-    match shared {
-        Some(s) => {
-            let mut gate_logits = be.scratch(tokens * be.mat_shape(s.output_gate).0);
-            be.matmul_group(
-                x,
-                &[router, s.output_gate],
-                &mut [&mut router_logits, &mut gate_logits],
-                tokens,
-            );
-            let shared = SharedExpert {
-                gate: s.gate,
-                up: s.up,
-                down: s.down,
-                gate_logits: &gate_logits,
-            };
-            be.moe_experts(x, &router_logits, experts, routing, tokens, Some(shared))
-        }
-        None => {
-            be.matmul_group(x, &[router], &mut [&mut router_logits], tokens);
-            be.moe_experts(x, &router_logits, experts, routing, tokens, None)
-        }
-    }
-}
-
 /// Uploads every expert matrix on its own (the generic storage).
 pub fn load_per_expert<B: Backend + ?Sized>(
     backend: &B,
