@@ -46,6 +46,12 @@ pub struct CudaBackend {
     pub(crate) moe_slot_shape: crate::moe::SlotShape,
     /// Whether decode attention takes a kv head's query heads in one block (attention.rs).
     pub(crate) grouped_attention: bool,
+    /// Whether the gated RMSNorm of rows up to 256 values takes a warp a row (dense.rs;
+    /// `GATED_NORM_WARP=0`: a block a row, to measure).
+    pub(crate) gated_norm_by_warp: bool,
+    /// Whether a prefill's dense MLP hands its activation to the down GEMM as bf16 written once
+    /// (gemm.rs `dense_mlp_op`; `MLP_BF16_ACT=0`: silu_mul in f32, then the GEMM's cast).
+    pub(crate) bf16_act_mlp: bool,
     pub(crate) gemm_precision: GemmPrecision,
     /// `CudaOptions::keep_fp8_weights` under bf16 precision.
     pub(crate) keep_fp8_weights: bool,
@@ -209,6 +215,8 @@ impl CudaBackend {
             gemv_lane_shape: crate::gemv::LaneShape::from_options(options, sm_count),
             moe_slot_shape: crate::moe::SlotShape::from_options(options),
             grouped_attention: options.define::<u32>("ATTENTION_GQA").unwrap_or(1) != 0,
+            gated_norm_by_warp: options.define::<u32>("GATED_NORM_WARP").unwrap_or(1) != 0,
+            bf16_act_mlp: options.define::<u32>("MLP_BF16_ACT").unwrap_or(1) != 0,
             gemm_precision: options.gemm_precision,
             keep_fp8_weights: options.keep_fp8_weights.unwrap_or(major >= 9)
                 && options.gemm_precision == GemmPrecision::Bf16,
@@ -466,6 +474,19 @@ impl Backend for CudaBackend {
 
     fn silu_mul(&self, gate: &CudaBuf, up: &CudaBuf, out: &mut CudaBuf) {
         self.timed("silu_mul", || self.silu_mul_op(gate, up, out))
+    }
+
+    fn dense_mlp(&self, x: &CudaBuf, mats: [&CudaMat; 3], out: &mut CudaBuf, tokens: usize) {
+        let [gate, up, down] = mats;
+        self.timed(
+            || {
+                format!(
+                    "dense_mlp {}x{}+{}x{}+{}x{}",
+                    gate.rows, gate.cols, up.rows, up.cols, down.rows, down.cols
+                )
+            },
+            || self.dense_mlp_op(x, mats, out, tokens),
+        )
     }
 
     fn matmul_silu_gate(

@@ -15,6 +15,11 @@ use std::sync::Arc;
 /// and beyond 2048 values as many as keep a thread at 8 values (`ADD_NORM_PER_THREAD` of norm.cu;
 /// up to 1024 threads). Every norm kernel gets the same block for a row width, so the fused
 /// residual add + norm sums in rms_norm's order.
+/// `gated_rms_norm_warps` of norm.cu: rows of at most `32 * GATED_NORM_PER_LANE` values, and
+/// `GATED_NORM_WARPS` rows a block.
+const GATED_NORM_WARP_DIM: usize = 32 * 8;
+const GATED_NORM_WARPS: usize = 8;
+
 fn row_config(rows: usize, dim: usize) -> LaunchConfig {
     let covering = (dim.div_ceil(32) * 32).clamp(32, 256);
     let eight_each = (dim.div_ceil(8).div_ceil(32) * 32).min(1024);
@@ -161,6 +166,29 @@ impl CudaBackend {
             z.len,
             out.len
         );
+        if self.gated_norm_by_warp && (1..=GATED_NORM_WARP_DIM).contains(&dim) && rows > 0 {
+            let (rows32, dim32) = (rows as i32, dim as i32);
+            let cfg = LaunchConfig {
+                grid_dim: (rows.div_ceil(GATED_NORM_WARPS) as u32, 1, 1),
+                block_dim: (32 * GATED_NORM_WARPS as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // Contract: x, z and out hold rows x dim f32, dim <= 32 * GATED_NORM_PER_LANE, w dim
+            // (checked above).
+            launch!(
+                self,
+                "gated_rms_norm_warps",
+                cfg,
+                &x.data,
+                &z.data,
+                &w.data,
+                &mut out.data,
+                &rows32,
+                &dim32,
+                &eps
+            );
+            return;
+        }
         // Contract: as rms_norm, and z is as long as x (checked).
         launch_per_row!(
             self,

@@ -115,6 +115,63 @@ impl CudaBackend {
         self.silu_mul_op(&g, &u, out);
     }
 
+    /// `Backend::dense_mlp`. With bf16 weights past the GEMV kernels (a prefill, a large batch) the
+    /// activation goes to the down projection as the bf16 its GEMM reads, written once by
+    /// `silu_mul_bf16` (bit for bit `silu_mul` and the cast `gemm_op` would make of it; 27B
+    /// prefill of 2048 tokens: 143 MB written as f32 and read back, then 214 MB of cast, a layer);
+    /// otherwise `matmul_silu_gate_op`, then `matmul_group_op` over `[down]`.
+    pub(crate) fn dense_mlp_op(
+        &self,
+        x: &CudaBuf,
+        [gate, up, down]: [&CudaMat; 3],
+        out: &mut CudaBuf,
+        tokens: usize,
+    ) {
+        let rows = gate.rows;
+        let mut act = self.scratch(tokens * rows);
+        let bf16_gemms = tokens > 0
+            && self.bf16_act_mlp
+            && (up.rows, up.cols) == (rows, gate.cols)
+            && down.cols == rows
+            && rows > 0
+            && x.len >= tokens * gate.cols
+            && out.len >= tokens * down.rows
+            && !self.silu_gate_gemv_applies(gate, up, tokens)
+            && !self.gemv_applies(&[down], tokens);
+        let (true, MatData::Bf16(down_weights)) = (bf16_gemms, &down.data) else {
+            self.matmul_silu_gate_op(x, gate, up, &mut act, tokens);
+            self.matmul_group_op(&act, &[down], &mut [out], tokens);
+            return;
+        };
+        let mut up_out = self.scratch(tokens * rows);
+        self.matmul_group_op(x, &[gate, up], &mut [&mut act, &mut up_out], tokens);
+        let n = tokens * rows;
+        // Overwritten whole by silu_mul_bf16.
+        let mut act_bf16: CudaSlice<u16> = self.alloc_for_overwrite("bf16 MLP activations", n);
+        let n64 = n as i64;
+        // Contract: act and up_out hold n f32 (allocated so), act_bf16 n bf16; whole (aligned)
+        // allocations, as the kernel's 16- and 8-byte accesses need.
+        launch!(
+            self,
+            "silu_mul_bf16",
+            Self::elementwise_config(n.div_ceil(4)),
+            &act.data,
+            &up_out.data,
+            &mut act_bf16,
+            &n64
+        );
+        self.gemm_ex(
+            down_weights,
+            &act_bf16,
+            cudaDataType_t::CUDA_R_16BF,
+            out,
+            down.rows,
+            tokens,
+            rows,
+            cublasComputeType_t::CUBLAS_COMPUTE_32F,
+        );
+    }
+
     /// One cuBLAS GEMM; `inputs` caches the conversions of `x` across the matrices of a group.
     fn gemm_op(
         &self,

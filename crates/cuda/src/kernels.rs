@@ -19,6 +19,7 @@ pub const FILES: [KernelFile; 14] = [
         functions: &[
             "add_inplace",
             "silu_mul",
+            "silu_mul_bf16",
             "sigmoid_mul_inplace",
             "sigmoid_scale_rows",
             "concat_cols",
@@ -91,7 +92,12 @@ pub const FILES: [KernelFile; 14] = [
     KernelFile {
         name: "norm.cu",
         source: include_str!("../kernels/norm.cu"),
-        functions: &["rms_norm", "add_rms_norm", "gated_rms_norm"],
+        functions: &[
+            "rms_norm",
+            "add_rms_norm",
+            "gated_rms_norm",
+            "gated_rms_norm_warps",
+        ],
     },
     KernelFile {
         name: "rope.cu",

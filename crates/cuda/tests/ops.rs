@@ -271,6 +271,50 @@ fn matmul_silu_gate_equals_group_then_silu_mul_bitwise() {
     }
 }
 
+/// The whole gated MLP is bit for bit its first half then the down projection, on either side of
+/// the GEMV kernels' row counts (past them the activation reaches the down GEMM as bf16 written by
+/// `silu_mul_bf16`, the form the GEMM's own cast gave it), with and without that path
+/// (`MLP_BF16_ACT=0` on the second backend).
+#[test]
+fn dense_mlp_equals_silu_gate_then_down_bitwise() {
+    let test = "dense_mlp_equals_silu_gate_then_down_bitwise";
+    let Some(be) = cuda(GemmPrecision::Bf16, test) else {
+        return;
+    };
+    let Some(by_f32) = common::cuda_mlp_f32_act(test) else {
+        return;
+    };
+    let mut rng = Rng(25);
+    for (h, im) in [(64, 200), (1024, 3072)] {
+        let load = |b: &CudaBackend, values: &[f32], rows: usize, cols: usize| {
+            b.load_mat(&HostTensor::from_f32_as_bf16("w", vec![rows, cols], values))
+                .unwrap()
+        };
+        let (g, u, d) = (
+            rng.vec(im * h, 0.5),
+            rng.vec(im * h, 0.5),
+            rng.vec(h * im, 0.5),
+        );
+        for b in [be, by_f32] {
+            let (gate, up, down) = (load(b, &g, im, h), load(b, &u, im, h), load(b, &d, h, im));
+            for tokens in [1, 4, 9, 33, 300] {
+                let x = b.upload(&rng.vec(tokens * h, 1.0));
+                let mut whole = b.upload(&vec![f32::NAN; tokens * h]);
+                b.dense_mlp(&x, [&gate, &up, &down], &mut whole, tokens);
+                let mut act = b.zeros(tokens * im);
+                b.matmul_silu_gate(&x, &gate, &up, &mut act, tokens);
+                let mut parts = b.zeros(tokens * h);
+                b.matmul_group(&act, &[&down], &mut [&mut parts], tokens);
+                assert_eq!(
+                    b.to_host(&whole),
+                    b.to_host(&parts),
+                    "dense_mlp [{h} -> {im} -> {h}], {tokens} tokens: differs from its parts"
+                );
+            }
+        }
+    }
+}
+
 /// The fused residual add + RMSNorm is bit for bit the two ops one after the other.
 #[test]
 fn add_rms_norm_equals_add_then_norm_bitwise() {

@@ -440,9 +440,9 @@ impl<B: Backend> Model<B> {
 
     fn dense_mlp(&self, w: &DenseMlp<B>, x: &B::Buf, t: usize) -> B::Buf {
         let be = &self.backend;
-        let mut act = be.scratch(t * be.mat_shape(&w.gate).0);
-        be.matmul_silu_gate(x, &w.gate, &w.up, &mut act, t);
-        self.linear(&act, &w.down, t)
+        let mut out = be.scratch(t * be.mat_shape(&w.down).0);
+        be.dense_mlp(x, [&w.gate, &w.up, &w.down], &mut out, t);
+        out
     }
 
     fn moe(&self, w: &MoeMlp<B>, x: &B::Buf, t: usize) -> B::Buf {

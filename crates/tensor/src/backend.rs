@@ -172,6 +172,20 @@ pub trait Backend: Send + Sync {
         self.matmul_group(x, &[gate, up], &mut [&mut g, &mut u], tokens);
         self.silu_mul(&g, &u, out);
     }
+    /// The gated MLP whole: `out [T, h] = (silu(x @ gate^T) * (x @ up^T)) @ down^T`, so that a
+    /// backend can hand the activation to the down projection in the form that product reads.
+    /// Same result as `matmul_silu_gate` then `matmul_group` over `[down]` (the default).
+    fn dense_mlp(
+        &self,
+        x: &Self::Buf,
+        [gate, up, down]: [&Self::Mat; 3],
+        out: &mut Self::Buf,
+        tokens: usize,
+    ) {
+        let mut act = self.scratch(tokens * self.mat_shape(gate).0);
+        self.matmul_silu_gate(x, gate, up, &mut act, tokens);
+        self.matmul_group(&act, &[down], &mut [out], tokens);
+    }
     /// `x *= sigmoid(gate)`, elementwise.
     fn sigmoid_mul_inplace(&self, x: &mut Self::Buf, gate: &Self::Buf);
     /// Rotate-half (NeoX) RoPE on the first `rotary_dim` dims of every head; x `[T, heads, head_dim]`.

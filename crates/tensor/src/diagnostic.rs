@@ -75,7 +75,7 @@ impl<B: Backend> Backend for BrokenAttention<B> {
     crate::forward_ops!(inner;
         zeros, kv_dtype, scratch, upload, to_host, buf_len, load_mat, load_vec, mat_shape,
         mat_bytes, embedding, matmul, matmul_group, add_rms_norm, rms_norm, gated_rms_norm,
-        add_inplace, silu_mul, sigmoid_mul_inplace, rope, concat_cols, gather_rows,
+        add_inplace, silu_mul, dense_mlp, sigmoid_mul_inplace, rope, concat_cols, gather_rows,
         scatter_add_rows, sigmoid_scale_rows, causal_conv1d, gdn_gates, gated_delta_rule,
         reset_state_slot, copy_state_slot, route_top_k, load_experts, generate_experts,
         moe_experts, generate_mat, samples_on_device, sample_rows, device, run_step);

@@ -320,6 +320,17 @@ macro_rules! forward_ops {
             self.$inner.generate_experts(gate_up, down, shape)
         }
     };
+    (@op $inner:ident dense_mlp) => {
+        fn dense_mlp(
+            &self,
+            x: &Self::Buf,
+            mats: [&Self::Mat; 3],
+            out: &mut Self::Buf,
+            tokens: usize,
+        ) {
+            self.$inner.dense_mlp(x, mats, out, tokens)
+        }
+    };
     (@op $inner:ident moe_experts) => {
         fn moe_experts(
             &self,

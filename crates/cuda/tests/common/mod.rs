@@ -21,6 +21,7 @@ static FP8_DEEP_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new()
 static FP8_UNMIXED_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static LANES_BOUNDED_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static BF16_WIDE_LANES_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
+static MLP_F32_ACT_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 
 /// The bf16 backend that keeps block-FP8 weights as FP8, or `None` after printing why not.
 pub fn cuda_fp8(test: &str) -> Option<&'static CudaBackend> {
@@ -89,6 +90,12 @@ pub fn cuda_fp8_deep(test: &str) -> Option<&'static CudaBackend> {
         &[("GEMV_FP8_DEEP_BELOW", "1000000")],
         test,
     )
+}
+
+/// The default backend with a prefill's dense MLP activation kept in f32 until the down GEMM's
+/// cast (`MLP_BF16_ACT=0`), or `None` after printing why not.
+pub fn cuda_mlp_f32_act(test: &str) -> Option<&'static CudaBackend> {
+    fp8_backend(&MLP_F32_ACT_BACKEND, &[("MLP_BF16_ACT", "0")], test)
 }
 
 fn fp8_backend(
