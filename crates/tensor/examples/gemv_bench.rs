@@ -1,7 +1,8 @@
 //! Micro benchmark of the `cpu` backend's matrix kernels against the machine's memory bandwidth:
 //! (a) streaming read bandwidth, (b) batch-1 GEMV over a Qwen3.5-0.8B-shaped bf16 weight set (and
 //! (b') the same issued from inside the backend's pool, as a model step does),
-//! (c) prefill GEMM GFLOP/s at T = 512 in both precisions, (d) GEMV vs GEMM time for small T.
+//! (c) prefill GEMM GFLOP/s at T = 512 in both precisions, (d) GEMV vs GEMM time for small T,
+//! (e) the cores' f32 multiply-add ceiling (AVX2 + FMA), which no exact-f32 GEMM can pass.
 //! Prints, never asserts.
 //!
 //! `cargo run --release -p deltaserve-tensor --example gemv_bench -- [threads] [--quick]`
@@ -95,6 +96,62 @@ fn main() {
             b * 1e3
         );
     }
+    match fma_ceiling_gflops(threads) {
+        Some(gflops) => println!(
+            "(e) f32 multiply-add ceiling (AVX2 + FMA, {threads} threads, 12 chains a thread): {gflops:.1} GFLOP/s"
+        ),
+        None => println!("(e) f32 multiply-add ceiling: not measured (no AVX2 + FMA here)"),
+    }
+}
+
+/// (e): every thread of a pool of `threads` runs twelve independent 8-wide multiply-add chains (more
+/// than any x86 core needs to cover the instruction's latency); GFLOP/s over all threads, or `None`
+/// without AVX2 and FMA.
+fn fma_ceiling_gflops(threads: usize) -> Option<f64> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
+            return None;
+        }
+        const ITERS: usize = 50_000_000;
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .ok()?;
+        let secs = time(3, || {
+            pool.broadcast(|ctx| {
+                // SAFETY: AVX2 and FMA were detected above.
+                std::hint::black_box(unsafe { fma_chains(ITERS, ctx.index() as f32) });
+            });
+        });
+        Some((threads * ITERS * 12 * 8 * 2) as f64 / secs / 1e9)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = threads;
+        None
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn fma_chains(iters: usize, seed: f32) -> f32 {
+    use std::arch::x86_64::*;
+    let mul = _mm256_set1_ps(0.999_999);
+    let add = _mm256_set1_ps(1e-7);
+    let mut acc = [_mm256_set1_ps(seed); 12];
+    for _ in 0..iters {
+        for a in acc.iter_mut() {
+            *a = _mm256_fmadd_ps(*a, mul, add);
+        }
+    }
+    let mut sum = _mm256_setzero_ps();
+    for a in acc {
+        sum = _mm256_add_ps(sum, a);
+    }
+    let mut lanes = [0.0f32; 8];
+    _mm256_storeu_ps(lanes.as_mut_ptr(), sum);
+    lanes.iter().sum()
 }
 
 /// Best-of-`reps` seconds of `f` after one warm-up call.
