@@ -278,7 +278,7 @@ impl<B: Backend> Checker<'_, B> {
                     self.matmul(name, layer, kind, wr, wt, PREFILL, 62);
                     self.matmul(name, layer, kind, wr, wt, 1, 63);
                 }
-                // The forward runs gate and up as one fused op (matmul_silu_gate).
+                // The GEMV path runs gate and up as one fused op (matmul_silu_gate) ...
                 for (tokens, seed) in [(PREFILL, 65), (1, 66)] {
                     let x = uniform(tokens * r.gate.cols, seed, 1.0);
                     let (ours, reference) = op_check::matmul_silu_gate(
@@ -292,6 +292,21 @@ impl<B: Backend> Checker<'_, B> {
                         Operands::Exact,
                     );
                     let what = format!("mlp silu(gate) * up [{tokens} x {}]", r.gate.cols);
+                    self.push(what, layer, kind, Comparison::of(&ours, &reference));
+                }
+                // ... inside the whole MLP as one op (dense_mlp), whose activation a backend may
+                // hand to the down projection in its own form.
+                for (tokens, seed) in [(PREFILL, 67), (1, 68)] {
+                    let x = uniform(tokens * r.gate.cols, seed, 1.0);
+                    let (ours, reference) = op_check::dense_mlp(
+                        &self.t.backend,
+                        [&t.gate, &t.up, &t.down],
+                        [&r.gate, &r.up, &r.down],
+                        &x,
+                        tokens,
+                        Operands::Exact,
+                    );
+                    let what = format!("mlp whole [{tokens} x {}]", r.gate.cols);
                     self.push(what, layer, kind, Comparison::of(&ours, &reference));
                 }
             }

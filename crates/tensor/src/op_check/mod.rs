@@ -224,6 +224,28 @@ pub fn matmul_silu_gate<B: Backend>(
     (be.to_host(&out), want)
 }
 
+/// The whole gated MLP, `(silu(x @ gate^T) * (x @ up^T)) @ down^T`; the reference multiplies `x`
+/// as `operands` says.
+pub fn dense_mlp<B: Backend>(
+    be: &B,
+    [gate, up, down]: [&B::Mat; 3],
+    [gate_ref, up_ref, down_ref]: [&RefMat; 3],
+    x: &[f32],
+    tokens: usize,
+    operands: Operands,
+) -> Outputs {
+    let mut want = vec![0.0; tokens * down_ref.rows];
+    ReferenceBackend.dense_mlp(
+        &operands.seen(x),
+        [gate_ref, up_ref, down_ref],
+        &mut want,
+        tokens,
+    );
+    let mut out = poisoned(be, tokens * down_ref.rows);
+    be.dense_mlp(&be.upload(x), [gate, up, down], &mut out, tokens);
+    (be.to_host(&out), want)
+}
+
 /// `x * sigmoid(gate)`, elementwise.
 pub fn sigmoid_mul_inplace<B: Backend>(be: &B, x: &[f32], gate: &[f32]) -> Outputs {
     let mut want = x.to_vec();
