@@ -199,7 +199,10 @@ unsafe fn panel_product(
                 }
                 return;
             }
-            (IsaLevel::Avx2, MatData::Bf16(bits), _) => panel!(panel_avx2, false, bits, none),
+            (IsaLevel::Avx2, MatData::Bf16(bits), _) => {
+                let w = bits.as_ptr().add(p * k * PANEL);
+                return panel_avx2_bf16_pairs(nt, w, k, x.as_ptr(), k, out_ptr, ldo, width);
+            }
             (IsaLevel::Avx2, MatData::F32(vals), _) => panel!(panel_avx2, false, vals, none),
             (IsaLevel::Avx2, MatData::Fp8(fp8), _) => {
                 panel!(panel_avx2, true, fp8.codes, fp8_factors(&fp8, p))
@@ -291,6 +294,99 @@ unsafe fn panel_avx2<E: Lanes, const SCALED: bool>(
     match nt {
         1 => panel_strips::<Avx2, E, 1, 8, SCALED>(w, k, x, ldx, out, ldo, width, scales),
         _ => panel_strips::<Avx2, E, 2, 4, SCALED>(w, k, x, ldx, out, ldo, width, scales),
+    }
+}
+
+/// `panel_avx2` for bf16 weights, widened a pair at a time: a 256-bit load holds the weights of 16
+/// consecutive rows for one input element as 8 pairs of bf16; `pair << 16` is the f32 of the even
+/// row's weight and `pair & 0xffff0000` the odd row's, two plain integer operations per 16 weights
+/// instead of a zero-extending shuffle and a shift per 8 (which Zen 1 runs as two 128-bit halves
+/// each). Even and odd rows keep accumulators of their own, each row one chain of multiply-adds
+/// over `e` in order, so every output is bit for bit `panel_strips`'; the two are interleaved back
+/// at the store. One token takes the 64-row panel as four 16-row loads (eight accumulators), two
+/// tokens as two 32-row strips.
+///
+/// Safety: the CPU supports AVX2 and FMA; `w` is a bf16 panel `[k, PANEL]`, other pointers as in
+/// `panel_strips`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn panel_avx2_bf16_pairs(
+    nt: usize,
+    w: *const u16,
+    k: usize,
+    x: *const f32,
+    ldx: usize,
+    out: *mut f32,
+    ldo: usize,
+    width: usize,
+) {
+    match nt {
+        1 => pair_strips::<1, 4>(w, k, x, ldx, out, ldo, width),
+        _ => pair_strips::<2, 2>(w, k, x, ldx, out, ldo, width),
+    }
+}
+
+/// `panel_avx2_bf16_pairs` for `NT` tokens over strips of `P` 16-row loads.
+///
+/// Safety: as `panel_avx2_bf16_pairs`, inside a function with AVX2 and FMA enabled.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn pair_strips<const NT: usize, const P: usize>(
+    w: *const u16,
+    k: usize,
+    x: *const f32,
+    ldx: usize,
+    out: *mut f32,
+    ldo: usize,
+    width: usize,
+) {
+    use std::arch::x86_64::*;
+    let odd_half = _mm256_set1_epi32(0xffff_0000_u32 as i32);
+    for c0 in (0..width).step_by(16 * P) {
+        let mut even = [[_mm256_setzero_ps(); P]; NT];
+        let mut odd = [[_mm256_setzero_ps(); P]; NT];
+        for e in 0..k {
+            let step = w.add(e * PANEL + c0);
+            let mut we = [_mm256_setzero_ps(); P];
+            let mut wo = [_mm256_setzero_ps(); P];
+            for u in 0..P {
+                let pairs = _mm256_loadu_si256(step.add(16 * u) as *const __m256i);
+                we[u] = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(pairs));
+                wo[u] = _mm256_castsi256_ps(_mm256_and_si256(pairs, odd_half));
+            }
+            for t in 0..NT {
+                let xv = _mm256_set1_ps(*x.add(t * ldx + e));
+                for u in 0..P {
+                    even[t][u] = _mm256_fmadd_ps(xv, we[u], even[t][u]);
+                    odd[t][u] = _mm256_fmadd_ps(xv, wo[u], odd[t][u]);
+                }
+            }
+        }
+        for t in 0..NT {
+            for u in 0..P {
+                // Rows 0-3 and 8-11 of the 16, then 4-7 and 12-15; the halves put back in order.
+                let low = _mm256_unpacklo_ps(even[t][u], odd[t][u]);
+                let high = _mm256_unpackhi_ps(even[t][u], odd[t][u]);
+                let rows = [
+                    _mm256_permute2f128_ps::<0x20>(low, high),
+                    _mm256_permute2f128_ps::<0x31>(low, high),
+                ];
+                for (h, v) in rows.into_iter().enumerate() {
+                    let first = c0 + 16 * u + 8 * h;
+                    let at = out.add(t * ldo + first);
+                    let valid = width.saturating_sub(first);
+                    if valid >= 8 {
+                        _mm256_storeu_ps(at, v);
+                    } else if valid > 0 {
+                        let mut lanes = [0.0f32; 8];
+                        _mm256_storeu_ps(lanes.as_mut_ptr(), v);
+                        std::ptr::copy_nonoverlapping(lanes.as_ptr(), at, valid);
+                    }
+                }
+            }
+        }
     }
 }
 
