@@ -73,8 +73,6 @@ extern "C" __global__ void embedding_f32(const float* table, const unsigned int*
     FOR_EACH(i, n * hidden) out[i] = table[(i64)ids[i / hidden] * hidden + i % hidden];
 }
 
-// Activations rounded to bf16 (nearest even) for the bf16 GEMM: four values a thread (16-byte loads,
-// 8-byte stores; both buffers are whole allocations), then the tail; launched over ceil(n / 4).
 // silu_mul rounded to bf16 as cast_f32_to_bf16 rounds: the gated MLP's activation written once, in the
 // form the down projection's bf16 GEMM reads (a prefill's act of 2048 x 17408 values is 143 MB as f32;
 // silu_mul then the cast wrote it and read it back). Bit for bit silu_mul then cast_f32_to_bf16.
@@ -92,6 +90,8 @@ extern "C" __global__ void silu_mul_bf16(const float* gate, const float* up, bf1
     FOR_EACH(i, n - 4 * quads) out[4 * quads + i] = f32_to_bf16(silu_f(gate[4 * quads + i]) * up[4 * quads + i]);
 }
 
+// Activations rounded to bf16 (nearest even) for the bf16 GEMM: four values a thread (16-byte loads,
+// 8-byte stores; both buffers are whole allocations), then the tail; launched over ceil(n / 4).
 extern "C" __global__ void cast_f32_to_bf16(const float* x, bf16_bits* out, i64 n) {
     AFTER_PREVIOUS_KERNEL();
     const i64 quads = n / 4;

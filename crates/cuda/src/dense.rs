@@ -11,15 +11,15 @@ use cudarc::driver::{CudaSlice, LaunchConfig};
 use deltaserve_tensor::AttnShape;
 use std::sync::Arc;
 
-/// One block per row of `dim` for the norms: enough warps to cover `dim` once, at most 256 threads,
-/// and beyond 2048 values as many as keep a thread at 8 values (`ADD_NORM_PER_THREAD` of norm.cu;
-/// up to 1024 threads). Every norm kernel gets the same block for a row width, so the fused
-/// residual add + norm sums in rms_norm's order.
 /// `gated_rms_norm_warps` of norm.cu: rows of at most `32 * GATED_NORM_PER_LANE` values, and
 /// `GATED_NORM_WARPS` rows a block.
 const GATED_NORM_WARP_DIM: usize = 32 * 8;
 const GATED_NORM_WARPS: usize = 8;
 
+/// One block per row of `dim` for the norms: enough warps to cover `dim` once, at most 256 threads,
+/// and beyond 2048 values as many as keep a thread at 8 values (`ADD_NORM_PER_THREAD` of norm.cu;
+/// up to 1024 threads). Every norm kernel gets the same block for a row width, so the fused
+/// residual add + norm sums in rms_norm's order.
 fn row_config(rows: usize, dim: usize) -> LaunchConfig {
     let covering = (dim.div_ceil(32) * 32).clamp(32, 256);
     let eight_each = (dim.div_ceil(8).div_ceil(32) * 32).min(1024);
