@@ -19,9 +19,17 @@ extern "C" __global__ void silu_mul(const float* gate, const float* up, float* o
     FOR_EACH(i, n - 4 * quads) out[4 * quads + i] = silu_f(gate[4 * quads + i]) * up[4 * quads + i];
 }
 
+// As silu_mul, four values a thread (measured on the H200, 2048 x 6144: 92.0 us a value at a time,
+// 38.3 us by quads).
 extern "C" __global__ void sigmoid_mul_inplace(float* x, const float* gate, i64 n) {
     AFTER_PREVIOUS_KERNEL();
-    FOR_EACH(i, n) x[i] *= sigmoid_f(gate[i]);
+    const i64 quads = ROW_QUADS ? n / 4 : 0;
+    FOR_EACH(i, quads) {
+        const float4 g = reinterpret_cast<const float4*>(gate)[i], v = reinterpret_cast<const float4*>(x)[i];
+        reinterpret_cast<float4*>(x)[i] =
+            make_float4(v.x * sigmoid_f(g.x), v.y * sigmoid_f(g.y), v.z * sigmoid_f(g.z), v.w * sigmoid_f(g.w));
+    }
+    FOR_EACH(i, n - 4 * quads) x[4 * quads + i] *= sigmoid_f(gate[4 * quads + i]);
 }
 
 // x [rows, dim] *= sigmoid(gate[row]).

@@ -227,11 +227,12 @@ impl CudaBackend {
 
     pub(crate) fn sigmoid_mul_op(&self, x: &mut CudaBuf, gate: &CudaBuf) {
         let n = x.len.min(gate.len);
-        // Contract: n is within both buffers.
+        // Contract: n is within both buffers, each a whole (16-byte aligned) allocation.
         launch_elementwise!(
             self,
             "sigmoid_mul_inplace",
             n64 = n,
+            4 per thread,
             &mut x.data,
             &gate.data,
             &n64

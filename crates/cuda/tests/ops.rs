@@ -325,7 +325,17 @@ fn add_rms_norm_equals_add_then_norm_bitwise() {
         return;
     };
     let mut rng = Rng(23);
-    for (rows, dim) in [(1, 5120), (3, 1000), (7, 64), (2, 33)] {
+    // By quads in registers, by quads in a loop (beyond 8 values a thread of 1024), one value at a
+    // time in registers and in a loop.
+    for (rows, dim) in [
+        (1, 5120),
+        (3, 1000),
+        (7, 64),
+        (3, 128),
+        (2, 9000),
+        (2, 33),
+        (2, 8195),
+    ] {
         let (h, x, w) = (
             rng.vec(rows * dim, 2.0),
             rng.vec(rows * dim, 2.0),
