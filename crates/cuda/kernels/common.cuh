@@ -78,6 +78,24 @@ __device__ __forceinline__ float4 load_streaming_f32x4(const float* p) {
     return v;
 }
 
+// ---- an op's output with its bf16 twin (buffer.rs) ----
+// Ops whose output goes on to bf16 GEMMs take a `twin` pointer, null or a bf16 array beside `out`,
+// and write the values rounded as cast_f32_to_bf16 rounds them, so the GEMM needs no cast.
+__device__ __forceinline__ void store_with_twin(float* out, bf16_bits* twin, i64 i, float v) {
+    out[i] = v;
+    if (twin != nullptr) twin[i] = f32_to_bf16(v);
+}
+
+// Quad `q` (values 4q .. 4q + 3) of out and of its twin (8-byte aligned: whole allocations).
+__device__ __forceinline__ void store4_with_twin(float4* out, bf16_bits* twin, i64 q, const float4 v) {
+    out[q] = v;
+    if (twin != nullptr) {
+        const unsigned int lo = (unsigned int)f32_to_bf16(v.x) | ((unsigned int)f32_to_bf16(v.y) << 16);
+        const unsigned int hi = (unsigned int)f32_to_bf16(v.z) | ((unsigned int)f32_to_bf16(v.w) << 16);
+        reinterpret_cast<uint2*>(twin)[q] = make_uint2(lo, hi);
+    }
+}
+
 // The sum of squares of a row of `dim` (a multiple of 4) by the block, in the quad order above.
 __device__ __forceinline__ float block_sum_squares4(const float* x, int dim, float* scratch) {
     const float4* x4 = reinterpret_cast<const float4*>(x);

@@ -28,8 +28,8 @@ extern "C" __global__ void ROW_NORM_BOUNDS rms_norm(const float* x, const float*
 // add_rms_norm for a row width that is a multiple of 4, by float4 (common.cuh's quad order, as
 // rms_norm_row sums such rows).
 __device__ __forceinline__ void add_rms_norm_quads(float4* __restrict__ acc, const float4* __restrict__ x,
-                                                   const float* __restrict__ w, float4* __restrict__ out, int dim,
-                                                   float eps, float* scratch) {
+                                                   const float* __restrict__ w, float4* __restrict__ out,
+                                                   bf16_bits* __restrict__ twin, int dim, float eps, float* scratch) {
     const int quads = dim / 4;
     float ss = 0.0f;
     if (quads <= ADD_NORM_QUADS_PER_THREAD * (int)blockDim.x) {
@@ -58,7 +58,7 @@ __device__ __forceinline__ void add_rms_norm_quads(float4* __restrict__ acc, con
 #pragma unroll
         for (int j = 0; j < ADD_NORM_QUADS_PER_THREAD; ++j) {
             const int q = threadIdx.x + j * blockDim.x;
-            if (q < quads) out[q] = scale4(v[j], inv, scale[j]);
+            if (q < quads) store4_with_twin(out, twin, q, scale4(v[j], inv, scale[j]));
         }
         return;
     }
@@ -70,16 +70,19 @@ __device__ __forceinline__ void add_rms_norm_quads(float4* __restrict__ acc, con
     }
     const float inv = 1.0f / sqrtf(block_sum(ss, scratch) / (float)dim + eps);
     const float4* w4 = reinterpret_cast<const float4*>(w);
-    for (int q = threadIdx.x; q < quads; q += blockDim.x) out[q] = scale4(acc[q], inv, one_plus4(w4[q]));
+    for (int q = threadIdx.x; q < quads; q += blockDim.x) store4_with_twin(out, twin, q, scale4(acc[q], inv, one_plus4(w4[q])));
 }
 
+// `twin`: null, or the output's bf16 twin (common.cuh).
 extern "C" __global__ void ROW_NORM_BOUNDS add_rms_norm(float* __restrict__ acc, const float* __restrict__ x,
-                                        const float* __restrict__ w, float* __restrict__ out, int dim, float eps) {
+                                                        const float* __restrict__ w, float* __restrict__ out,
+                                                        bf16_bits* __restrict__ twin, int dim, float eps) {
     __shared__ float scratch[32];
     const i64 base = (i64)blockIdx.x * dim;
+    if (twin != nullptr) twin += base;
     if (BY_QUADS(dim)) {
         add_rms_norm_quads(reinterpret_cast<float4*>(acc + base), reinterpret_cast<const float4*>(x + base), w,
-                           reinterpret_cast<float4*>(out + base), dim, eps, scratch);
+                           reinterpret_cast<float4*>(out + base), twin, dim, eps, scratch);
         return;
     }
     float ss = 0.0f;
@@ -112,7 +115,7 @@ extern "C" __global__ void ROW_NORM_BOUNDS add_rms_norm(float* __restrict__ acc,
 #pragma unroll
         for (int j = 0; j < ADD_NORM_PER_THREAD; ++j) {
             const int i = threadIdx.x + j * blockDim.x;
-            if (i < dim) out[base + i] = v[j] * inv * scale[j];
+            if (i < dim) store_with_twin(out + base, twin, i, v[j] * inv * scale[j]);
         }
         return;
     }
@@ -123,7 +126,7 @@ extern "C" __global__ void ROW_NORM_BOUNDS add_rms_norm(float* __restrict__ acc,
         ss += v * v;
     }
     const float inv = 1.0f / sqrtf(block_sum(ss, scratch) / (float)dim + eps);
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) out[base + i] = acc[base + i] * inv * (1.0f + w[i]);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) store_with_twin(out + base, twin, i, acc[base + i] * inv * (1.0f + w[i]));
 }
 
 extern "C" __global__ void ROW_NORM_BOUNDS gated_rms_norm(const float* x, const float* z, const float* w, float* out, int dim, float eps) {
@@ -150,7 +153,8 @@ extern "C" __global__ void ROW_NORM_BOUNDS gated_rms_norm(const float* x, const 
 // l + 32 (measured on the H200, 98,304 rows of 128: 72.4 us a value at a time).
 __device__ __forceinline__ void gated_rms_norm_warp_quads(const float* __restrict__ x, const float* __restrict__ z,
                                                           const float* __restrict__ w, float* __restrict__ out,
-                                                          i64 row, i64 rows, int dim, float eps) {
+                                                          bf16_bits* __restrict__ twin, i64 row, i64 rows, int dim,
+                                                          float eps) {
     const int lane = threadIdx.x & 31, quads = dim / 4;
     float4 scale[GATED_NORM_QUADS_PER_LANE];
 #pragma unroll
@@ -174,23 +178,27 @@ __device__ __forceinline__ void gated_rms_norm_warp_quads(const float* __restric
     for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
     const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
     float4* out4 = reinterpret_cast<float4*>(out + row * dim);
+    if (twin != nullptr) twin += row * dim;
 #pragma unroll
     for (int j = 0; j < GATED_NORM_QUADS_PER_LANE; ++j) {
         const int q = lane + 32 * j;
         if (q < quads) {
             const float4 s = scale[j];
-            out4[q] = make_float4(s.x * v[j].x * inv * silu_f(g[j].x), s.y * v[j].y * inv * silu_f(g[j].y),
-                                  s.z * v[j].z * inv * silu_f(g[j].z), s.w * v[j].w * inv * silu_f(g[j].w));
+            store4_with_twin(out4, twin, q,
+                             make_float4(s.x * v[j].x * inv * silu_f(g[j].x), s.y * v[j].y * inv * silu_f(g[j].y),
+                                         s.z * v[j].z * inv * silu_f(g[j].z), s.w * v[j].w * inv * silu_f(g[j].w)));
         }
     }
 }
+
+// `twin`: null, or the output's bf16 twin (common.cuh).
 extern "C" __global__ void __launch_bounds__(32 * GATED_NORM_WARPS)
     gated_rms_norm_warps(const float* __restrict__ x, const float* __restrict__ z, const float* __restrict__ w,
-                         float* __restrict__ out, int rows, int dim, float eps) {
+                         float* __restrict__ out, bf16_bits* __restrict__ twin, int rows, int dim, float eps) {
     const int lane = threadIdx.x & 31;
     const i64 row = (i64)blockIdx.x * GATED_NORM_WARPS + (threadIdx.x >> 5);
     if (BY_QUADS(dim)) {
-        gated_rms_norm_warp_quads(x, z, w, out, row, rows, dim, eps);
+        gated_rms_norm_warp_quads(x, z, w, out, twin, row, rows, dim, eps);
         return;
     }
     float scale[GATED_NORM_PER_LANE];
@@ -217,6 +225,6 @@ extern "C" __global__ void __launch_bounds__(32 * GATED_NORM_WARPS)
 #pragma unroll
     for (int j = 0; j < GATED_NORM_PER_LANE; ++j) {
         const int i = lane + 32 * j;
-        if (i < dim) out[base + i] = scale[j] * v[j] * inv * silu_f(g[j]);
+        if (i < dim) store_with_twin(out, twin, base + i, scale[j] * v[j] * inv * silu_f(g[j]));
     }
 }

@@ -8,7 +8,7 @@ use crate::detect::{open_device, OpenDevice};
 use crate::error::CudaError;
 use crate::launcher;
 use crate::libraries;
-use crate::mat::{CudaMat, FP8_BLOCK};
+use crate::mat::{CudaMat, MatData, FP8_BLOCK};
 use crate::options::{CudaOptions, GdnPrefill, GemmPrecision};
 use crate::profile::OpProfiler;
 use crate::upload_cache::UploadCache;
@@ -23,6 +23,7 @@ use deltaserve_tensor::{
 };
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// RoPE inverse frequencies on the device per `(rotary_dim, theta bits)`.
@@ -52,6 +53,12 @@ pub struct CudaBackend {
     /// Whether a prefill's dense MLP hands its activation to the down GEMM as bf16 written once
     /// (gemm.rs `dense_mlp_op`; `MLP_BF16_ACT=0`: silu_mul in f32, then the GEMM's cast).
     pub(crate) bf16_act_mlp: bool,
+    /// Whether the norms and the attention gate write a bf16 twin of outputs that go on to bf16
+    /// GEMMs (buffer.rs; `BF16_TWIN=0`: the GEMM casts, to measure).
+    pub(crate) bf16_twins: bool,
+    /// Set once a weight is kept in block FP8: its GEMMs quantize their input themselves, and a
+    /// bf16 twin would be written for nothing.
+    pub(crate) fp8_weights_loaded: Arc<AtomicBool>,
     pub(crate) gemm_precision: GemmPrecision,
     /// `CudaOptions::keep_fp8_weights` under bf16 precision.
     pub(crate) keep_fp8_weights: bool,
@@ -217,6 +224,8 @@ impl CudaBackend {
             grouped_attention: options.define::<u32>("ATTENTION_GQA").unwrap_or(1) != 0,
             gated_norm_by_warp: options.define::<u32>("GATED_NORM_WARP").unwrap_or(1) != 0,
             bf16_act_mlp: options.define::<u32>("MLP_BF16_ACT").unwrap_or(1) != 0,
+            bf16_twins: options.define::<u32>("BF16_TWIN").unwrap_or(1) != 0,
+            fp8_weights_loaded: Arc::new(AtomicBool::new(false)),
             gemm_precision: options.gemm_precision,
             keep_fp8_weights: options.keep_fp8_weights.unwrap_or(major >= 9)
                 && options.gemm_precision == GemmPrecision::Bf16,
@@ -336,6 +345,22 @@ impl CudaBackend {
         unsafe { self.stream.alloc::<T>(len.max(1)) }.unwrap_or_else(|e| device_failure(what, e))
     }
 
+    fn noting_fp8(&self, m: CudaMat) -> CudaMat {
+        if matches!(m.data, MatData::Fp8 { .. }) {
+            self.fp8_weights_loaded.store(true, Ordering::Relaxed);
+        }
+        m
+    }
+
+    /// Whether an op whose output goes on to GEMMs of `tokens` rows writes a bf16 twin: where those
+    /// are cuBLAS bf16 GEMMs, past the GEMV kernels' rows (a one-token decode never writes one).
+    pub(crate) fn wants_bf16_twin(&self, tokens: usize) -> bool {
+        self.bf16_twins
+            && self.gemm_precision == GemmPrecision::Bf16
+            && tokens > self.gemv_lane_shape.max_tokens(false)
+            && !self.fp8_weights_loaded.load(Ordering::Relaxed)
+    }
+
     /// A launch config of `ELEMENTWISE_THREADS`-thread blocks covering `n` elements (the kernels
     /// loop over the grid, so the block count is capped).
     pub(crate) fn elementwise_config(n: usize) -> LaunchConfig {
@@ -357,10 +382,7 @@ impl Backend for CudaBackend {
     }
 
     fn zeros(&self, len: usize) -> CudaBuf {
-        CudaBuf {
-            data: self.alloc_zeros("zeros", len),
-            len,
-        }
+        CudaBuf::new(self.alloc_zeros("zeros", len), len)
     }
 
     fn kv_dtype(&self) -> KvDtype {
@@ -368,18 +390,12 @@ impl Backend for CudaBackend {
     }
 
     fn scratch(&self, len: usize) -> CudaBuf {
-        CudaBuf {
-            // Every op writes its whole output; `scratch` is only asked for such outputs.
-            data: self.alloc_for_overwrite("scratch", len),
-            len,
-        }
+        // Every op writes its whole output; `scratch` is only asked for such outputs.
+        CudaBuf::new(self.alloc_for_overwrite("scratch", len), len)
     }
 
     fn upload(&self, data: &[f32]) -> CudaBuf {
-        CudaBuf {
-            data: self.upload("upload", data),
-            len: data.len(),
-        }
+        CudaBuf::new(self.upload("upload", data), data.len())
     }
 
     fn to_host(&self, buf: &CudaBuf) -> Vec<f32> {
@@ -389,7 +405,7 @@ impl Backend for CudaBackend {
         self.timed("to_host", || {
             let host = self
                 .stream
-                .clone_dtoh(&buf.data.slice(0..buf.len))
+                .clone_dtoh(&buf.data().slice(0..buf.len))
                 .unwrap_or_else(|e| device_failure("to_host", e));
             self.synchronize();
             host
@@ -402,6 +418,7 @@ impl Backend for CudaBackend {
 
     fn load_mat(&self, t: &HostTensor) -> Result<CudaMat, TensorError> {
         CudaMat::upload(&self.stream, t, self.gemm_precision, self.keep_fp8_weights)
+            .map(|m| self.noting_fp8(m))
     }
 
     fn mat_shape(&self, m: &CudaMat) -> (usize, usize) {
@@ -715,7 +732,9 @@ impl Backend for CudaBackend {
         if spec.block_fp8.is_some() && !quantized_here {
             return None;
         }
-        Some(self.timed("generate_mat", || self.generate_mat_op(spec)))
+        Some(self.timed("generate_mat", || {
+            self.generate_mat_op(spec).map(|m| self.noting_fp8(m))
+        }))
     }
 
     fn samples_on_device(&self) -> bool {

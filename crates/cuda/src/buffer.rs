@@ -1,21 +1,65 @@
-//! The backend's `Buf`: a device buffer of f32 activations or parameters with its logical length.
-//! Owns allocation only; ops live in the op modules.
+//! The backend's `Buf`: a device buffer of f32 activations or parameters with its logical length,
+//! and optionally the same values rounded to bf16. Owns allocation only; ops live in the op modules.
 
 use cudarc::driver::CudaSlice;
 
 /// `len` f32 values on the device. The allocation holds at least one element, because CUDA refuses
 /// zero-byte allocations and the model asks for empty buffers (e.g. a pool lent out and back).
+///
+/// An op whose output goes on to bf16 GEMMs may write `bf16_twin` beside it (the values rounded to
+/// bf16 as `cast_f32_to_bf16` rounds them), so the GEMM skips its own cast: a 2048-token prefill
+/// otherwise writes a norm's output in f32, reads it back and writes it again in bf16. The twin is
+/// valid while it is set: every write to the f32 values goes through `data_mut`, which drops it.
 pub struct CudaBuf {
-    pub(crate) data: CudaSlice<f32>,
+    data: CudaSlice<f32>,
     pub(crate) len: usize,
+    bf16_twin: Option<CudaSlice<u16>>,
 }
 
 impl CudaBuf {
+    pub(crate) fn new(data: CudaSlice<f32>, len: usize) -> CudaBuf {
+        CudaBuf {
+            data,
+            len,
+            bf16_twin: None,
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.len
     }
 
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    pub(crate) fn data(&self) -> &CudaSlice<f32> {
+        &self.data
+    }
+
+    /// The f32 values for writing: the bf16 twin, if any, is dropped (it would be stale).
+    pub(crate) fn data_mut(&mut self) -> &mut CudaSlice<f32> {
+        self.bf16_twin = None;
+        &mut self.data
+    }
+
+    /// The f32 values and a twin of `twin_len` bf16 values, both for an op that writes the two at
+    /// once; the twin is kept from an earlier write when it is long enough.
+    pub(crate) fn data_and_twin_mut(
+        &mut self,
+        twin_len: usize,
+        alloc: impl FnOnce(usize) -> CudaSlice<u16>,
+    ) -> (&mut CudaSlice<f32>, &mut CudaSlice<u16>) {
+        let twin = match self.bf16_twin.take() {
+            Some(twin) if twin.len() >= twin_len => twin,
+            _ => alloc(twin_len),
+        };
+        let twin = self.bf16_twin.insert(twin);
+        (&mut self.data, twin)
+    }
+
+    /// The first values rounded to bf16, if the op that wrote them left a twin of at least `len`.
+    pub(crate) fn bf16_twin(&self, len: usize) -> Option<&CudaSlice<u16>> {
+        self.bf16_twin.as_ref().filter(|twin| twin.len() >= len)
     }
 }

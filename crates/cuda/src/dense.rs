@@ -15,6 +15,8 @@ use std::sync::Arc;
 /// `GATED_NORM_WARPS` rows a block.
 const GATED_NORM_WARP_DIM: usize = 32 * 8;
 const GATED_NORM_WARPS: usize = 8;
+/// The most value heads a token has in the GDN layers of the supported models (27B: 48).
+const GATED_NORM_MAX_HEADS: usize = 64;
 
 /// One block per row of `dim` for the norms: enough warps to cover `dim` once, at most 256 threads,
 /// and beyond 2048 values as many as keep a thread at 8 values (`ADD_NORM_PER_THREAD` of norm.cu;
@@ -44,7 +46,26 @@ macro_rules! launch_per_row {
     }};
 }
 
+/// The kernels' `twin` argument when no bf16 twin is written: a null pointer.
+static NO_TWIN: u64 = 0;
+
 impl CudaBackend {
+    /// `out`'s f32 values to write and the kernel's `twin` argument: a bf16 twin of `len` values
+    /// when `wants_bf16_twin(tokens)`, else null (and any older twin dropped).
+    fn output_with_twin<'a>(
+        &self,
+        out: &'a mut CudaBuf,
+        tokens: usize,
+        len: usize,
+    ) -> (&'a mut CudaSlice<f32>, &'a dyn KernelArg) {
+        if !self.wants_bf16_twin(tokens) {
+            return (out.data_mut(), &NO_TWIN);
+        }
+        // Written whole by the op along with the f32 values.
+        let (data, twin) = out.data_and_twin_mut(len, |n| self.alloc_for_overwrite("bf16 twin", n));
+        (data, twin)
+    }
+
     pub(crate) fn embedding_op(&self, table: &CudaMat, ids: &[u32], out: &mut CudaBuf) {
         let hidden = table.cols;
         let n = ids.len();
@@ -82,7 +103,7 @@ impl CudaBackend {
             Self::elementwise_config(n * hidden),
             t,
             ids_dev.as_ref(),
-            &mut out.data,
+            out.data_mut(),
             &n64,
             &hidden32
         );
@@ -109,9 +130,9 @@ impl CudaBackend {
             "rms_norm",
             rows,
             dim32 = dim,
-            &x.data,
-            &w.data,
-            &mut out.data,
+            x.data(),
+            w.data(),
+            out.data_mut(),
             &dim32,
             &eps
         );
@@ -134,16 +155,19 @@ impl CudaBackend {
             w.len,
             out.len
         );
-        // Contract: one block per row of `dim` within acc, x and out; w holds dim values (checked).
+        let (out_data, twin) = self.output_with_twin(out, rows, rows * dim);
+        // Contract: one block per row of `dim` within acc, x and out (and the twin, if any); w
+        // holds dim values (checked).
         launch_per_row!(
             self,
             "add_rms_norm",
             rows,
             dim32 = dim,
-            &mut acc.data,
-            &x.data,
-            &w.data,
-            &mut out.data,
+            acc.data_mut(),
+            x.data(),
+            w.data(),
+            out_data,
+            twin,
             &dim32,
             &eps
         );
@@ -173,16 +197,22 @@ impl CudaBackend {
                 block_dim: (32 * GATED_NORM_WARPS as u32, 1, 1),
                 shared_mem_bytes: 0,
             };
-            // Contract: x, z and out hold rows x dim f32, dim <= 32 * GATED_NORM_PER_LANE, w dim
-            // (checked above).
+            // Rows are heads here; the GEMM after the norm (out_proj) takes a token's heads as one
+            // row, so count tokens as if a token had GATED_NORM_MAX_HEADS heads: never more tokens
+            // than there are, and so no twin that a GEMV step would not read.
+            let tokens = rows / GATED_NORM_MAX_HEADS;
+            let (out_data, twin) = self.output_with_twin(out, tokens, rows * dim);
+            // Contract: x, z and out (and the twin, if any) hold rows x dim, dim <= 32 *
+            // GATED_NORM_PER_LANE, w dim (checked above).
             launch!(
                 self,
                 "gated_rms_norm_warps",
                 cfg,
-                &x.data,
-                &z.data,
-                &w.data,
-                &mut out.data,
+                x.data(),
+                z.data(),
+                w.data(),
+                out_data,
+                twin,
                 &rows32,
                 &dim32,
                 &eps
@@ -195,10 +225,10 @@ impl CudaBackend {
             "gated_rms_norm",
             rows,
             dim32 = dim,
-            &x.data,
-            &z.data,
-            &w.data,
-            &mut out.data,
+            x.data(),
+            z.data(),
+            w.data(),
+            out.data_mut(),
             &dim32,
             &eps
         );
@@ -207,7 +237,7 @@ impl CudaBackend {
     pub(crate) fn add_inplace_op(&self, acc: &mut CudaBuf, x: &CudaBuf) {
         let n = acc.len.min(x.len);
         // Contract: n is within both buffers.
-        launch_elementwise!(self, "add_inplace", n64 = n, &mut acc.data, &x.data, &n64);
+        launch_elementwise!(self, "add_inplace", n64 = n, acc.data_mut(), x.data(), &n64);
     }
 
     pub(crate) fn silu_mul_op(&self, gate: &CudaBuf, up: &CudaBuf, out: &mut CudaBuf) {
@@ -218,9 +248,9 @@ impl CudaBackend {
             "silu_mul",
             n64 = n,
             4 per thread,
-            &gate.data,
-            &up.data,
-            &mut out.data,
+            gate.data(),
+            up.data(),
+            out.data_mut(),
             &n64
         );
     }
@@ -233,8 +263,8 @@ impl CudaBackend {
             "sigmoid_mul_inplace",
             n64 = n,
             4 per thread,
-            &mut x.data,
-            &gate.data,
+            x.data_mut(),
+            gate.data(),
             &n64
         );
     }
@@ -250,8 +280,8 @@ impl CudaBackend {
             self,
             "sigmoid_scale_rows",
             Self::elementwise_config(rows * dim),
-            &mut x.data,
-            &gate.data,
+            x.data_mut(),
+            gate.data(),
             &rows64,
             &dim32
         );
@@ -281,9 +311,9 @@ impl CudaBackend {
             self,
             "concat_cols",
             Self::elementwise_config(rows * (a_dim + b_dim)),
-            &a.data,
-            &b.data,
-            &mut out.data,
+            a.data(),
+            b.data(),
+            out.data_mut(),
             &rows64,
             &a32,
             &b32
@@ -295,23 +325,24 @@ impl CudaBackend {
         if let Some(&bad) = rows.iter().find(|&&r| r as usize >= available) {
             panic!("gather_rows: row {bad} is outside the source's {available} rows of {dim}");
         }
-        let mut out = CudaBuf {
-            data: self.alloc_zeros("gather_rows", rows.len() * dim),
-            len: rows.len() * dim,
-        };
+        let mut out = CudaBuf::new(
+            self.alloc_zeros("gather_rows", rows.len() * dim),
+            rows.len() * dim,
+        );
         if out.len == 0 {
             return out;
         }
         let rows_dev = self.upload_cached(table::GATHER_ROWS, rows);
         let (n64, dim32) = (rows.len() as i64, dim as i32);
+        let config = Self::elementwise_config(out.len);
         // Contract: every row index is within src (checked); out has rows.len() * dim values.
         launch!(
             self,
             "gather_rows",
-            Self::elementwise_config(out.len),
-            &src.data,
+            config,
+            src.data(),
             rows_dev.as_ref(),
-            &mut out.data,
+            out.data_mut(),
             &n64,
             &dim32
         );
@@ -347,8 +378,8 @@ impl CudaBackend {
             self,
             "scatter_add_rows",
             Self::elementwise_config(dim),
-            &mut acc.data,
-            &src.data,
+            acc.data_mut(),
+            src.data(),
             &rows_dev,
             &weights_dev,
             &n32,
@@ -430,12 +461,12 @@ impl CudaBackend {
             self,
             "qk_norm_rope",
             row_config(q_rows + k_rows, d),
-            &q_raw.data,
-            &k_raw.data,
-            &q_norm.data,
-            &k_norm.data,
-            &mut q.data,
-            &mut k.data,
+            q_raw.data(),
+            k_raw.data(),
+            q_norm.data(),
+            k_norm.data(),
+            q.data_mut(),
+            k.data_mut(),
             positions_dev.as_ref(),
             table.as_ref(),
             &q_rows64,
@@ -483,7 +514,7 @@ impl CudaBackend {
             self,
             "rope",
             Self::elementwise_config(tokens * heads * half),
-            &mut x.data,
+            x.data_mut(),
             positions_dev.as_ref(),
             table.as_ref(),
             &t64,

@@ -325,7 +325,7 @@ impl CudaBackend {
             self,
             "quantize_activations_fp8",
             cfg,
-            &x.data,
+            x.data(),
             &mut codes,
             &mut scales,
             &tokens32,
@@ -384,7 +384,7 @@ impl CudaBackend {
             (!f32_out).then(|| self.alloc_for_overwrite("fp8 gemm output", rows * n));
         let (out_ptr, out_guard) = match &mut product {
             Some(product) => product.device_ptr_mut(&self.stream),
-            None => out.data.device_ptr_mut(&self.stream),
+            None => out.data_mut().device_ptr_mut(&self.stream),
         };
         let (alpha, beta) = (1.0f32, 0.0f32);
         // SAFETY: the plan's layouts describe exactly these buffers: codes n * k bytes with the
@@ -428,7 +428,7 @@ impl CudaBackend {
                 count = tokens * n,
                 4 per thread,
                 product,
-                &mut out.data,
+                out.data_mut(),
                 &count
             );
         }

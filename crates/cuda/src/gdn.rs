@@ -151,10 +151,10 @@ impl CudaBackend {
                 self,
                 "causal_conv1d_tokens",
                 cfg,
-                &x.data,
-                &w.data,
-                &mut pool.conv.data,
-                &mut out.data,
+                x.data(),
+                w.data(),
+                pool.conv.data_mut(),
+                out.data_mut(),
                 seqs.as_ref(),
                 snaps.as_ref(),
                 row_seqs.as_ref(),
@@ -167,8 +167,8 @@ impl CudaBackend {
                 self,
                 "conv_window_update",
                 window_cfg,
-                &x.data,
-                &mut pool.conv.data,
+                x.data(),
+                pool.conv.data_mut(),
                 seqs.as_ref(),
                 &cd,
                 &hist
@@ -180,10 +180,10 @@ impl CudaBackend {
             self,
             "causal_conv1d",
             window_cfg,
-            &x.data,
-            &w.data,
-            &mut pool.conv.data,
-            &mut out.data,
+            x.data(),
+            w.data(),
+            pool.conv.data_mut(),
+            out.data_mut(),
             seqs.as_ref(),
             snaps.as_ref(),
             &cd,
@@ -220,12 +220,12 @@ impl CudaBackend {
             self,
             "gdn_gates",
             n64 = n,
-            &a.data,
-            &b.data,
-            &a_log.data,
-            &dt_bias.data,
-            &mut g.data,
-            &mut beta.data,
+            a.data(),
+            b.data(),
+            a_log.data(),
+            dt_bias.data(),
+            g.data_mut(),
+            beta.data_mut(),
             &n64,
             &h32
         );
@@ -359,7 +359,7 @@ impl CudaBackend {
             let mut guards = Vec::with_capacity(4);
             for (ptr, buf) in arg.0.iter_mut().zip(buffers) {
                 if let Some(buf) = buf {
-                    let (device_ptr, guard) = buf.data.device_ptr(&self.stream);
+                    let (device_ptr, guard) = buf.data().device_ptr(&self.stream);
                     *ptr = device_ptr;
                     guards.push(guard);
                 }
@@ -371,10 +371,10 @@ impl CudaBackend {
                 self,
                 kernel,
                 cfg,
-                &mixed.data,
+                mixed.data(),
                 &arg,
-                &mut pool.ssm.data,
-                &mut out.data,
+                pool.ssm.data_mut(),
+                out.data_mut(),
                 seqs.as_ref(),
                 snaps.as_ref(),
                 &hk,
@@ -404,11 +404,11 @@ impl CudaBackend {
             self,
             "gated_delta_rule",
             cfg,
-            &mixed.data,
-            &g.data,
-            &beta.data,
-            &mut pool.ssm.data,
-            &mut out.data,
+            mixed.data(),
+            g.data(),
+            beta.data(),
+            pool.ssm.data_mut(),
+            out.data_mut(),
             seqs.as_ref(),
             snaps.as_ref(),
             &hk,
@@ -429,7 +429,7 @@ impl CudaBackend {
             if len == 0 {
                 continue;
             }
-            let mut view = buf.data.slice_mut(slot * len..(slot + 1) * len);
+            let mut view = buf.data_mut().slice_mut(slot * len..(slot + 1) * len);
             if let Err(e) = self.stream.memset_zeros(&mut view) {
                 device_failure("reset_state_slot", e);
             }
@@ -457,7 +457,7 @@ impl CudaBackend {
             }
             // Two disjoint views of one allocation: split between the two slots.
             let split = src.max(dst) * len;
-            let (low, mut high) = buf.data.split_at_mut(split);
+            let (low, mut high) = buf.data_mut().split_at_mut(split);
             let result = if src < dst {
                 let from = low.slice(src * len..(src + 1) * len);
                 let mut to = high.slice_mut(0..len);

@@ -155,8 +155,8 @@ impl CudaBackend {
             self,
             "silu_mul_bf16",
             Self::elementwise_config(n.div_ceil(4)),
-            &act.data,
-            &up_out.data,
+            act.data(),
+            up_out.data(),
             &mut act_bf16,
             &n64
         );
@@ -187,7 +187,7 @@ impl CudaBackend {
         }
         if k == 0 {
             // An empty sum: cuBLAS would not touch C.
-            let mut view = out.data.slice_mut(0..tokens * n);
+            let mut view = out.data_mut().slice_mut(0..tokens * n);
             if let Err(e) = self.stream.memset_zeros(&mut view) {
                 device_failure("matmul (k = 0)", e);
             }
@@ -195,9 +195,12 @@ impl CudaBackend {
         }
         match &w.data {
             MatData::Bf16(weights) => {
-                let x_bf16 = inputs
-                    .bf16
-                    .get_or_insert_with(|| self.cast_to_bf16(x, tokens * k));
+                let x_bf16 = match x.bf16_twin(tokens * k) {
+                    Some(twin) => twin,
+                    None => inputs
+                        .bf16
+                        .get_or_insert_with(|| self.cast_to_bf16(x, tokens * k)),
+                };
                 self.gemm_ex(
                     weights,
                     x_bf16,
@@ -240,7 +243,7 @@ impl CudaBackend {
             MatData::F32(weights) => {
                 self.gemm_ex(
                     weights,
-                    &x.data,
+                    x.data(),
                     cudaDataType_t::CUDA_R_32F,
                     out,
                     n,
@@ -264,7 +267,7 @@ impl CudaBackend {
             self,
             "cast_f32_to_bf16",
             Self::elementwise_config(len.div_ceil(4)),
-            &x.data,
+            x.data(),
             &mut cast,
             &len64
         );
@@ -298,7 +301,7 @@ impl CudaBackend {
         }
         let (w_ptr, _w_guard) = w.device_ptr(&self.stream);
         let (x_ptr, _x_guard) = x.device_ptr(&self.stream);
-        let (out_ptr, _out_guard) = out.data.device_ptr_mut(&self.stream);
+        let (out_ptr, _out_guard) = out.data_mut().device_ptr_mut(&self.stream);
         // SAFETY: w holds n * k and x tokens * k elements of `input_type` (the callers checked x;
         // a CudaMat holds rows * cols), out holds tokens * n f32 (checked by `matmul_op`); the
         // leading dimensions are the row lengths of these row-major buffers; alpha and beta are

@@ -139,7 +139,7 @@ impl LaneShape {
     }
 
     /// The most tokens the GEMV kernels take for this format.
-    fn max_tokens(&self, fp8: bool) -> usize {
+    pub(crate) fn max_tokens(&self, fp8: bool) -> usize {
         let kernels = if !fp8 {
             GEMV_MAX_TOKENS
         } else if self.fp8_mma_from <= LANE_TOKENS + 1 {
@@ -216,7 +216,7 @@ impl CudaBackend {
             let mut out_ptrs = Vec::with_capacity(chunk_out.len());
             let mut out_guards = Vec::with_capacity(chunk_out.len());
             for out in chunk_out.iter_mut() {
-                let (ptr, guard) = out.data.device_ptr_mut(&self.stream);
+                let (ptr, guard) = out.data_mut().device_ptr_mut(&self.stream);
                 out_ptrs.push(ptr);
                 out_guards.push(guard);
             }
@@ -276,7 +276,7 @@ impl CudaBackend {
         order.sort_by_key(|&i| matches!(ws[i].data, MatData::Fp8 { .. }));
         let out_ptrs: Vec<_> = outs
             .iter_mut()
-            .map(|out| out.data.device_ptr_mut(&self.stream))
+            .map(|out| out.data_mut().device_ptr_mut(&self.stream))
             .collect();
         let members = order.iter().map(|&i| (ws[i], out_ptrs[i].0));
         let (group, rows, guards) = self.gemv_group(members);
@@ -300,7 +300,7 @@ impl CudaBackend {
             "gemv_mixed_lanes_t1",
             cfg,
             &group,
-            &x.data,
+            x.data(),
             &t32,
             &k32
         );
@@ -370,7 +370,7 @@ impl CudaBackend {
         tokens: usize,
     ) {
         let input = self.gemv_input(x, &[gate, up], tokens);
-        let (out_ptr, out_guard) = out.data.device_ptr_mut(&self.stream);
+        let (out_ptr, out_guard) = out.data_mut().device_ptr_mut(&self.stream);
         self.launch_gemv(x, &input, &[gate, up], &[out_ptr, out_ptr], tokens, true);
         drop(out_guard);
     }
@@ -499,7 +499,7 @@ impl CudaBackend {
         };
         match input {
             GemvInput::Bf16(xb) => launch!(self, kernel, cfg, &group, xb, &t32, &k32),
-            GemvInput::F32 => launch!(self, kernel, cfg, &group, &x.data, &t32, &k32),
+            GemvInput::F32 => launch!(self, kernel, cfg, &group, x.data(), &t32, &k32),
             GemvInput::Fp8(xq) => {
                 let rows32 = xq.rows as i32;
                 launch!(self, kernel, cfg, &group, &xq.codes, &xq.scales, &rows32, &t32, &k32)

@@ -125,11 +125,11 @@ impl CudaBackend {
             let mut view = data.slice_mut(0..src.len);
             if let Err(e) = self
                 .stream
-                .memcpy_dtod(&src.data.slice(0..src.len), &mut view)
+                .memcpy_dtod(&src.data().slice(0..src.len), &mut view)
             {
                 crate::backend::device_failure("copying a buffer", e);
             }
         }
-        CudaBuf { data, len: src.len }
+        CudaBuf::new(data, src.len)
     }
 }

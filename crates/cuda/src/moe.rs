@@ -283,7 +283,7 @@ impl CudaBackend {
             self,
             kernel,
             cfg,
-            &router_logits.data,
+            router_logits.data(),
             &t32,
             &e32,
             &k32,
@@ -324,10 +324,10 @@ impl CudaBackend {
         // those are read.
         let mut act: CudaSlice<u16> =
             self.alloc_for_overwrite("moe activations", slots * act_stride);
-        let mut out = CudaBuf {
-            data: self.alloc_for_overwrite("moe output", tokens * w.h),
-            len: tokens * w.h,
-        };
+        let mut out = CudaBuf::new(
+            self.alloc_for_overwrite("moe output", tokens * w.h),
+            tokens * w.h,
+        );
         let params = shared.map_or_else(MoeShared::default, |s| s.params);
         let (im32, h32, k32, ranks32, stride32) = (
             w.im as i32,
@@ -356,7 +356,7 @@ impl CudaBackend {
             w.gate_up,
             &im32,
             &h32,
-            &x.data,
+            x.data(),
             &k32,
             &ranks32,
             ids,
@@ -389,7 +389,7 @@ impl CudaBackend {
             ids,
             weights,
             &params,
-            &mut out.data
+            out.data_mut()
         );
         out
     }
@@ -425,10 +425,10 @@ impl CudaBackend {
         let mut block_count: CudaSlice<i32> = self.alloc_for_overwrite("moe block count", 1);
         let mut act: CudaSlice<u16> = self.alloc_for_overwrite("moe activations", slots * w.im);
         let mut y: CudaSlice<f32> = self.alloc_for_overwrite("moe expert outputs", slots * w.h);
-        let mut out = CudaBuf {
-            data: self.alloc_for_overwrite("moe output", tokens * w.h),
-            len: tokens * w.h,
-        };
+        let mut out = CudaBuf::new(
+            self.alloc_for_overwrite("moe output", tokens * w.h),
+            tokens * w.h,
+        );
         let plan_cfg = LaunchConfig {
             grid_dim: (1, 1, 1),
             block_dim: (1024, 1, 1),
@@ -489,7 +489,7 @@ impl CudaBackend {
         );
         let null: u64 = 0;
         let (shared_out, gate_logits): (&dyn KernelArg, &dyn KernelArg) = match &shared {
-            Some((shared_out, gate_logits)) => (&shared_out.data, &gate_logits.data),
+            Some((shared_out, gate_logits)) => (shared_out.data(), gate_logits.data()),
             None => (&null, &null),
         };
         // Contract: y holds slots x h, weights slots; the shared output tokens x h (computed here)
@@ -505,7 +505,7 @@ impl CudaBackend {
             &h32,
             shared_out,
             gate_logits,
-            &mut out.data
+            out.data_mut()
         );
         out
     }
@@ -573,7 +573,10 @@ impl SharedMats {
             let (p, _record) = m.device_ptr(m.stream());
             p
         };
-        let (gate_logits, _record) = s.gate_logits.data.device_ptr(s.gate_logits.data.stream());
+        let (gate_logits, _record) = s
+            .gate_logits
+            .data()
+            .device_ptr(s.gate_logits.data().stream());
         Some(Self {
             params: MoeShared {
                 gate: ptr(g),

@@ -100,7 +100,7 @@ impl Communicator<CudaBackend> for NcclCommunicator {
         }
         let len = buf.len;
         self.with_comm(backend, |comm| {
-            let mut view = buf.data.slice_mut(0..len);
+            let mut view = buf.data_mut().slice_mut(0..len);
             comm.all_reduce_in_place(&mut view, &ReduceOp::Sum)
                 .unwrap_or_else(|e| device_failure("NCCL all-reduce", e));
         });
@@ -122,8 +122,8 @@ impl Communicator<CudaBackend> for NcclCommunicator {
         // in the order (row, rank) gives `[rows, size * cols]`.
         let mut gathered = backend.scratch(n * self.size);
         self.with_comm(backend, |comm| {
-            let send = buf.data.slice(0..n);
-            let mut recv = gathered.data.slice_mut(0..n * self.size);
+            let send = buf.data().slice(0..n);
+            let mut recv = gathered.data_mut().slice_mut(0..n * self.size);
             comm.all_gather(&send, &mut recv)
                 .unwrap_or_else(|e| device_failure("NCCL all-gather", e));
         });

@@ -72,7 +72,7 @@ impl CudaBackend {
                 pad: 0,
             })
             .collect();
-        let source = masked.as_ref().unwrap_or(&logits.data);
+        let source = masked.as_ref().unwrap_or(logits.data());
         let params = self.upload("sample_rows parameters", &params);
         // Every block writes its row's id.
         let mut chosen: CudaSlice<i32> = self.alloc_for_overwrite("sample_rows output", rows.len());
@@ -151,7 +151,7 @@ impl CudaBackend {
             self,
             "mask_rows",
             cfg,
-            &logits.data,
+            logits.data(),
             &vocab32,
             &sources,
             &offsets,

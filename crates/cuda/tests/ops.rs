@@ -376,6 +376,75 @@ fn add_rms_norm_equals_add_then_norm_bitwise() {
     }
 }
 
+/// A norm's bf16 twin, which the bf16 GEMM then reads in place of its own cast, is that cast bit
+/// for bit: the product of the norm's output equals the product of a copy of it (no twin), with
+/// rows past the GEMV kernels (twin written) and within them (none).
+#[test]
+fn bf16_twins_of_norm_outputs_equal_the_gemm_cast_bitwise() {
+    let Some(be) = cuda(
+        GemmPrecision::Bf16,
+        "bf16_twins_of_norm_outputs_equal_the_gemm_cast_bitwise",
+    ) else {
+        return;
+    };
+    let mut rng = Rng(29);
+    let (dim, n) = (1024, 96);
+    let w = be
+        .load_mat(&HostTensor::from_f32_as_bf16(
+            "w",
+            vec![n, dim],
+            &rng.vec(n * dim, 0.1),
+        ))
+        .unwrap();
+    let product = |x: &_, tokens: usize| {
+        let mut out = be.zeros(tokens * n);
+        be.matmul(x, &w, &mut out, tokens);
+        be.to_host(&out)
+    };
+    for tokens in [3, 200] {
+        let len = tokens * dim;
+        let scale = be.upload(&rng.vec(dim, 0.5));
+        let mut acc = be.upload(&rng.vec(len, 2.0));
+        let mut normed = be.zeros(len);
+        be.add_rms_norm(
+            &mut acc,
+            &be.upload(&rng.vec(len, 2.0)),
+            &scale,
+            1e-6,
+            dim,
+            &mut normed,
+        );
+        assert_eq!(
+            product(&normed, tokens),
+            product(&be.copy_buf(&normed), tokens),
+            "add_rms_norm, {tokens} rows"
+        );
+        // The GDN output norm: heads of 128 values, `dim / 128` a token.
+        let head_scale = be.upload(&rng.vec(128, 0.5));
+        let mut gated = be.zeros(len);
+        be.gated_rms_norm(
+            &be.upload(&rng.vec(len, 2.0)),
+            &be.upload(&rng.vec(len, 2.0)),
+            &head_scale,
+            1e-6,
+            128,
+            &mut gated,
+        );
+        assert_eq!(
+            product(&gated, tokens),
+            product(&be.copy_buf(&gated), tokens),
+            "gated_rms_norm, {tokens} rows"
+        );
+        // A write after the norm drops the twin: the product sees the new values.
+        be.add_inplace(&mut normed, &gated);
+        assert_eq!(
+            product(&normed, tokens),
+            product(&be.copy_buf(&normed), tokens),
+            "add_rms_norm then add_inplace, {tokens} rows"
+        );
+    }
+}
+
 #[test]
 fn embedding_gathers_rows_exactly() {
     for precision in [GemmPrecision::F32, GemmPrecision::Bf16] {
