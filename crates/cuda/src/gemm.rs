@@ -81,9 +81,103 @@ impl CudaBackend {
             return;
         }
         let mut inputs = GemmInputs::default();
-        for (w, out) in ws.iter().zip(outs.iter_mut()) {
-            self.gemm_op(x, &mut inputs, w, out, tokens);
+        let mut i = 0;
+        while i < ws.len() {
+            if i + 1 < ws.len() && self.gemm_pairs {
+                let (first, rest) = outs[i..].split_at_mut(1);
+                if self.gemm_pair_op(
+                    x,
+                    &mut inputs,
+                    [ws[i], ws[i + 1]],
+                    [&mut *first[0], &mut *rest[0]],
+                    tokens,
+                ) {
+                    i += 2;
+                    continue;
+                }
+            }
+            self.gemm_op(x, &mut inputs, ws[i], outs[i], tokens);
+            i += 1;
         }
+    }
+
+    /// Two bf16 matrices of one shape that share the input (gate and up, q and gate, k and v, the
+    /// GDN's a and b) as one strided-batched cuBLAS GEMM: one launch with twice the output tiles,
+    /// so fewer partial waves (`GEMM_PAIRS=0`: a GEMM each, to measure). The batch strides are the
+    /// distances between the two allocations (any distance is a stride to cuBLAS; the input's is
+    /// 0), so neither the weights nor the outputs need to be laid out together. False, with nothing
+    /// done, for other pairs.
+    fn gemm_pair_op(
+        &self,
+        x: &CudaBuf,
+        inputs: &mut GemmInputs,
+        [w0, w1]: [&CudaMat; 2],
+        [out0, out1]: [&mut CudaBuf; 2],
+        tokens: usize,
+    ) -> bool {
+        let (MatData::Bf16(a0), MatData::Bf16(a1)) = (&w0.data, &w1.data) else {
+            return false;
+        };
+        let (n, k) = (w0.rows, w0.cols);
+        if (w1.rows, w1.cols) != (n, k) || n == 0 || k == 0 {
+            return false;
+        }
+        let x_bf16 = self.bf16_input(x, inputs, tokens * k);
+        let dims = [n, tokens, k];
+        if dims.iter().any(|&d| d > i32::MAX as usize) {
+            panic!("matmul: dimensions {dims:?} exceed cuBLAS's 32-bit sizes");
+        }
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let blas = self
+            .blas
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Err(e) = self.ctx.bind_to_thread() {
+            device_failure("matmul (binding the context)", e);
+        }
+        let (w0_ptr, _w0_guard) = a0.device_ptr(&self.stream);
+        let (w1_ptr, _w1_guard) = a1.device_ptr(&self.stream);
+        let (x_ptr, _x_guard) = x_bf16.device_ptr(&self.stream);
+        let (out0_ptr, _out0_guard) = out0.data_mut().device_ptr_mut(&self.stream);
+        let (out1_ptr, _out1_guard) = out1.data_mut().device_ptr_mut(&self.stream);
+        // Allocations are 256-byte aligned, so both distances are whole elements.
+        let stride_w = (w1_ptr as i64 - w0_ptr as i64) / 2;
+        let stride_out = (out1_ptr as i64 - out0_ptr as i64) / 4;
+        // SAFETY: as gemm_ex's, for each of the two products: w0 + stride_w (in bf16 elements) is
+        // w1 and out0 + stride_out (in f32 elements) is out1, each holding n * k weights and
+        // tokens * n outputs (checked by `matmul_group_op`); the input, tokens * k bf16, is read by
+        // both (stride 0).
+        let status = unsafe {
+            cudarc::cublas::result::gemm_strided_batched_ex(
+                *blas.handle(),
+                cublasOperation_t::CUBLAS_OP_T,
+                cublasOperation_t::CUBLAS_OP_N,
+                n as i32,
+                tokens as i32,
+                k as i32,
+                (&alpha as *const f32).cast::<c_void>(),
+                w0_ptr as *const c_void,
+                cudaDataType_t::CUDA_R_16BF,
+                k as i32,
+                stride_w,
+                x_ptr as *const c_void,
+                cudaDataType_t::CUDA_R_16BF,
+                k as i32,
+                0,
+                (&beta as *const f32).cast::<c_void>(),
+                out0_ptr as *mut c_void,
+                cudaDataType_t::CUDA_R_32F,
+                n as i32,
+                stride_out,
+                2,
+                cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        };
+        if let Err(e) = status {
+            device_failure("matmul (cublasGemmStridedBatchedEx)", e);
+        }
+        true
     }
 
     /// `out = silu(x @ gate^T) * (x @ up^T)`: the paired GEMV kernel for a few rows, else
@@ -195,12 +289,7 @@ impl CudaBackend {
         }
         match &w.data {
             MatData::Bf16(weights) => {
-                let x_bf16 = match x.bf16_twin(tokens * k) {
-                    Some(twin) => twin,
-                    None => inputs
-                        .bf16
-                        .get_or_insert_with(|| self.cast_to_bf16(x, tokens * k)),
-                };
+                let x_bf16 = self.bf16_input(x, inputs, tokens * k);
                 self.gemm_ex(
                     weights,
                     x_bf16,
@@ -252,6 +341,20 @@ impl CudaBackend {
                     cublasComputeType_t::CUBLAS_COMPUTE_32F_PEDANTIC,
                 );
             }
+        }
+    }
+
+    /// The first `len` values of `x` as a bf16 product reads them: the twin the op that wrote `x`
+    /// left, else the group's cast, made once.
+    fn bf16_input<'a>(
+        &self,
+        x: &'a CudaBuf,
+        inputs: &'a mut GemmInputs,
+        len: usize,
+    ) -> &'a CudaSlice<u16> {
+        match x.bf16_twin(len) {
+            Some(twin) => twin,
+            None => inputs.bf16.get_or_insert_with(|| self.cast_to_bf16(x, len)),
         }
     }
 

@@ -152,8 +152,11 @@ fn matmul_group_equals_the_reference_for_each_matrix() {
         return;
     };
     let mut rng = Rng(21);
-    for k in [8, 1000, 5120] {
-        let rows = [37, 1, 300, 8, 129];
+    // Equal neighbours (300, 300 and 1, 1) run as one batched GEMM past the GEMV kernels' rows.
+    for (k, rows) in [8, 1000, 5120]
+        .into_iter()
+        .flat_map(|k| [(k, [37, 1, 300, 8, 129]), (k, [300, 300, 1, 1, 129])])
+    {
         let host: Vec<HostTensor> = rows
             .iter()
             .map(|&n| HostTensor::from_f32_as_bf16("w", vec![n, k], &rng.vec(n * k, 1.0)))
