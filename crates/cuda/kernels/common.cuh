@@ -70,14 +70,6 @@ __device__ __forceinline__ float4 scale4(const float4 v, float inv, const float4
     return make_float4(v.x * inv * scale.x, v.y * inv * scale.y, v.z * inv * scale.z, v.w * inv * scale.w);
 }
 
-__device__ __forceinline__ float4 load_streaming_f32x4(const float* p) {
-    float4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.f32 {%0, %1, %2, %3}, [%4];"
-                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-                 : "l"(p));
-    return v;
-}
-
 // ---- an op's output with its bf16 twin (buffer.rs) ----
 // Ops whose output goes on to bf16 GEMMs take a `twin` pointer, null or a bf16 array beside `out`,
 // and write the values rounded as cast_f32_to_bf16 rounds them, so the GEMM needs no cast.
@@ -161,6 +153,15 @@ __device__ __forceinline__ uint4 load_streaming(const bf16_bits* p) {
 __device__ __forceinline__ float load_streaming_f32(const float* p) {
     float v;
     asm volatile("ld.global.nc.L1::no_allocate.f32 %0, [%1];" : "=f"(v) : "l"(p));
+    return v;
+}
+
+// Four of them (a quad of a norm's scales, common.cuh's row quads).
+__device__ __forceinline__ float4 load_streaming_f32x4(const float* p) {
+    float4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "l"(p));
     return v;
 }
 

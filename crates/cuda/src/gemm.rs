@@ -10,9 +10,11 @@ use crate::mat::{CudaMat, MatData};
 use cudarc::cublas::sys::{
     cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType_t,
 };
+use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use deltaserve_tensor::Backend;
 use std::ffi::c_void;
+use std::sync::MutexGuard;
 
 impl CudaBackend {
     pub(crate) fn matmul_op(&self, x: &CudaBuf, w: &CudaMat, out: &mut CudaBuf, tokens: usize) {
@@ -123,18 +125,8 @@ impl CudaBackend {
             return false;
         }
         let x_bf16 = self.bf16_input(x, inputs, tokens * k);
-        let dims = [n, tokens, k];
-        if dims.iter().any(|&d| d > i32::MAX as usize) {
-            panic!("matmul: dimensions {dims:?} exceed cuBLAS's 32-bit sizes");
-        }
+        let blas = self.cublas_for([n, tokens, k]);
         let (alpha, beta) = (1.0f32, 0.0f32);
-        let blas = self
-            .blas
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Err(e) = self.ctx.bind_to_thread() {
-            device_failure("matmul (binding the context)", e);
-        }
         let (w0_ptr, _w0_guard) = a0.device_ptr(&self.stream);
         let (w1_ptr, _w1_guard) = a1.device_ptr(&self.stream);
         let (x_ptr, _x_guard) = x_bf16.device_ptr(&self.stream);
@@ -344,6 +336,22 @@ impl CudaBackend {
         }
     }
 
+    /// The cuBLAS handle, bound to this thread's context, for a product of these dimensions
+    /// (each within cuBLAS's 32-bit sizes).
+    fn cublas_for(&self, dims: [usize; 3]) -> MutexGuard<'_, CudaBlas> {
+        if dims.iter().any(|&d| d > i32::MAX as usize) {
+            panic!("matmul: dimensions {dims:?} exceed cuBLAS's 32-bit sizes");
+        }
+        let blas = self
+            .blas
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Err(e) = self.ctx.bind_to_thread() {
+            device_failure("matmul (binding the context)", e);
+        }
+        blas
+    }
+
     /// The first `len` values of `x` as a bf16 product reads them: the twin the op that wrote `x`
     /// left, else the group's cast, made once.
     fn bf16_input<'a>(
@@ -390,18 +398,8 @@ impl CudaBackend {
         k: usize,
         compute: cublasComputeType_t,
     ) {
-        let dims = [n, tokens, k];
-        if dims.iter().any(|&d| d > i32::MAX as usize) {
-            panic!("matmul: dimensions {dims:?} exceed cuBLAS's 32-bit sizes");
-        }
+        let blas = self.cublas_for([n, tokens, k]);
         let (alpha, beta) = (1.0f32, 0.0f32);
-        let blas = self
-            .blas
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Err(e) = self.ctx.bind_to_thread() {
-            device_failure("matmul (binding the context)", e);
-        }
         let (w_ptr, _w_guard) = w.device_ptr(&self.stream);
         let (x_ptr, _x_guard) = x.device_ptr(&self.stream);
         let (out_ptr, _out_guard) = out.data_mut().device_ptr_mut(&self.stream);
