@@ -53,11 +53,11 @@ pub struct CudaBackend {
     /// Whether a prefill's dense MLP hands its activation to the down GEMM as bf16 written once
     /// (gemm.rs `dense_mlp_op`; `MLP_BF16_ACT=0`: silu_mul in f32, then the GEMM's cast).
     pub(crate) bf16_act_mlp: bool,
-    /// Whether the norms and the attention gate write a bf16 twin of outputs that go on to bf16
-    /// GEMMs (buffer.rs; `BF16_TWIN=0`: the GEMM casts, to measure).
+    /// Whether the norms write a bf16 twin of outputs that go on to bf16 GEMMs (buffer.rs;
+    /// `BF16_TWIN=1`; off until measured on a GPU).
     pub(crate) bf16_twins: bool,
     /// Whether two bf16 matrices of one shape sharing an input run as one batched cuBLAS GEMM
-    /// (gemm.rs `gemm_pair_op`; `GEMM_PAIRS=0`: a GEMM each, to measure).
+    /// (gemm.rs `gemm_pair_op`; `GEMM_PAIRS=1`; off until measured on a GPU).
     pub(crate) gemm_pairs: bool,
     /// Set once a weight is kept in block FP8: its GEMMs quantize their input themselves, and a
     /// bf16 twin would be written for nothing.
@@ -227,8 +227,8 @@ impl CudaBackend {
             grouped_attention: options.define::<u32>("ATTENTION_GQA").unwrap_or(1) != 0,
             gated_norm_by_warp: options.define::<u32>("GATED_NORM_WARP").unwrap_or(1) != 0,
             bf16_act_mlp: options.define::<u32>("MLP_BF16_ACT").unwrap_or(1) != 0,
-            bf16_twins: options.define::<u32>("BF16_TWIN").unwrap_or(1) != 0,
-            gemm_pairs: options.define::<u32>("GEMM_PAIRS").unwrap_or(1) != 0,
+            bf16_twins: options.define::<u32>("BF16_TWIN").unwrap_or(0) != 0,
+            gemm_pairs: options.define::<u32>("GEMM_PAIRS").unwrap_or(0) != 0,
             fp8_weights_loaded: Arc::new(AtomicBool::new(false)),
             gemm_precision: options.gemm_precision,
             keep_fp8_weights: options.keep_fp8_weights.unwrap_or(major >= 9)

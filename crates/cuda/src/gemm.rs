@@ -105,7 +105,7 @@ impl CudaBackend {
 
     /// Two bf16 matrices of one shape that share the input (gate and up, q and gate, k and v, the
     /// GDN's a and b) as one strided-batched cuBLAS GEMM: one launch with twice the output tiles,
-    /// so fewer partial waves (`GEMM_PAIRS=0`: a GEMM each, to measure). The batch strides are the
+    /// so fewer partial waves (`GEMM_PAIRS=1`; off until measured on a GPU). The batch strides are the
     /// distances between the two allocations (any distance is a stride to cuBLAS; the input's is
     /// 0), so neither the weights nor the outputs need to be laid out together. False, with nothing
     /// done, for other pairs.

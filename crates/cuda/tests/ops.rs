@@ -20,7 +20,9 @@
 
 mod common;
 
-use common::{check, cuda, cuda_chunked_gdn, cuda_wide_lanes, group_products, Rng};
+use common::{
+    check, cuda, cuda_chunked_gdn, cuda_prefill_opt_ins, cuda_wide_lanes, group_products, Rng,
+};
 use deltaserve_cuda::{CudaBackend, CudaOptions, GemmPrecision};
 use deltaserve_tensor::op_check::{self, AttentionPools, Operands, StatePools};
 use deltaserve_tensor::reference::ReferenceBackend;
@@ -142,15 +144,21 @@ fn matmul_bf16_is_the_exact_product_of_bf16_rounded_inputs() {
 /// bf16-rounded inputs for every matrix of the group: 5 matrices (more than one launch holds),
 /// row counts that are not multiples of a warp's 16 rows, every token count from 1 to 9 and the
 /// edges of the kernel's 8-token tiles and its 32-token limit (cuBLAS past it),
-/// and outputs poisoned with NaN first so an unwritten element fails.
+/// and outputs poisoned with NaN first so an unwritten element fails; on the default backend and
+/// on the one with the opt-in prefill paths (equal neighbours as one batched GEMM).
 #[test]
 fn matmul_group_equals_the_reference_for_each_matrix() {
-    let Some(be) = cuda(
-        GemmPrecision::Bf16,
-        "matmul_group_equals_the_reference_for_each_matrix",
-    ) else {
+    let test = "matmul_group_equals_the_reference_for_each_matrix";
+    let Some(be) = cuda(GemmPrecision::Bf16, test) else {
         return;
     };
+    matmul_group_matches_reference(be);
+    if let Some(paired) = cuda_prefill_opt_ins(test) {
+        matmul_group_matches_reference(paired);
+    }
+}
+
+fn matmul_group_matches_reference(be: &CudaBackend) {
     let mut rng = Rng(21);
     // Equal neighbours (300, 300 and 1, 1) run as one batched GEMM past the GEMV kernels' rows.
     for (k, rows) in [8, 1000, 5120]
@@ -384,10 +392,8 @@ fn add_rms_norm_equals_add_then_norm_bitwise() {
 /// rows past the GEMV kernels (twin written) and within them (none).
 #[test]
 fn bf16_twins_of_norm_outputs_equal_the_gemm_cast_bitwise() {
-    let Some(be) = cuda(
-        GemmPrecision::Bf16,
-        "bf16_twins_of_norm_outputs_equal_the_gemm_cast_bitwise",
-    ) else {
+    let Some(be) = cuda_prefill_opt_ins("bf16_twins_of_norm_outputs_equal_the_gemm_cast_bitwise")
+    else {
         return;
     };
     let mut rng = Rng(29);

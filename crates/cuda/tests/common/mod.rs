@@ -22,6 +22,7 @@ static FP8_UNMIXED_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::ne
 static LANES_BOUNDED_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static BF16_WIDE_LANES_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static MLP_F32_ACT_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
+static PREFILL_OPT_INS_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 
 /// The bf16 backend that keeps block-FP8 weights as FP8, or `None` after printing why not.
 pub fn cuda_fp8(test: &str) -> Option<&'static CudaBackend> {
@@ -96,6 +97,17 @@ pub fn cuda_fp8_deep(test: &str) -> Option<&'static CudaBackend> {
 /// cast (`MLP_BF16_ACT=0`), or `None` after printing why not.
 pub fn cuda_mlp_f32_act(test: &str) -> Option<&'static CudaBackend> {
     fp8_backend(&MLP_F32_ACT_BACKEND, &[("MLP_BF16_ACT", "0")], test)
+}
+
+/// The default backend with the prefill paths that are still opt-in (`BF16_TWIN=1`: norms write a
+/// bf16 twin for the GEMMs after them; `GEMM_PAIRS=1`: equal-shape matrices of a group as one
+/// batched GEMM), or `None` after printing why not.
+pub fn cuda_prefill_opt_ins(test: &str) -> Option<&'static CudaBackend> {
+    fp8_backend(
+        &PREFILL_OPT_INS_BACKEND,
+        &[("BF16_TWIN", "1"), ("GEMM_PAIRS", "1")],
+        test,
+    )
 }
 
 fn fp8_backend(
