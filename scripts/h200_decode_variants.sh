@@ -14,7 +14,11 @@ shift 3
 mkdir -p "$out"
 for shape in $shapes; do
   for defines in "$@"; do
-    name="$shape${TAG:+-$TAG}-${defines:-default}"
+    prefill_tag=""
+    # Runs of another prompt length get their own names (a 2048-token run and a 512-token run of one
+    # shape and defines would otherwise write the same file).
+    [ "${PREFILL:-512}" != 512 ] && prefill_tag="-p$PREFILL"
+    name="$shape${TAG:+-$TAG}$prefill_tag-${defines:-default}"
     name=${name//[^A-Za-z0-9._-]/_}
     spec=()
     [ "${SPEC:-0}" = 1 ] && spec=(--speculative-num-steps 3) && name="$name-mtp3"
