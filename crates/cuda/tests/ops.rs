@@ -1026,14 +1026,20 @@ fn gdn_shapes() -> [(GdnShape, &'static [(usize, bool)]); 8] {
     ]
 }
 
+/// On the default conv and on the opt-in one that preloads the rows before each segment.
 #[test]
 fn causal_conv1d_matches_reference_with_snapshots() {
-    let Some(be) = cuda(
-        GemmPrecision::F32,
-        "causal_conv1d_matches_reference_with_snapshots",
-    ) else {
+    let test = "causal_conv1d_matches_reference_with_snapshots";
+    let Some(be) = cuda(GemmPrecision::F32, test) else {
         return;
     };
+    conv_matches_reference(be);
+    if let Some(preloading) = cuda_prefill_opt_ins(test) {
+        conv_matches_reference(preloading);
+    }
+}
+
+fn conv_matches_reference(be: &CudaBackend) {
     let mut rng = Rng(7);
     for (shape, lens) in gdn_shapes() {
         let conv_dim = shape.conv_dim();

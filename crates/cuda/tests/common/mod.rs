@@ -101,11 +101,16 @@ pub fn cuda_mlp_f32_act(test: &str) -> Option<&'static CudaBackend> {
 
 /// The default backend with the prefill paths that are still opt-in (`BF16_TWIN=1`: norms write a
 /// bf16 twin for the GEMMs after them; `GEMM_PAIRS=1`: equal-shape matrices of a group as one
-/// batched GEMM), or `None` after printing why not.
+/// batched GEMM; `CONV_PRELOAD=2`: the conv loads the rows before a segment with its inputs), or
+/// `None` after printing why not.
 pub fn cuda_prefill_opt_ins(test: &str) -> Option<&'static CudaBackend> {
     fp8_backend(
         &PREFILL_OPT_INS_BACKEND,
-        &[("BF16_TWIN", "1"), ("GEMM_PAIRS", "1")],
+        &[
+            ("BF16_TWIN", "1"),
+            ("GEMM_PAIRS", "1"),
+            ("CONV_PRELOAD", "2"),
+        ],
         test,
     )
 }
