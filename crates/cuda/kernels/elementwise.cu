@@ -98,6 +98,29 @@ extern "C" __global__ void silu_mul_bf16(const float* gate, const float* up, bf1
     FOR_EACH(i, n - 4 * quads) out[4 * quads + i] = f32_to_bf16(silu_f(gate[4 * quads + i]) * up[4 * quads + i]);
 }
 
+// silu_mul_bf16 of gate and up products the GEMMs wrote in bf16 (`MLP_BF16_GATE_UP=1`, opt-in: the
+// products rounded to bf16 before the activation, as SGLang's and vLLM's bf16 GEMMs write them),
+// which halves what the gate/up GEMMs write and this pass reads. Four values a thread.
+__device__ __forceinline__ float bf16_low(unsigned int pair) { return __uint_as_float(pair << 16); }
+__device__ __forceinline__ float bf16_high(unsigned int pair) { return __uint_as_float(pair & 0xffff0000u); }
+__device__ __forceinline__ unsigned int silu_mul_pair(unsigned int g, unsigned int u) {
+    return (unsigned int)f32_to_bf16(silu_f(bf16_low(g)) * bf16_low(u)) |
+           ((unsigned int)f32_to_bf16(silu_f(bf16_high(g)) * bf16_high(u)) << 16);
+}
+
+extern "C" __global__ void silu_mul_bf16_of_bf16(const bf16_bits* gate, const bf16_bits* up, bf16_bits* out, i64 n) {
+    AFTER_PREVIOUS_KERNEL();
+    const i64 quads = n / 4;
+    FOR_EACH(i, quads) {
+        const uint2 g = reinterpret_cast<const uint2*>(gate)[i], u = reinterpret_cast<const uint2*>(up)[i];
+        reinterpret_cast<uint2*>(out)[i] = make_uint2(silu_mul_pair(g.x, u.x), silu_mul_pair(g.y, u.y));
+    }
+    FOR_EACH(i, n - 4 * quads) {
+        const i64 j = 4 * quads + i;
+        out[j] = f32_to_bf16(silu_f(bf16_to_f32(gate[j])) * bf16_to_f32(up[j]));
+    }
+}
+
 // Activations rounded to bf16 (nearest even) for the bf16 GEMM: four values a thread (16-byte loads,
 // 8-byte stores; both buffers are whole allocations), then the tail; launched over ceil(n / 4).
 extern "C" __global__ void cast_f32_to_bf16(const float* x, bf16_bits* out, i64 n) {

@@ -59,6 +59,10 @@ pub struct CudaBackend {
     /// Whether two bf16 matrices of one shape sharing an input run as one batched cuBLAS GEMM
     /// (gemm.rs `gemm_pair_op`; `GEMM_PAIRS=1`; off until measured on a GPU).
     pub(crate) gemm_pairs: bool,
+    /// Whether a prefill's gate and up GEMMs write bf16 products for the activation
+    /// (gemm.rs `dense_mlp_op`; `MLP_BF16_GATE_UP=1`; off until measured on a GPU: it rounds the
+    /// products once more than the f32 path).
+    pub(crate) bf16_gate_up: bool,
     /// Set once a weight is kept in block FP8: its GEMMs quantize their input themselves, and a
     /// bf16 twin would be written for nothing.
     pub(crate) fp8_weights_loaded: Arc<AtomicBool>,
@@ -229,6 +233,7 @@ impl CudaBackend {
             bf16_act_mlp: options.define::<u32>("MLP_BF16_ACT").unwrap_or(1) != 0,
             bf16_twins: options.define::<u32>("BF16_TWIN").unwrap_or(0) != 0,
             gemm_pairs: options.define::<u32>("GEMM_PAIRS").unwrap_or(0) != 0,
+            bf16_gate_up: options.define::<u32>("MLP_BF16_GATE_UP").unwrap_or(0) != 0,
             fp8_weights_loaded: Arc::new(AtomicBool::new(false)),
             gemm_precision: options.gemm_precision,
             keep_fp8_weights: options.keep_fp8_weights.unwrap_or(major >= 9)

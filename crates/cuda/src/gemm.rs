@@ -125,50 +125,27 @@ impl CudaBackend {
             return false;
         }
         let x_bf16 = self.bf16_input(x, inputs, tokens * k);
-        let blas = self.cublas_for([n, tokens, k]);
-        let (alpha, beta) = (1.0f32, 0.0f32);
         let (w0_ptr, _w0_guard) = a0.device_ptr(&self.stream);
         let (w1_ptr, _w1_guard) = a1.device_ptr(&self.stream);
         let (x_ptr, _x_guard) = x_bf16.device_ptr(&self.stream);
         let (out0_ptr, _out0_guard) = out0.data_mut().device_ptr_mut(&self.stream);
         let (out1_ptr, _out1_guard) = out1.data_mut().device_ptr_mut(&self.stream);
-        // Allocations are 256-byte aligned, so both distances are whole elements.
-        let stride_w = (w1_ptr as i64 - w0_ptr as i64) / 2;
-        let stride_out = (out1_ptr as i64 - out0_ptr as i64) / 4;
-        // SAFETY: as gemm_ex's, for each of the two products: w0 + stride_w (in bf16 elements) is
-        // w1 and out0 + stride_out (in f32 elements) is out1, each holding n * k weights and
-        // tokens * n outputs (checked by `matmul_group_op`); the input, tokens * k bf16, is read by
-        // both (stride 0).
-        let status = unsafe {
-            cudarc::cublas::result::gemm_strided_batched_ex(
-                *blas.handle(),
-                cublasOperation_t::CUBLAS_OP_T,
-                cublasOperation_t::CUBLAS_OP_N,
-                n as i32,
-                tokens as i32,
-                k as i32,
-                (&alpha as *const f32).cast::<c_void>(),
-                w0_ptr as *const c_void,
-                cudaDataType_t::CUDA_R_16BF,
-                k as i32,
-                stride_w,
-                x_ptr as *const c_void,
-                cudaDataType_t::CUDA_R_16BF,
-                k as i32,
-                0,
-                (&beta as *const f32).cast::<c_void>(),
-                out0_ptr as *mut c_void,
-                cudaDataType_t::CUDA_R_32F,
-                n as i32,
-                stride_out,
-                2,
-                cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-            )
+        // SAFETY: w0 and w1 hold n * k bf16 (CudaMats of that shape), x_bf16 tokens * k, out0 and
+        // out1 tokens * n f32 (checked by `matmul_group_op`); the guards outlive the call.
+        unsafe {
+            self.raw_gemm(RawGemm {
+                weights: [w0_ptr, w1_ptr],
+                input: x_ptr,
+                outputs: [out0_ptr, out1_ptr],
+                products: 2,
+                input_type: cudaDataType_t::CUDA_R_16BF,
+                output_type: cudaDataType_t::CUDA_R_32F,
+                compute: cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                n,
+                tokens,
+                k,
+            })
         };
-        if let Err(e) = status {
-            device_failure("matmul (cublasGemmStridedBatchedEx)", e);
-        }
         true
     }
 
@@ -229,6 +206,22 @@ impl CudaBackend {
             self.matmul_group_op(&act, &[down], &mut [out], tokens);
             return;
         };
+        if let (true, MatData::Bf16(g), MatData::Bf16(u)) =
+            (self.bf16_gate_up, &gate.data, &up.data)
+        {
+            let act_bf16 = self.silu_gate_of_bf16_products(x, [g, u], tokens, rows, gate.cols);
+            self.gemm_ex(
+                down_weights,
+                &act_bf16,
+                cudaDataType_t::CUDA_R_16BF,
+                out,
+                down.rows,
+                tokens,
+                rows,
+                cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            );
+            return;
+        }
         let mut up_out = self.scratch(tokens * rows);
         self.matmul_group_op(x, &[gate, up], &mut [&mut act, &mut up_out], tokens);
         let n = tokens * rows;
@@ -256,6 +249,69 @@ impl CudaBackend {
             rows,
             cublasComputeType_t::CUBLAS_COMPUTE_32F,
         );
+    }
+
+    /// `silu(x @ gate^T) * (x @ up^T)` as bf16 for the down GEMM, from gate and up products the
+    /// GEMMs write in bf16 (`MLP_BF16_GATE_UP=1`); one batched GEMM for both with `GEMM_PAIRS=1`.
+    /// The caller checked the shapes: both matrices `rows x k`, x `tokens x k`.
+    fn silu_gate_of_bf16_products(
+        &self,
+        x: &CudaBuf,
+        [gate, up]: [&CudaSlice<u16>; 2],
+        tokens: usize,
+        rows: usize,
+        k: usize,
+    ) -> CudaSlice<u16> {
+        let mut inputs = GemmInputs::default();
+        let x_bf16 = self.bf16_input(x, &mut inputs, tokens * k);
+        let n = tokens * rows;
+        // All three overwritten whole: the two products by cuBLAS, the activation by the kernel.
+        let mut gate_out: CudaSlice<u16> = self.alloc_for_overwrite("bf16 gate products", n);
+        let mut up_out: CudaSlice<u16> = self.alloc_for_overwrite("bf16 up products", n);
+        let mut act: CudaSlice<u16> = self.alloc_for_overwrite("bf16 MLP activations", n);
+        {
+            let (gate_ptr, _gate_guard) = gate.device_ptr(&self.stream);
+            let (up_ptr, _up_guard) = up.device_ptr(&self.stream);
+            let (x_ptr, _x_guard) = x_bf16.device_ptr(&self.stream);
+            let (g_ptr, _g_guard) = gate_out.device_ptr_mut(&self.stream);
+            let (u_ptr, _u_guard) = up_out.device_ptr_mut(&self.stream);
+            let product = |weights: [u64; 2], outputs: [u64; 2], products: usize| RawGemm {
+                weights,
+                input: x_ptr,
+                outputs,
+                products,
+                input_type: cudaDataType_t::CUDA_R_16BF,
+                output_type: cudaDataType_t::CUDA_R_16BF,
+                compute: cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                n: rows,
+                tokens,
+                k,
+            };
+            // SAFETY: gate and up hold rows * k bf16, x_bf16 tokens * k, the products tokens *
+            // rows bf16 each (allocated so); four different allocations; the guards outlive the
+            // calls.
+            unsafe {
+                if self.gemm_pairs {
+                    self.raw_gemm(product([gate_ptr, up_ptr], [g_ptr, u_ptr], 2));
+                } else {
+                    self.raw_gemm(product([gate_ptr, gate_ptr], [g_ptr, g_ptr], 1));
+                    self.raw_gemm(product([up_ptr, up_ptr], [u_ptr, u_ptr], 1));
+                }
+            }
+        }
+        let n64 = n as i64;
+        // Contract: the products and act hold n bf16 each, whole (aligned) allocations, as the
+        // kernel's 8-byte accesses need.
+        launch!(
+            self,
+            "silu_mul_bf16_of_bf16",
+            Self::elementwise_config(n.div_ceil(4)),
+            &gate_out,
+            &up_out,
+            &mut act,
+            &n64
+        );
+        act
     }
 
     /// One cuBLAS GEMM; `inputs` caches the conversions of `x` across the matrices of a group.
@@ -336,6 +392,84 @@ impl CudaBackend {
         }
     }
 
+    /// One cuBLAS product `out [tokens, n] = x [tokens, k] @ w [n, k]^T` in row-major terms (cuBLAS's
+    /// column-major `C [n, tokens] = W^T X`), or two sharing the input as one strided-batched call:
+    /// the batch strides are the distances between the two weight and the two output allocations
+    /// (any distance is a stride to cuBLAS; the input's is 0), so nothing needs to be laid out
+    /// together.
+    ///
+    /// # Safety
+    /// The pointers are device allocations of the stream's context, valid for the call: each
+    /// weight `n * k` and the input `tokens * k` elements of `input_type`, each output `tokens * n`
+    /// of `output_type`; with two products, the two weights and the two outputs are different
+    /// allocations (256-byte aligned, so their distances are whole elements).
+    pub(crate) unsafe fn raw_gemm(&self, g: RawGemm) {
+        let blas = self.cublas_for([g.n, g.tokens, g.k]);
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let in_size = element_bytes(g.input_type);
+        let out_size = element_bytes(g.output_type);
+        let stride_w = (g.weights[1] as i64 - g.weights[0] as i64) / in_size;
+        let stride_out = (g.outputs[1] as i64 - g.outputs[0] as i64) / out_size;
+        let (n, tokens, k) = (g.n as i32, g.tokens as i32, g.k as i32);
+        // SAFETY: the caller's contract; the leading dimensions are the row lengths of these
+        // row-major buffers; alpha and beta are host f32 as the default pointer mode expects, and
+        // the handle runs on our stream.
+        let status = unsafe {
+            if g.products == 1 {
+                cudarc::cublas::result::gemm_ex(
+                    *blas.handle(),
+                    cublasOperation_t::CUBLAS_OP_T,
+                    cublasOperation_t::CUBLAS_OP_N,
+                    n,
+                    tokens,
+                    k,
+                    (&alpha as *const f32).cast::<c_void>(),
+                    g.weights[0] as *const c_void,
+                    g.input_type,
+                    k,
+                    g.input as *const c_void,
+                    g.input_type,
+                    k,
+                    (&beta as *const f32).cast::<c_void>(),
+                    g.outputs[0] as *mut c_void,
+                    g.output_type,
+                    n,
+                    g.compute,
+                    cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+            } else {
+                cudarc::cublas::result::gemm_strided_batched_ex(
+                    *blas.handle(),
+                    cublasOperation_t::CUBLAS_OP_T,
+                    cublasOperation_t::CUBLAS_OP_N,
+                    n,
+                    tokens,
+                    k,
+                    (&alpha as *const f32).cast::<c_void>(),
+                    g.weights[0] as *const c_void,
+                    g.input_type,
+                    k,
+                    stride_w,
+                    g.input as *const c_void,
+                    g.input_type,
+                    k,
+                    0,
+                    (&beta as *const f32).cast::<c_void>(),
+                    g.outputs[0] as *mut c_void,
+                    g.output_type,
+                    n,
+                    stride_out,
+                    2,
+                    g.compute,
+                    cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+            }
+        };
+        if let Err(e) = status {
+            device_failure("matmul (cuBLAS)", e);
+        }
+    }
+
     /// The cuBLAS handle, bound to this thread's context, for a product of these dimensions
     /// (each within cuBLAS's 32-bit sizes).
     fn cublas_for(&self, dims: [usize; 3]) -> MutexGuard<'_, CudaBlas> {
@@ -398,41 +532,49 @@ impl CudaBackend {
         k: usize,
         compute: cublasComputeType_t,
     ) {
-        let blas = self.cublas_for([n, tokens, k]);
-        let (alpha, beta) = (1.0f32, 0.0f32);
         let (w_ptr, _w_guard) = w.device_ptr(&self.stream);
         let (x_ptr, _x_guard) = x.device_ptr(&self.stream);
         let (out_ptr, _out_guard) = out.data_mut().device_ptr_mut(&self.stream);
         // SAFETY: w holds n * k and x tokens * k elements of `input_type` (the callers checked x;
         // a CudaMat holds rows * cols), out holds tokens * n f32 (checked by `matmul_op`); the
-        // leading dimensions are the row lengths of these row-major buffers; alpha and beta are
-        // host f32 as the default pointer mode expects, and the handle runs on our stream.
-        let status = unsafe {
-            cudarc::cublas::result::gemm_ex(
-                *blas.handle(),
-                cublasOperation_t::CUBLAS_OP_T,
-                cublasOperation_t::CUBLAS_OP_N,
-                n as i32,
-                tokens as i32,
-                k as i32,
-                (&alpha as *const f32).cast::<c_void>(),
-                w_ptr as *const c_void,
+        // guards outlive the call.
+        unsafe {
+            self.raw_gemm(RawGemm {
+                weights: [w_ptr, w_ptr],
+                input: x_ptr,
+                outputs: [out_ptr, out_ptr],
+                products: 1,
                 input_type,
-                k as i32,
-                x_ptr as *const c_void,
-                input_type,
-                k as i32,
-                (&beta as *const f32).cast::<c_void>(),
-                out_ptr as *mut c_void,
-                cudaDataType_t::CUDA_R_32F,
-                n as i32,
+                output_type: cudaDataType_t::CUDA_R_32F,
                 compute,
-                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-            )
+                n,
+                tokens,
+                k,
+            })
         };
-        if let Err(e) = status {
-            device_failure("matmul (cublasGemmEx)", e);
-        }
+    }
+}
+
+/// The operands of `CudaBackend::raw_gemm`: device pointers (the second weight and output are
+/// read only when `products` is 2) and the element types.
+pub(crate) struct RawGemm {
+    pub(crate) weights: [u64; 2],
+    pub(crate) input: u64,
+    pub(crate) outputs: [u64; 2],
+    pub(crate) products: usize,
+    pub(crate) input_type: cudaDataType_t,
+    pub(crate) output_type: cudaDataType_t,
+    pub(crate) compute: cublasComputeType_t,
+    pub(crate) n: usize,
+    pub(crate) tokens: usize,
+    pub(crate) k: usize,
+}
+
+fn element_bytes(t: cudaDataType_t) -> i64 {
+    match t {
+        cudaDataType_t::CUDA_R_16BF | cudaDataType_t::CUDA_R_16F => 2,
+        cudaDataType_t::CUDA_R_8F_E4M3 | cudaDataType_t::CUDA_R_8F_E5M2 => 1,
+        _ => 4,
     }
 }
 

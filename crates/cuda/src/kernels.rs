@@ -20,6 +20,7 @@ pub const FILES: [KernelFile; 14] = [
             "add_inplace",
             "silu_mul",
             "silu_mul_bf16",
+            "silu_mul_bf16_of_bf16",
             "sigmoid_mul_inplace",
             "sigmoid_scale_rows",
             "concat_cols",

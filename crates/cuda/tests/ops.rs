@@ -326,6 +326,47 @@ fn dense_mlp_equals_silu_gate_then_down_bitwise() {
     }
 }
 
+/// With the opt-in bf16 gate and up products (`MLP_BF16_GATE_UP=1`) a prefill's dense MLP rounds
+/// each product to bf16 before the activation (relative 2^-9 each, so ~2^-8 on an activation
+/// whose silu is about linear there) and otherwise computes what the default path computes: within
+/// 1e-2 of the default's largest output, where a wrong kernel (gate and up swapped, a product
+/// unwritten) is off by O(1). Row counts within the GEMV kernels take the same path on both.
+#[test]
+fn dense_mlp_with_bf16_gate_up_products_stays_within_their_rounding() {
+    let test = "dense_mlp_with_bf16_gate_up_products_stays_within_their_rounding";
+    let (Some(be), Some(opt_in)) = (cuda(GemmPrecision::Bf16, test), cuda_prefill_opt_ins(test))
+    else {
+        return;
+    };
+    let mut rng = Rng(26);
+    for (h, im) in [(64, 200), (1024, 3072)] {
+        let (g, u, d) = (
+            rng.vec(im * h, 0.5),
+            rng.vec(im * h, 0.5),
+            rng.vec(h * im, 0.5),
+        );
+        let mlp = |b: &CudaBackend, x: &[f32], tokens: usize| {
+            let load = |values: &[f32], rows: usize, cols: usize| {
+                b.load_mat(&HostTensor::from_f32_as_bf16("w", vec![rows, cols], values))
+                    .unwrap()
+            };
+            let (gate, up, down) = (load(&g, im, h), load(&u, im, h), load(&d, h, im));
+            let mut out = b.upload(&vec![f32::NAN; tokens * h]);
+            b.dense_mlp(&b.upload(x), [&gate, &up, &down], &mut out, tokens);
+            b.to_host(&out)
+        };
+        for tokens in [4, 9, 33, 300] {
+            let x = rng.vec(tokens * h, 1.0);
+            check(
+                &format!("dense_mlp bf16 gate/up [{h} -> {im} -> {h}], {tokens} tokens"),
+                &mlp(opt_in, &x, tokens),
+                &mlp(be, &x, tokens),
+                1e-2,
+            );
+        }
+    }
+}
+
 /// The fused residual add + RMSNorm is bit for bit the two ops one after the other.
 #[test]
 fn add_rms_norm_equals_add_then_norm_bitwise() {

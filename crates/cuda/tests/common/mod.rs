@@ -101,8 +101,9 @@ pub fn cuda_mlp_f32_act(test: &str) -> Option<&'static CudaBackend> {
 
 /// The default backend with the prefill paths that are still opt-in (`BF16_TWIN=1`: norms write a
 /// bf16 twin for the GEMMs after them; `GEMM_PAIRS=1`: equal-shape matrices of a group as one
-/// batched GEMM; `CONV_PRELOAD=2`: the conv loads the rows before a segment with its inputs), or
-/// `None` after printing why not.
+/// batched GEMM; `CONV_PRELOAD=2`: the conv loads the rows before a segment with its inputs;
+/// `MLP_BF16_GATE_UP=1`: a prefill's gate and up GEMMs write bf16), or `None` after printing why
+/// not.
 pub fn cuda_prefill_opt_ins(test: &str) -> Option<&'static CudaBackend> {
     fp8_backend(
         &PREFILL_OPT_INS_BACKEND,
@@ -110,6 +111,7 @@ pub fn cuda_prefill_opt_ins(test: &str) -> Option<&'static CudaBackend> {
             ("BF16_TWIN", "1"),
             ("GEMM_PAIRS", "1"),
             ("CONV_PRELOAD", "2"),
+            ("MLP_BF16_GATE_UP", "1"),
         ],
         test,
     )
