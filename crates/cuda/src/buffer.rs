@@ -14,7 +14,9 @@ use cudarc::driver::CudaSlice;
 pub struct CudaBuf {
     data: CudaSlice<f32>,
     pub(crate) len: usize,
-    bf16_twin: Option<CudaSlice<u16>>,
+    /// The twin and how many of its values the op that wrote it wrote (a twin kept from an earlier,
+    /// longer write holds stale values past that).
+    bf16_twin: Option<(CudaSlice<u16>, usize)>,
 }
 
 impl CudaBuf {
@@ -52,15 +54,19 @@ impl CudaBuf {
         alloc: impl FnOnce(usize) -> CudaSlice<u16>,
     ) -> (&mut CudaSlice<f32>, &mut CudaSlice<u16>) {
         let twin = match self.bf16_twin.take() {
-            Some(twin) if twin.len() >= twin_len => twin,
+            Some((twin, _)) if twin.len() >= twin_len => twin,
             _ => alloc(twin_len),
         };
-        let twin = self.bf16_twin.insert(twin);
+        let (twin, _) = self.bf16_twin.insert((twin, twin_len));
         (&mut self.data, twin)
     }
 
-    /// The first values rounded to bf16, if the op that wrote them left a twin of at least `len`.
+    /// The first `len` values rounded to bf16, if the op that wrote them wrote at least as many
+    /// into a twin.
     pub(crate) fn bf16_twin(&self, len: usize) -> Option<&CudaSlice<u16>> {
-        self.bf16_twin.as_ref().filter(|twin| twin.len() >= len)
+        match &self.bf16_twin {
+            Some((twin, written)) if *written >= len => Some(twin),
+            _ => None,
+        }
     }
 }
