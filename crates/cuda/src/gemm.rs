@@ -191,7 +191,6 @@ impl CudaBackend {
         tokens: usize,
     ) {
         let rows = gate.rows;
-        let mut act = self.scratch(tokens * rows);
         let bf16_gemms = tokens > 0
             && self.bf16_act_mlp
             && (up.rows, up.cols) == (rows, gate.cols)
@@ -202,6 +201,7 @@ impl CudaBackend {
             && !self.silu_gate_gemv_applies(gate, up, tokens)
             && !self.gemv_applies(&[down], tokens);
         let (true, MatData::Bf16(down_weights)) = (bf16_gemms, &down.data) else {
+            let mut act = self.scratch(tokens * rows);
             self.matmul_silu_gate_op(x, gate, up, &mut act, tokens);
             self.matmul_group_op(&act, &[down], &mut [out], tokens);
             return;
@@ -222,7 +222,7 @@ impl CudaBackend {
             );
             return;
         }
-        let mut up_out = self.scratch(tokens * rows);
+        let (mut act, mut up_out) = (self.scratch(tokens * rows), self.scratch(tokens * rows));
         self.matmul_group_op(x, &[gate, up], &mut [&mut act, &mut up_out], tokens);
         let n = tokens * rows;
         // Overwritten whole by silu_mul_bf16.
