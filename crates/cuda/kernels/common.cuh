@@ -22,6 +22,14 @@ __device__ __forceinline__ bf16_bits f32_to_bf16(float x) {
     return (bf16_bits)(u >> 16);
 }
 
+// Two bf16 values as one 32-bit pair, the first in the low half (memory order, and the order mma
+// expects), and back.
+__device__ __forceinline__ unsigned int pack_bf16x2(float lo, float hi) {
+    return (unsigned int)f32_to_bf16(lo) | ((unsigned int)f32_to_bf16(hi) << 16);
+}
+__device__ __forceinline__ float bf16_low(unsigned int pair) { return __uint_as_float(pair << 16); }
+__device__ __forceinline__ float bf16_high(unsigned int pair) { return __uint_as_float(pair & 0xffff0000u); }
+
 __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
 
@@ -41,8 +49,8 @@ __device__ float block_sum(float v, float* scratch) {
 // ---- rows read four values at a time (norm.cu, rope.cu, elementwise.cu) ----
 // A row norm over a width that is a multiple of 4 reads and writes its row as float4: the buffers
 // are whole allocations and rows start at multiples of 4 values, so every access is 16-byte aligned.
-// Measured on the H200 (2048 rows of 5120): add_rms_norm 84.6 us one value a thread-step, 44.9 us by
-// quads (1.98 -> 3.74 TB/s). Thread t takes quads t, t + blockDim, ... and adds their squares in
+// 27B prefill of 2048 tokens on the H200 (docs/measurements/h200-s19-c1-*profile*): add_rms_norm
+// 10.62 -> 7.57 ms over 127 rows of 5120 x 2048. Thread t takes quads t, t + blockDim, ... and adds their squares in
 // this order in every norm, so the fused and the separate ops keep summing a row alike.
 // ROW_QUADS=0 (DELTASERVE_CUDA_DEFINES) reads one value at a time, to measure.
 #ifndef ROW_QUADS
@@ -81,11 +89,7 @@ __device__ __forceinline__ void store_with_twin(float* out, bf16_bits* twin, i64
 // Quad `q` (values 4q .. 4q + 3) of out and of its twin (8-byte aligned: whole allocations).
 __device__ __forceinline__ void store4_with_twin(float4* out, bf16_bits* twin, i64 q, const float4 v) {
     out[q] = v;
-    if (twin != nullptr) {
-        const unsigned int lo = (unsigned int)f32_to_bf16(v.x) | ((unsigned int)f32_to_bf16(v.y) << 16);
-        const unsigned int hi = (unsigned int)f32_to_bf16(v.z) | ((unsigned int)f32_to_bf16(v.w) << 16);
-        reinterpret_cast<uint2*>(twin)[q] = make_uint2(lo, hi);
-    }
+    if (twin != nullptr) reinterpret_cast<uint2*>(twin)[q] = make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
 }
 
 // The sum of squares of a row of `dim` (a multiple of 4) by the block, in the quad order above.

@@ -19,8 +19,8 @@ extern "C" __global__ void silu_mul(const float* gate, const float* up, float* o
     FOR_EACH(i, n - 4 * quads) out[4 * quads + i] = silu_f(gate[4 * quads + i]) * up[4 * quads + i];
 }
 
-// As silu_mul, four values a thread (measured on the H200, 2048 x 6144: 92.0 us a value at a time,
-// 38.3 us by quads).
+// As silu_mul, four values a thread (27B prefill of 2048 tokens on the H200: 0.98 -> 0.64 ms over
+// its 16 calls, docs/measurements/h200-s19-c1-*profile*).
 extern "C" __global__ void sigmoid_mul_inplace(float* x, const float* gate, i64 n) {
     AFTER_PREVIOUS_KERNEL();
     const i64 quads = ROW_QUADS ? n / 4 : 0;
@@ -89,11 +89,8 @@ extern "C" __global__ void silu_mul_bf16(const float* gate, const float* up, bf1
     const i64 quads = n / 4;
     FOR_EACH(i, quads) {
         const float4 g = reinterpret_cast<const float4*>(gate)[i], u = reinterpret_cast<const float4*>(up)[i];
-        const unsigned int lo =
-            (unsigned int)f32_to_bf16(silu_f(g.x) * u.x) | ((unsigned int)f32_to_bf16(silu_f(g.y) * u.y) << 16);
-        const unsigned int hi =
-            (unsigned int)f32_to_bf16(silu_f(g.z) * u.z) | ((unsigned int)f32_to_bf16(silu_f(g.w) * u.w) << 16);
-        reinterpret_cast<uint2*>(out)[i] = make_uint2(lo, hi);
+        reinterpret_cast<uint2*>(out)[i] =
+            make_uint2(pack_bf16x2(silu_f(g.x) * u.x, silu_f(g.y) * u.y), pack_bf16x2(silu_f(g.z) * u.z, silu_f(g.w) * u.w));
     }
     FOR_EACH(i, n - 4 * quads) out[4 * quads + i] = f32_to_bf16(silu_f(gate[4 * quads + i]) * up[4 * quads + i]);
 }
@@ -101,11 +98,8 @@ extern "C" __global__ void silu_mul_bf16(const float* gate, const float* up, bf1
 // silu_mul_bf16 of gate and up products the GEMMs wrote in bf16 (`MLP_BF16_GATE_UP=1`, opt-in: the
 // products rounded to bf16 before the activation, as SGLang's and vLLM's bf16 GEMMs write them),
 // which halves what the gate/up GEMMs write and this pass reads. Four values a thread.
-__device__ __forceinline__ float bf16_low(unsigned int pair) { return __uint_as_float(pair << 16); }
-__device__ __forceinline__ float bf16_high(unsigned int pair) { return __uint_as_float(pair & 0xffff0000u); }
 __device__ __forceinline__ unsigned int silu_mul_pair(unsigned int g, unsigned int u) {
-    return (unsigned int)f32_to_bf16(silu_f(bf16_low(g)) * bf16_low(u)) |
-           ((unsigned int)f32_to_bf16(silu_f(bf16_high(g)) * bf16_high(u)) << 16);
+    return pack_bf16x2(silu_f(bf16_low(g)) * bf16_low(u), silu_f(bf16_high(g)) * bf16_high(u));
 }
 
 extern "C" __global__ void silu_mul_bf16_of_bf16(const bf16_bits* gate, const bf16_bits* up, bf16_bits* out, i64 n) {
@@ -128,9 +122,7 @@ extern "C" __global__ void cast_f32_to_bf16(const float* x, bf16_bits* out, i64 
     const i64 quads = n / 4;
     FOR_EACH(i, quads) {
         const float4 v = reinterpret_cast<const float4*>(x)[i];
-        const unsigned int lo = (unsigned int)f32_to_bf16(v.x) | ((unsigned int)f32_to_bf16(v.y) << 16);
-        const unsigned int hi = (unsigned int)f32_to_bf16(v.z) | ((unsigned int)f32_to_bf16(v.w) << 16);
-        reinterpret_cast<uint2*>(out)[i] = make_uint2(lo, hi);
+        reinterpret_cast<uint2*>(out)[i] = make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
     }
     FOR_EACH(i, n - 4 * quads) out[4 * quads + i] = f32_to_bf16(x[4 * quads + i]);
 }
@@ -142,8 +134,7 @@ extern "C" __global__ void cast_bf16_to_f32(const bf16_bits* x, float* out, i64 
     const i64 quads = n / 4;
     FOR_EACH(i, quads) {
         const uint2 v = reinterpret_cast<const uint2*>(x)[i];
-        reinterpret_cast<float4*>(out)[i] = make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u),
-                                                        __uint_as_float(v.y << 16), __uint_as_float(v.y & 0xffff0000u));
+        reinterpret_cast<float4*>(out)[i] = make_float4(bf16_low(v.x), bf16_high(v.x), bf16_low(v.y), bf16_high(v.y));
     }
     FOR_EACH(i, n - 4 * quads) out[4 * quads + i] = bf16_to_f32(x[4 * quads + i]);
 }

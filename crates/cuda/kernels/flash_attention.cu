@@ -33,11 +33,6 @@ __device__ __forceinline__ void ldmatrix_x4_trans(unsigned int* r, const bf16_bi
                  : "r"(shared_address(p)));
 }
 
-// Two values as one bf16 pair register, the lower column in the low half (as mma expects).
-__device__ __forceinline__ unsigned int pack_bf16x2(float lo, float hi) {
-    return (unsigned int)f32_to_bf16(lo) | ((unsigned int)f32_to_bf16(hi) << 16);
-}
-
 __device__ __forceinline__ void store_bf16x4(bf16_bits* dst, float4 v, float scale) {
     uint2 packed;
     packed.x = pack_bf16x2(v.x * scale, v.y * scale);

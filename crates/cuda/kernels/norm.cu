@@ -150,7 +150,7 @@ extern "C" __global__ void ROW_NORM_BOUNDS gated_rms_norm(const float* x, const 
 #define GATED_NORM_QUADS_PER_LANE (GATED_NORM_PER_LANE / 4)
 
 // gated_rms_norm_warps for a row width that is a multiple of 4, by float4: lane l holds quads l,
-// l + 32 (measured on the H200, 98,304 rows of 128: 72.4 us a value at a time).
+// l + 32 (27B prefill of 2048 tokens on the H200: 3.01 -> 2.61 ms over its 48 calls).
 __device__ __forceinline__ void gated_rms_norm_warp_quads(const float* __restrict__ x, const float* __restrict__ z,
                                                           const float* __restrict__ w, float* __restrict__ out,
                                                           bf16_bits* __restrict__ twin, i64 row, i64 rows, int dim,
