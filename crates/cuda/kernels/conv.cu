@@ -67,9 +67,9 @@ extern "C" __global__ void causal_conv1d(const float* x, const float* w, float* 
 // row_seqs[T] = index of each row's sequence in `seqs`. Grid (channel blocks, segments; a block row
 // strides over the segments by gridDim.y).
 #define CONV_SEGMENT 16
-// CONV_PRELOAD=0 (DELTASERVE_CUDA_DEFINES) loads each input when its step needs it, to measure;
-// CONV_PRELOAD=2 also loads the rows before the segment with them, for a window that starts inside
-// the sequence (not yet measured on a GPU): the window's loads otherwise wait for the sequence table.
+// CONV_PRELOAD=0 (DELTASERVE_CUDA_DEFINES) loads each input when its step needs it, to measure.
+// (Loading the rows before the segment with them as well measured no faster: 27B prefill of 2048,
+// H100, 9,472-9,484 against 9,478-9,531 tok/s, session 20.)
 #ifndef CONV_PRELOAD
 #define CONV_PRELOAD 1
 #endif
@@ -103,12 +103,6 @@ extern "C" __global__ void causal_conv1d_tokens(const float* x, const float* w, 
             now[k] = CONV_PRELOAD && k < count ? x[(first + k) * conv_dim + c] : 0.0f;
             row_seq[k] = k < count ? row_seqs[first + k] : -1;
         }
-        float before[MAX_HISTORY];  // x rows first - MAX_HISTORY + m
-#pragma unroll
-        for (int m = 0; m < MAX_HISTORY; ++m) {
-            const i64 row = first - (MAX_HISTORY - m);
-            before[m] = CONV_PRELOAD >= 2 && m >= lead && row >= 0 ? x[row * conv_dim + c] : 0.0f;
-        }
         float win[MAX_HISTORY];
         int current = -1;
 #pragma unroll
@@ -121,14 +115,9 @@ extern "C" __global__ void causal_conv1d_tokens(const float* x, const float* w, 
             const int i = (int)(t - start);
             if (s != current) {
 #pragma unroll
-                for (int m = 0; m < MAX_HISTORY; ++m) {
-                    const int rel = i - history + (m - lead);
-                    // At the segment's first row, rel >= 0 is row first - (MAX_HISTORY - m): before[m].
-                    const bool preloaded = CONV_PRELOAD >= 2 && k == 0 && rel >= 0;
-                    win[m] = m < lead    ? 0.0f
-                             : preloaded ? before[m]
-                                         : conv_input(x, conv_state, slot_len, slot, start, rel, conv_dim, history, c);
-                }
+                for (int m = 0; m < MAX_HISTORY; ++m)
+                    win[m] = m >= lead ? conv_input(x, conv_state, slot_len, slot, start, i - history + (m - lead), conv_dim, history, c)
+                                       : 0.0f;
                 current = s;
             }
             out[t * conv_dim + c] = conv_step(taps, win, CONV_PRELOAD ? now[k] : x[t * conv_dim + c]);
