@@ -105,10 +105,9 @@ impl CudaBackend {
 
     /// Two bf16 matrices of one shape that share the input (gate and up, q and gate, k and v, the
     /// GDN's a and b) as one strided-batched cuBLAS GEMM: one launch with twice the output tiles,
-    /// so fewer partial waves (`GEMM_PAIRS=1`; off until measured on a GPU). The batch strides are the
-    /// distances between the two allocations (any distance is a stride to cuBLAS; the input's is
-    /// 0), so neither the weights nor the outputs need to be laid out together. False, with nothing
-    /// done, for other pairs.
+    /// so fewer partial waves (`GEMM_PAIRS=0` turns it off). The batch strides are the distances
+    /// between the two allocations (see `raw_gemm`), so neither the weights nor the outputs need to
+    /// be laid out together. False, with nothing done, for other pairs.
     fn gemm_pair_op(
         &self,
         x: &CudaBuf,
@@ -252,7 +251,7 @@ impl CudaBackend {
     }
 
     /// `silu(x @ gate^T) * (x @ up^T)` as bf16 for the down GEMM, from gate and up products the
-    /// GEMMs write in bf16 (`MLP_BF16_GATE_UP=1`); one batched GEMM for both with `GEMM_PAIRS=1`.
+    /// GEMMs write in bf16 (`MLP_BF16_GATE_UP`); one batched GEMM for both (`GEMM_PAIRS`).
     /// The caller checked the shapes: both matrices `rows x k`, x `tokens x k`.
     fn silu_gate_of_bf16_products(
         &self,
@@ -265,16 +264,27 @@ impl CudaBackend {
         let mut inputs = GemmInputs::default();
         let x_bf16 = self.bf16_input(x, &mut inputs, tokens * k);
         let n = tokens * rows;
-        // All three overwritten whole: the two products by cuBLAS, the activation by the kernel.
-        let mut gate_out: CudaSlice<u16> = self.alloc_for_overwrite("bf16 gate products", n);
-        let mut up_out: CudaSlice<u16> = self.alloc_for_overwrite("bf16 up products", n);
+        // Both products in one allocation, the one of the lower-addressed weights first, so that a
+        // paired GEMM's batch strides are positive (`in_address_order`); the second starts on a
+        // 256-byte boundary for cuBLAS and the kernel's 8-byte accesses.
+        let half = n.next_multiple_of(PRODUCT_ALIGN_ELEMENTS);
+        // Overwritten whole (the padding is never read): the products by cuBLAS, the activation by
+        // the kernel.
+        let mut products: CudaSlice<u16> =
+            self.alloc_for_overwrite("bf16 gate/up products", 2 * half);
         let mut act: CudaSlice<u16> = self.alloc_for_overwrite("bf16 MLP activations", n);
+        let (gate_out, up_out);
         {
             let (gate_ptr, _gate_guard) = gate.device_ptr(&self.stream);
             let (up_ptr, _up_guard) = up.device_ptr(&self.stream);
             let (x_ptr, _x_guard) = x_bf16.device_ptr(&self.stream);
-            let (g_ptr, _g_guard) = gate_out.device_ptr_mut(&self.stream);
-            let (u_ptr, _u_guard) = up_out.device_ptr_mut(&self.stream);
+            let (products_ptr, _products_guard) = products.device_ptr_mut(&self.stream);
+            let second = products_ptr + 2 * half as u64;
+            (gate_out, up_out) = if gate_ptr < up_ptr {
+                (products_ptr, second)
+            } else {
+                (second, products_ptr)
+            };
             let product = |weights: [u64; 2], outputs: [u64; 2], products: usize| RawGemm {
                 weights,
                 input: x_ptr,
@@ -287,21 +297,21 @@ impl CudaBackend {
                 tokens,
                 k,
             };
-            // SAFETY: gate and up hold rows * k bf16, x_bf16 tokens * k, the products tokens *
-            // rows bf16 each (allocated so); four different allocations; the guards outlive the
-            // calls.
+            // SAFETY: gate and up hold rows * k bf16, x_bf16 tokens * k, each product tokens * rows
+            // bf16 (two halves of `products`, apart); the guards outlive the calls.
             unsafe {
                 if self.gemm_pairs {
-                    self.raw_gemm(product([gate_ptr, up_ptr], [g_ptr, u_ptr], 2));
+                    self.raw_gemm(product([gate_ptr, up_ptr], [gate_out, up_out], 2));
                 } else {
-                    self.raw_gemm(product([gate_ptr, gate_ptr], [g_ptr, g_ptr], 1));
-                    self.raw_gemm(product([up_ptr, up_ptr], [u_ptr, u_ptr], 1));
+                    self.raw_gemm(product([gate_ptr, gate_ptr], [gate_out, gate_out], 1));
+                    self.raw_gemm(product([up_ptr, up_ptr], [up_out, up_out], 1));
                 }
             }
         }
         let n64 = n as i64;
-        // Contract: the products and act hold n bf16 each, whole (aligned) allocations, as the
-        // kernel's 8-byte accesses need.
+        // Contract: gate_out and up_out point at n bf16 each inside `products` (alive to the end of
+        // this function, after the launch is queued), 256-byte aligned as the kernel's 8-byte
+        // accesses need; act holds n.
         launch!(
             self,
             "silu_mul_bf16_of_bf16",
@@ -393,10 +403,12 @@ impl CudaBackend {
     }
 
     /// One cuBLAS product `out [tokens, n] = x [tokens, k] @ w [n, k]^T` in row-major terms (cuBLAS's
-    /// column-major `C [n, tokens] = W^T X`), or two sharing the input as one strided-batched call:
-    /// the batch strides are the distances between the two weight and the two output allocations
-    /// (any distance is a stride to cuBLAS; the input's is 0), so nothing needs to be laid out
-    /// together.
+    /// column-major `C [n, tokens] = W^T X`), or two sharing the input as one strided-batched call
+    /// whose batch strides are the distances between the two weight and the two output allocations
+    /// (the input's is 0). The Hopper kernels address a batch through TMA descriptors, whose
+    /// strides must be positive and below 2^40 bytes (a negative weight distance was an illegal
+    /// address on an H100, session 20): the pair goes in address order when both distances share a
+    /// sign, and as two calls when they do not or are too far.
     ///
     /// # Safety
     /// The pointers are device allocations of the stream's context, valid for the call: each
@@ -404,69 +416,100 @@ impl CudaBackend {
     /// of `output_type`; with two products, the two weights and the two outputs are different
     /// allocations (256-byte aligned, so their distances are whole elements).
     pub(crate) unsafe fn raw_gemm(&self, g: RawGemm) {
+        if g.products == 2 {
+            match in_address_order(g) {
+                Some((ordered, strides)) => {
+                    // SAFETY: the caller's contract, the pair reordered.
+                    unsafe { self.raw_gemm_batched(ordered, strides) };
+                }
+                None => {
+                    for p in 0..2 {
+                        let one = RawGemm {
+                            weights: [g.weights[p]; 2],
+                            outputs: [g.outputs[p]; 2],
+                            products: 1,
+                            ..g
+                        };
+                        // SAFETY: the caller's contract, for one of its products.
+                        unsafe { self.raw_gemm(one) };
+                    }
+                }
+            }
+            return;
+        }
         let blas = self.cublas_for([g.n, g.tokens, g.k]);
         let (alpha, beta) = (1.0f32, 0.0f32);
-        let in_size = element_bytes(g.input_type);
-        let out_size = element_bytes(g.output_type);
-        let stride_w = (g.weights[1] as i64 - g.weights[0] as i64) / in_size;
-        let stride_out = (g.outputs[1] as i64 - g.outputs[0] as i64) / out_size;
         let (n, tokens, k) = (g.n as i32, g.tokens as i32, g.k as i32);
         // SAFETY: the caller's contract; the leading dimensions are the row lengths of these
         // row-major buffers; alpha and beta are host f32 as the default pointer mode expects, and
         // the handle runs on our stream.
         let status = unsafe {
-            if g.products == 1 {
-                cudarc::cublas::result::gemm_ex(
-                    *blas.handle(),
-                    cublasOperation_t::CUBLAS_OP_T,
-                    cublasOperation_t::CUBLAS_OP_N,
-                    n,
-                    tokens,
-                    k,
-                    (&alpha as *const f32).cast::<c_void>(),
-                    g.weights[0] as *const c_void,
-                    g.input_type,
-                    k,
-                    g.input as *const c_void,
-                    g.input_type,
-                    k,
-                    (&beta as *const f32).cast::<c_void>(),
-                    g.outputs[0] as *mut c_void,
-                    g.output_type,
-                    n,
-                    g.compute,
-                    cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-                )
-            } else {
-                cudarc::cublas::result::gemm_strided_batched_ex(
-                    *blas.handle(),
-                    cublasOperation_t::CUBLAS_OP_T,
-                    cublasOperation_t::CUBLAS_OP_N,
-                    n,
-                    tokens,
-                    k,
-                    (&alpha as *const f32).cast::<c_void>(),
-                    g.weights[0] as *const c_void,
-                    g.input_type,
-                    k,
-                    stride_w,
-                    g.input as *const c_void,
-                    g.input_type,
-                    k,
-                    0,
-                    (&beta as *const f32).cast::<c_void>(),
-                    g.outputs[0] as *mut c_void,
-                    g.output_type,
-                    n,
-                    stride_out,
-                    2,
-                    g.compute,
-                    cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-                )
-            }
+            cudarc::cublas::result::gemm_ex(
+                *blas.handle(),
+                cublasOperation_t::CUBLAS_OP_T,
+                cublasOperation_t::CUBLAS_OP_N,
+                n,
+                tokens,
+                k,
+                (&alpha as *const f32).cast::<c_void>(),
+                g.weights[0] as *const c_void,
+                g.input_type,
+                k,
+                g.input as *const c_void,
+                g.input_type,
+                k,
+                (&beta as *const f32).cast::<c_void>(),
+                g.outputs[0] as *mut c_void,
+                g.output_type,
+                n,
+                g.compute,
+                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
         };
         if let Err(e) = status {
             device_failure("matmul (cuBLAS)", e);
+        }
+    }
+
+    /// `raw_gemm`'s two products as one strided-batched call, `strides` from `batch_strides`.
+    ///
+    /// # Safety
+    /// As `raw_gemm`, with `g` the pair in address order.
+    unsafe fn raw_gemm_batched(&self, g: RawGemm, (stride_w, stride_out): (i64, i64)) {
+        let blas = self.cublas_for([g.n, g.tokens, g.k]);
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let (n, tokens, k) = (g.n as i32, g.tokens as i32, g.k as i32);
+        // SAFETY: as in `raw_gemm`; the strides are the distances from the first weight and output
+        // to the second.
+        let status = unsafe {
+            cudarc::cublas::result::gemm_strided_batched_ex(
+                *blas.handle(),
+                cublasOperation_t::CUBLAS_OP_T,
+                cublasOperation_t::CUBLAS_OP_N,
+                n,
+                tokens,
+                k,
+                (&alpha as *const f32).cast::<c_void>(),
+                g.weights[0] as *const c_void,
+                g.input_type,
+                k,
+                stride_w,
+                g.input as *const c_void,
+                g.input_type,
+                k,
+                0,
+                (&beta as *const f32).cast::<c_void>(),
+                g.outputs[0] as *mut c_void,
+                g.output_type,
+                n,
+                stride_out,
+                2,
+                g.compute,
+                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        };
+        if let Err(e) = status {
+            device_failure("matmul (cuBLAS, batched)", e);
         }
     }
 
@@ -557,6 +600,7 @@ impl CudaBackend {
 
 /// The operands of `CudaBackend::raw_gemm`: device pointers (the second weight and output are
 /// read only when `products` is 2) and the element types.
+#[derive(Clone, Copy)]
 pub(crate) struct RawGemm {
     pub(crate) weights: [u64; 2],
     pub(crate) input: u64,
@@ -568,6 +612,40 @@ pub(crate) struct RawGemm {
     pub(crate) n: usize,
     pub(crate) tokens: usize,
     pub(crate) k: usize,
+}
+
+/// Elements of bf16 in 256 bytes: where the second of two products in one allocation starts.
+const PRODUCT_ALIGN_ELEMENTS: usize = 128;
+
+/// A pair of products in address order (both weight and output distances positive) with those
+/// distances as batch strides in elements; None when the two distances differ in sign or reach
+/// 2^40 bytes, the limits of the TMA descriptors cuBLAS's Hopper kernels build (see `raw_gemm`).
+fn in_address_order(g: RawGemm) -> Option<(RawGemm, (i64, i64))> {
+    const TMA_STRIDE_LIMIT: i64 = 1 << 40;
+    let distance_w = g.weights[1] as i64 - g.weights[0] as i64;
+    let distance_out = g.outputs[1] as i64 - g.outputs[0] as i64;
+    if distance_w == 0
+        || distance_out == 0
+        || (distance_w > 0) != (distance_out > 0)
+        || distance_w.abs() >= TMA_STRIDE_LIMIT
+        || distance_out.abs() >= TMA_STRIDE_LIMIT
+    {
+        return None;
+    }
+    let ordered = if distance_w > 0 {
+        g
+    } else {
+        RawGemm {
+            weights: [g.weights[1], g.weights[0]],
+            outputs: [g.outputs[1], g.outputs[0]],
+            ..g
+        }
+    };
+    let strides = (
+        distance_w.abs() / element_bytes(g.input_type),
+        distance_out.abs() / element_bytes(g.output_type),
+    );
+    Some((ordered, strides))
 }
 
 fn element_bytes(t: cudaDataType_t) -> i64 {
