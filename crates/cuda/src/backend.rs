@@ -54,14 +54,14 @@ pub struct CudaBackend {
     /// (gemm.rs `dense_mlp_op`; `MLP_BF16_ACT=0`: silu_mul in f32, then the GEMM's cast).
     pub(crate) bf16_act_mlp: bool,
     /// Whether the norms write a bf16 twin of outputs that go on to bf16 GEMMs (buffer.rs;
-    /// `BF16_TWIN=1`; off until measured on a GPU).
+    /// `BF16_TWIN=0` turns it off, to measure).
     pub(crate) bf16_twins: bool,
     /// Whether two bf16 matrices of one shape sharing an input run as one batched cuBLAS GEMM
-    /// (gemm.rs `gemm_pair_op`; `GEMM_PAIRS=1`; off until measured on a GPU).
+    /// (gemm.rs `gemm_pair_op`; `GEMM_PAIRS=0` turns it off, to measure).
     pub(crate) gemm_pairs: bool,
-    /// Whether a prefill's gate and up GEMMs write bf16 products for the activation
-    /// (gemm.rs `dense_mlp_op`; `MLP_BF16_GATE_UP=1`; off until measured on a GPU: it rounds the
-    /// products once more than the f32 path).
+    /// Whether a prefill's gate and up GEMMs write bf16 products for the activation (gemm.rs
+    /// `dense_mlp_op`; it rounds the products once more than the f32 path; `MLP_BF16_GATE_UP=0`
+    /// keeps them f32).
     pub(crate) bf16_gate_up: bool,
     /// Set once a weight is kept in block FP8: its GEMMs quantize their input themselves, and a
     /// bf16 twin would be written for nothing.
@@ -231,9 +231,9 @@ impl CudaBackend {
             grouped_attention: options.define::<u32>("ATTENTION_GQA").unwrap_or(1) != 0,
             gated_norm_by_warp: options.define::<u32>("GATED_NORM_WARP").unwrap_or(1) != 0,
             bf16_act_mlp: options.define::<u32>("MLP_BF16_ACT").unwrap_or(1) != 0,
-            bf16_twins: options.define::<u32>("BF16_TWIN").unwrap_or(0) != 0,
-            gemm_pairs: options.define::<u32>("GEMM_PAIRS").unwrap_or(0) != 0,
-            bf16_gate_up: options.define::<u32>("MLP_BF16_GATE_UP").unwrap_or(0) != 0,
+            bf16_twins: options.define::<u32>("BF16_TWIN").unwrap_or(1) != 0,
+            gemm_pairs: options.define::<u32>("GEMM_PAIRS").unwrap_or(1) != 0,
+            bf16_gate_up: options.define::<u32>("MLP_BF16_GATE_UP").unwrap_or(1) != 0,
             fp8_weights_loaded: Arc::new(AtomicBool::new(false)),
             gemm_precision: options.gemm_precision,
             keep_fp8_weights: options.keep_fp8_weights.unwrap_or(major >= 9)

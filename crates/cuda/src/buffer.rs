@@ -10,7 +10,7 @@ use cudarc::driver::CudaSlice;
 /// bf16 as `cast_f32_to_bf16` rounds them), so the GEMM skips its own cast: a 2048-token prefill
 /// otherwise writes a norm's output in f32, reads it back and writes it again in bf16. The twin is
 /// valid while it is set: every write to the f32 values goes through `data_mut`, which drops it.
-/// Opt-in until measured on a GPU (`BF16_TWIN=1` in `DELTASERVE_CUDA_DEFINES`).
+/// `BF16_TWIN=0` in `DELTASERVE_CUDA_DEFINES` turns the twins off, to measure.
 pub struct CudaBuf {
     data: CudaSlice<f32>,
     pub(crate) len: usize,

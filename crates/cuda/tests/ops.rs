@@ -21,7 +21,8 @@
 mod common;
 
 use common::{
-    check, cuda, cuda_chunked_gdn, cuda_prefill_opt_ins, cuda_wide_lanes, group_products, Rng,
+    check, cuda, cuda_chunked_gdn, cuda_prefill_without_shortcuts, cuda_wide_lanes, group_products,
+    Rng,
 };
 use deltaserve_cuda::{CudaBackend, CudaOptions, GemmPrecision};
 use deltaserve_tensor::op_check::{self, AttentionPools, Operands, StatePools};
@@ -144,8 +145,8 @@ fn matmul_bf16_is_the_exact_product_of_bf16_rounded_inputs() {
 /// bf16-rounded inputs for every matrix of the group: 5 matrices (more than one launch holds),
 /// row counts that are not multiples of a warp's 16 rows, every token count from 1 to 9 and the
 /// edges of the kernel's 8-token tiles and its 32-token limit (cuBLAS past it),
-/// and outputs poisoned with NaN first so an unwritten element fails; on the default backend and
-/// on the one with the opt-in prefill paths (equal neighbours as one batched GEMM).
+/// and outputs poisoned with NaN first so an unwritten element fails; on the default backend (equal
+/// neighbours as one batched GEMM) and on the one without the prefill shortcuts.
 #[test]
 fn matmul_group_equals_the_reference_for_each_matrix() {
     let test = "matmul_group_equals_the_reference_for_each_matrix";
@@ -153,8 +154,8 @@ fn matmul_group_equals_the_reference_for_each_matrix() {
         return;
     };
     matmul_group_matches_reference(be);
-    if let Some(paired) = cuda_prefill_opt_ins(test) {
-        matmul_group_matches_reference(paired);
+    if let Some(unpaired) = cuda_prefill_without_shortcuts(test) {
+        matmul_group_matches_reference(unpaired);
     }
 }
 
@@ -326,16 +327,18 @@ fn dense_mlp_equals_silu_gate_then_down_bitwise() {
     }
 }
 
-/// With the opt-in bf16 gate and up products (`MLP_BF16_GATE_UP=1`) a prefill's dense MLP rounds
-/// each product to bf16 before the activation (relative 2^-9 each, so ~2^-8 on an activation
-/// whose silu is about linear there) and otherwise computes what the default path computes: within
-/// 1e-2 of the default's largest output, where a wrong kernel (gate and up swapped, a product
+/// With bf16 gate and up products (the default; `MLP_BF16_GATE_UP=0` keeps them f32) a prefill's
+/// dense MLP rounds each product to bf16 before the activation (relative 2^-9 each, so ~2^-8 on an
+/// activation whose silu is about linear there) and otherwise computes what the f32 path computes:
+/// within 1e-2 of its largest output, where a wrong kernel (gate and up swapped, a product
 /// unwritten) is off by O(1). Row counts within the GEMV kernels take the same path on both.
 #[test]
 fn dense_mlp_with_bf16_gate_up_products_stays_within_their_rounding() {
     let test = "dense_mlp_with_bf16_gate_up_products_stays_within_their_rounding";
-    let (Some(be), Some(opt_in)) = (cuda(GemmPrecision::Bf16, test), cuda_prefill_opt_ins(test))
-    else {
+    let (Some(be), Some(f32_products)) = (
+        cuda(GemmPrecision::Bf16, test),
+        cuda_prefill_without_shortcuts(test),
+    ) else {
         return;
     };
     let mut rng = Rng(26);
@@ -359,8 +362,8 @@ fn dense_mlp_with_bf16_gate_up_products_stays_within_their_rounding() {
             let x = rng.vec(tokens * h, 1.0);
             check(
                 &format!("dense_mlp bf16 gate/up [{h} -> {im} -> {h}], {tokens} tokens"),
-                &mlp(opt_in, &x, tokens),
                 &mlp(be, &x, tokens),
+                &mlp(f32_products, &x, tokens),
                 1e-2,
             );
         }
@@ -433,8 +436,10 @@ fn add_rms_norm_equals_add_then_norm_bitwise() {
 /// rows past the GEMV kernels (twin written) and within them (none).
 #[test]
 fn bf16_twins_of_norm_outputs_equal_the_gemm_cast_bitwise() {
-    let Some(be) = cuda_prefill_opt_ins("bf16_twins_of_norm_outputs_equal_the_gemm_cast_bitwise")
-    else {
+    let Some(be) = cuda(
+        GemmPrecision::Bf16,
+        "bf16_twins_of_norm_outputs_equal_the_gemm_cast_bitwise",
+    ) else {
         return;
     };
     let mut rng = Rng(29);
@@ -1067,20 +1072,14 @@ fn gdn_shapes() -> [(GdnShape, &'static [(usize, bool)]); 8] {
     ]
 }
 
-/// On the default conv and on the opt-in one that preloads the rows before each segment.
 #[test]
 fn causal_conv1d_matches_reference_with_snapshots() {
-    let test = "causal_conv1d_matches_reference_with_snapshots";
-    let Some(be) = cuda(GemmPrecision::F32, test) else {
+    let Some(be) = cuda(
+        GemmPrecision::F32,
+        "causal_conv1d_matches_reference_with_snapshots",
+    ) else {
         return;
     };
-    conv_matches_reference(be);
-    if let Some(preloading) = cuda_prefill_opt_ins(test) {
-        conv_matches_reference(preloading);
-    }
-}
-
-fn conv_matches_reference(be: &CudaBackend) {
     let mut rng = Rng(7);
     for (shape, lens) in gdn_shapes() {
         let conv_dim = shape.conv_dim();

@@ -22,7 +22,7 @@ static FP8_UNMIXED_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::ne
 static LANES_BOUNDED_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static BF16_WIDE_LANES_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static MLP_F32_ACT_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
-static PREFILL_OPT_INS_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
+static PREFILL_WITHOUT_SHORTCUTS_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 
 /// The bf16 backend that keeps block-FP8 weights as FP8, or `None` after printing why not.
 pub fn cuda_fp8(test: &str) -> Option<&'static CudaBackend> {
@@ -99,19 +99,17 @@ pub fn cuda_mlp_f32_act(test: &str) -> Option<&'static CudaBackend> {
     fp8_backend(&MLP_F32_ACT_BACKEND, &[("MLP_BF16_ACT", "0")], test)
 }
 
-/// The default backend with the prefill paths that are still opt-in (`BF16_TWIN=1`: norms write a
-/// bf16 twin for the GEMMs after them; `GEMM_PAIRS=1`: equal-shape matrices of a group as one
-/// batched GEMM; `CONV_PRELOAD=2`: the conv loads the rows before a segment with its inputs;
-/// `MLP_BF16_GATE_UP=1`: a prefill's gate and up GEMMs write bf16), or `None` after printing why
-/// not.
-pub fn cuda_prefill_opt_ins(test: &str) -> Option<&'static CudaBackend> {
+/// The default backend without the prefill's bf16 shortcuts (`BF16_TWIN=0`: the GEMMs cast their
+/// inputs themselves; `GEMM_PAIRS=0`: each matrix of a group its own GEMM; `MLP_BF16_GATE_UP=0`: a
+/// prefill's gate and up GEMMs write f32), so the tests reach both paths, or `None` after printing
+/// why not.
+pub fn cuda_prefill_without_shortcuts(test: &str) -> Option<&'static CudaBackend> {
     fp8_backend(
-        &PREFILL_OPT_INS_BACKEND,
+        &PREFILL_WITHOUT_SHORTCUTS_BACKEND,
         &[
-            ("BF16_TWIN", "1"),
-            ("GEMM_PAIRS", "1"),
-            ("CONV_PRELOAD", "2"),
-            ("MLP_BF16_GATE_UP", "1"),
+            ("BF16_TWIN", "0"),
+            ("GEMM_PAIRS", "0"),
+            ("MLP_BF16_GATE_UP", "0"),
         ],
         test,
     )
