@@ -56,8 +56,8 @@ pub struct CudaBackend {
     /// Whether the norms write a bf16 twin of outputs that go on to bf16 GEMMs (buffer.rs;
     /// `BF16_TWIN=0` turns it off, to measure).
     pub(crate) bf16_twins: bool,
-    /// Whether two bf16 matrices of one shape sharing an input run as one batched cuBLAS GEMM
-    /// (gemm.rs `gemm_pair_op`; `GEMM_PAIRS=0` turns it off, to measure).
+    /// Whether a prefill's gate and up GEMMs run as one batched cuBLAS GEMM (gemm.rs
+    /// `silu_gate_of_bf16_products`; `GEMM_PAIRS=0` turns it off, to measure).
     pub(crate) gemm_pairs: bool,
     /// Whether a prefill's gate and up GEMMs write bf16 products for the activation (gemm.rs
     /// `dense_mlp_op`; it rounds the products once more than the f32 path; `MLP_BF16_GATE_UP=0`

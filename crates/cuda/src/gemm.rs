@@ -83,69 +83,9 @@ impl CudaBackend {
             return;
         }
         let mut inputs = GemmInputs::default();
-        let mut i = 0;
-        while i < ws.len() {
-            if i + 1 < ws.len() && self.gemm_pairs {
-                let (first, rest) = outs[i..].split_at_mut(1);
-                if self.gemm_pair_op(
-                    x,
-                    &mut inputs,
-                    [ws[i], ws[i + 1]],
-                    [&mut *first[0], &mut *rest[0]],
-                    tokens,
-                ) {
-                    i += 2;
-                    continue;
-                }
-            }
-            self.gemm_op(x, &mut inputs, ws[i], outs[i], tokens);
-            i += 1;
+        for (w, out) in ws.iter().zip(outs.iter_mut()) {
+            self.gemm_op(x, &mut inputs, w, out, tokens);
         }
-    }
-
-    /// Two bf16 matrices of one shape that share the input (gate and up, q and gate, k and v, the
-    /// GDN's a and b) as one strided-batched cuBLAS GEMM: one launch with twice the output tiles,
-    /// so fewer partial waves (`GEMM_PAIRS=0` turns it off). The batch strides are the distances
-    /// between the two allocations (see `raw_gemm`), so neither the weights nor the outputs need to
-    /// be laid out together. False, with nothing done, for other pairs.
-    fn gemm_pair_op(
-        &self,
-        x: &CudaBuf,
-        inputs: &mut GemmInputs,
-        [w0, w1]: [&CudaMat; 2],
-        [out0, out1]: [&mut CudaBuf; 2],
-        tokens: usize,
-    ) -> bool {
-        let (MatData::Bf16(a0), MatData::Bf16(a1)) = (&w0.data, &w1.data) else {
-            return false;
-        };
-        let (n, k) = (w0.rows, w0.cols);
-        if (w1.rows, w1.cols) != (n, k) || n == 0 || k == 0 {
-            return false;
-        }
-        let x_bf16 = self.bf16_input(x, inputs, tokens * k);
-        let (w0_ptr, _w0_guard) = a0.device_ptr(&self.stream);
-        let (w1_ptr, _w1_guard) = a1.device_ptr(&self.stream);
-        let (x_ptr, _x_guard) = x_bf16.device_ptr(&self.stream);
-        let (out0_ptr, _out0_guard) = out0.data_mut().device_ptr_mut(&self.stream);
-        let (out1_ptr, _out1_guard) = out1.data_mut().device_ptr_mut(&self.stream);
-        // SAFETY: w0 and w1 hold n * k bf16 (CudaMats of that shape), x_bf16 tokens * k, out0 and
-        // out1 tokens * n f32 (checked by `matmul_group_op`); the guards outlive the call.
-        unsafe {
-            self.raw_gemm(RawGemm {
-                weights: [w0_ptr, w1_ptr],
-                input: x_ptr,
-                outputs: [out0_ptr, out1_ptr],
-                products: 2,
-                input_type: cudaDataType_t::CUDA_R_16BF,
-                output_type: cudaDataType_t::CUDA_R_32F,
-                compute: cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                n,
-                tokens,
-                k,
-            })
-        };
-        true
     }
 
     /// `out = silu(x @ gate^T) * (x @ up^T)`: the paired GEMV kernel for a few rows, else

@@ -145,27 +145,18 @@ fn matmul_bf16_is_the_exact_product_of_bf16_rounded_inputs() {
 /// bf16-rounded inputs for every matrix of the group: 5 matrices (more than one launch holds),
 /// row counts that are not multiples of a warp's 16 rows, every token count from 1 to 9 and the
 /// edges of the kernel's 8-token tiles and its 32-token limit (cuBLAS past it),
-/// and outputs poisoned with NaN first so an unwritten element fails; on the default backend (equal
-/// neighbours as one batched GEMM) and on the one without the prefill shortcuts.
+/// and outputs poisoned with NaN first so an unwritten element fails.
 #[test]
 fn matmul_group_equals_the_reference_for_each_matrix() {
-    let test = "matmul_group_equals_the_reference_for_each_matrix";
-    let Some(be) = cuda(GemmPrecision::Bf16, test) else {
+    let Some(be) = cuda(
+        GemmPrecision::Bf16,
+        "matmul_group_equals_the_reference_for_each_matrix",
+    ) else {
         return;
     };
-    matmul_group_matches_reference(be);
-    if let Some(unpaired) = cuda_prefill_without_shortcuts(test) {
-        matmul_group_matches_reference(unpaired);
-    }
-}
-
-fn matmul_group_matches_reference(be: &CudaBackend) {
     let mut rng = Rng(21);
-    // Equal neighbours (300, 300 and 1, 1) run as one batched GEMM past the GEMV kernels' rows.
-    for (k, rows) in [8, 1000, 5120]
-        .into_iter()
-        .flat_map(|k| [(k, [37, 1, 300, 8, 129]), (k, [300, 300, 1, 1, 129])])
-    {
+    for k in [8, 1000, 5120] {
+        let rows = [37, 1, 300, 8, 129];
         let host: Vec<HostTensor> = rows
             .iter()
             .map(|&n| HostTensor::from_f32_as_bf16("w", vec![n, k], &rng.vec(n * k, 1.0)))
@@ -283,14 +274,15 @@ fn matmul_silu_gate_equals_group_then_silu_mul_bitwise() {
     }
 }
 
-/// The whole gated MLP is bit for bit its first half then the down projection, on either side of
-/// the GEMV kernels' row counts (past them the activation reaches the down GEMM as bf16 written by
-/// `silu_mul_bf16`, the form the GEMM's own cast gave it), with and without that path
+/// With f32 gate and up products (`MLP_BF16_GATE_UP=0`; the default rounds them, see the next
+/// test) the whole gated MLP is bit for bit its first half then the down projection, on either side
+/// of the GEMV kernels' row counts (past them the activation reaches the down GEMM as bf16 written
+/// by `silu_mul_bf16`, the form the GEMM's own cast gave it), with and without that path
 /// (`MLP_BF16_ACT=0` on the second backend).
 #[test]
 fn dense_mlp_equals_silu_gate_then_down_bitwise() {
     let test = "dense_mlp_equals_silu_gate_then_down_bitwise";
-    let Some(be) = cuda(GemmPrecision::Bf16, test) else {
+    let Some(be) = cuda_prefill_without_shortcuts(test) else {
         return;
     };
     let Some(by_f32) = common::cuda_mlp_f32_act(test) else {
@@ -348,22 +340,35 @@ fn dense_mlp_with_bf16_gate_up_products_stays_within_their_rounding() {
             rng.vec(im * h, 0.5),
             rng.vec(h * im, 0.5),
         );
-        let mlp = |b: &CudaBackend, x: &[f32], tokens: usize| {
+        // The two products run as one batched GEMM in the weights' address order: loading up
+        // before gate (usually the lower address) takes the other order.
+        let mlp = |b: &CudaBackend, x: &[f32], tokens: usize, up_first: bool| {
             let load = |values: &[f32], rows: usize, cols: usize| {
                 b.load_mat(&HostTensor::from_f32_as_bf16("w", vec![rows, cols], values))
                     .unwrap()
             };
-            let (gate, up, down) = (load(&g, im, h), load(&u, im, h), load(&d, h, im));
+            let (gate, up) = if up_first {
+                let up = load(&u, im, h);
+                (load(&g, im, h), up)
+            } else {
+                (load(&g, im, h), load(&u, im, h))
+            };
+            let down = load(&d, h, im);
             let mut out = b.upload(&vec![f32::NAN; tokens * h]);
             b.dense_mlp(&b.upload(x), [&gate, &up, &down], &mut out, tokens);
             b.to_host(&out)
         };
-        for tokens in [4, 9, 33, 300] {
+        for (tokens, up_first) in [4, 9, 33, 300]
+            .into_iter()
+            .flat_map(|tokens| [(tokens, false), (tokens, true)])
+        {
             let x = rng.vec(tokens * h, 1.0);
             check(
-                &format!("dense_mlp bf16 gate/up [{h} -> {im} -> {h}], {tokens} tokens"),
-                &mlp(be, &x, tokens),
-                &mlp(f32_products, &x, tokens),
+                &format!(
+                    "dense_mlp bf16 gate/up [{h} -> {im} -> {h}], {tokens} tokens, up loaded first: {up_first}"
+                ),
+                &mlp(be, &x, tokens, up_first),
+                &mlp(f32_products, &x, tokens, false),
                 1e-2,
             );
         }

@@ -100,9 +100,9 @@ pub fn cuda_mlp_f32_act(test: &str) -> Option<&'static CudaBackend> {
 }
 
 /// The default backend without the prefill's bf16 shortcuts (`BF16_TWIN=0`: the GEMMs cast their
-/// inputs themselves; `GEMM_PAIRS=0`: each matrix of a group its own GEMM; `MLP_BF16_GATE_UP=0`: a
-/// prefill's gate and up GEMMs write f32), so the tests reach both paths, or `None` after printing
-/// why not.
+/// inputs themselves; `GEMM_PAIRS=0`: the MLP's gate and up GEMMs as two calls;
+/// `MLP_BF16_GATE_UP=0`: a prefill's gate and up GEMMs write f32), so the tests reach both paths,
+/// or `None` after printing why not.
 pub fn cuda_prefill_without_shortcuts(test: &str) -> Option<&'static CudaBackend> {
     fp8_backend(
         &PREFILL_WITHOUT_SHORTCUTS_BACKEND,
