@@ -129,7 +129,7 @@ impl CudaBackend {
             q.data(),
             pool.k.data(),
             pool.v.data(),
-            out.data(),
+            out.data_mut(),
             tiles.as_ref(),
             rows,
             blocks,

@@ -216,7 +216,7 @@ impl CudaBackend {
                 chunks.as_ref(),
                 pieces.as_ref(),
                 pool.ssm.data(),
-                out.data(),
+                out.data_mut(),
                 &piece_base,
                 &row0,
                 &hv,
