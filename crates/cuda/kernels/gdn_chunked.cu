@@ -398,9 +398,130 @@ __device__ void chunk_prepare(const float* __restrict__ mixed, const float* __re
     if (tid == 0) last_decay[chunk * value_heads + h] = expf(G[n - 1]);
 }
 
-// Floats of dynamic shared memory `gdn_chunk_scan` needs for key dim KD (gdn.rs mirrors this).
-#define SCAN_SMEM_FLOATS(KD) \
-    ((KD) * (GDN_SLICE + 8) + 2 * GDN_CHUNK * ((KD) + 4) + GDN_CHUNK * ((KD) + 8) + 2 * GDN_CHUNK * (GDN_SLICE + 8))
+// GDN_SCAN_PIPELINE=1 (DELTASERVE_CUDA_DEFINES; opt-in, not yet run on a GPU) has the scan load
+// the next chunk's operands while it computes the current one: W, Q' and O0 (read only by the U/O
+// products) while the state update runs, K (read only by the update) while the next U/O products
+// run, and U0 into a second buffer. The same products in the same order, so bit for bit the
+// sequential scan; Nsight Compute had it latency-bound (349 us a layer of a 27B prefill of 2048,
+// DRAM 9-18 %, session 6), each chunk waiting for its 128 KB before any product.
+#ifndef GDN_SCAN_PIPELINE
+#define GDN_SCAN_PIPELINE 0
+#endif
+// A scan block's shared memory leaves room for one block an SM; saying so lets ptxas give the
+// pipelined scan the registers it needs (96 for key dim 128, where left to itself it stopped at 64
+// and spilled). The sequential scan keeps the bounds it was measured with.
+#if GDN_SCAN_PIPELINE
+#define SCAN_BOUNDS __launch_bounds__(SCAN_WARPS * 32, 1)
+#else
+#define SCAN_BOUNDS __launch_bounds__(SCAN_WARPS * 32)
+#endif
+
+// Floats of dynamic shared memory `gdn_chunk_scan` needs for key dim KD (gdn.rs mirrors this): the
+// state slice, W, Q', K and U (twice when pipelined) and O0.
+#define SCAN_SMEM_FLOATS(KD)                                                                 \
+    ((KD) * (GDN_SLICE + 8) + 2 * GDN_CHUNK * ((KD) + 4) + GDN_CHUNK * ((KD) + 8) + \
+     (2 + GDN_SCAN_PIPELINE) * GDN_CHUNK * (GDN_SLICE + 8))
+
+// The scan's view of one chunk: its rows, their count and the record of its first row and head in
+// the workspace.
+struct ScanChunk {
+    int first, n;
+    i64 rec;
+};
+
+__device__ __forceinline__ ScanChunk scan_chunk(const int* chunks, int chunk, int row0, int value_heads, int h) {
+    ScanChunk k;
+    k.first = chunks[2 * chunk];
+    k.n = chunks[2 * chunk + 1];
+    k.rec = (i64)(k.first - row0) * value_heads + h;
+    return k;
+}
+
+// Copies in flight (not committed) of a chunk's rows of a [rows][width] workspace record set into
+// shared rows of stride `ld`, zeros past the chunk's end (and past `cols` columns).
+template <int WIDTH, int THREADS>
+__device__ __forceinline__ void scan_copy(float* dst, int ld, const float* src, const ScanChunk& k, int value_heads,
+                                          int stride, int col0, int cols, int tid) {
+    for (int i = tid; i < GDN_CHUNK * WIDTH / 4; i += THREADS) {
+        const int t = i / (WIDTH / 4), x = 4 * (i % (WIDTH / 4));
+        const bool valid = t < k.n && x < cols;
+        const i64 at = valid ? (k.rec + (i64)t * value_heads) * stride + col0 + x : 0;
+        copy16_async(dst + t * ld + x, src + at, valid);
+    }
+}
+
+__device__ __forceinline__ void commit_async_copies() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+// Waits until at most N of this thread's committed copy groups are still in flight.
+template <int N>
+__device__ __forceinline__ void wait_async_groups() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// U = U0 - W S0 and O = O0 + Q' S0 for the chunk (W and Q' hold TF32 values; S0 is rounded here):
+// U back into U (rounded to TF32 for the update), O to `out`. Warp w takes row block w % 4 and
+// column tiles 2 (w / 4), 2 (w / 4) + 1.
+template <int KD>
+__device__ __forceinline__ void scan_products(const float* S, const float* Ws, const float* Qs, float* U,
+                                              const float* Os, const ScanChunk& k, float* out, int h,
+                                              int value_heads, int value_dim, int col0, int cols, int warp,
+                                              int g, int c) {
+    constexpr int KS = KD + 4, SS = GDN_SLICE + 8;
+    const int r0 = 16 * (warp & 3), nb = 2 * (warp >> 2);
+    float u[2][4], o[2][4];
+#pragma unroll
+    for (int q = 0; q < 2; ++q)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int t = r0 + g + (i >= 2 ? 8 : 0), j = 8 * (nb + q) + 2 * c + (i & 1);
+            u[q][i] = U[t * SS + j];
+            o[q][i] = Os[t * SS + j];
+        }
+#pragma unroll 4
+    for (int k0 = 0; k0 < KD; k0 += 8) {
+        unsigned int aw[4], aq[4];
+        frag_a<true>(aw, Ws, KS, r0, k0, g, c, -1.0f);
+        frag_a<true>(aq, Qs, KS, r0, k0, g, c);
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+            const unsigned int b0 = to_tf32(S[(k0 + c) * SS + 8 * (nb + q) + g]);
+            const unsigned int b1 = to_tf32(S[(k0 + c + 4) * SS + 8 * (nb + q) + g]);
+            mma_tf32(u[q], aw, b0, b1);
+            mma_tf32(o[q], aq, b0, b1);
+        }
+    }
+#pragma unroll
+    for (int q = 0; q < 2; ++q)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int t = r0 + g + (i >= 2 ? 8 : 0), j = 8 * (nb + q) + 2 * c + (i & 1);
+            U[t * SS + j] = round_tf32(u[q][i]);
+            if (t < k.n && j < cols) out[((i64)(k.first + t) * value_heads + h) * value_dim + col0 + j] = o[q][i];
+        }
+}
+
+// S = decay S0 + Kd^T U (Kd and U hold TF32 values).
+template <int KD>
+__device__ __forceinline__ void scan_update(float* S, const float* Ks, const float* U, float decay, int warp, int g,
+                                            int c) {
+    constexpr int C = GDN_CHUNK, KTS = KD + 8, SS = GDN_SLICE + 8;
+    constexpr int MT = KD / 16, NT = GDN_SLICE / 8;
+    for (int tile = warp; tile < MT * NT; tile += SCAN_WARPS) {
+        const int m0 = 16 * (tile / NT), n0 = 8 * (tile % NT);
+        float acc[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[i] = decay * S[(m0 + g + (i >= 2 ? 8 : 0)) * SS + n0 + 2 * c + (i & 1)];
+#pragma unroll
+        for (int k0 = 0; k0 < C; k0 += 8) {
+            unsigned int a[4], b[2];
+            frag_a_t(a, Ks, KTS, m0, k0, g, c);
+            frag_b(b, U, SS, k0, n0, g, c);
+            mma_tf32(acc, a, b[0], b[1]);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) S[(m0 + g + (i >= 2 ? 8 : 0)) * SS + n0 + 2 * c + (i & 1)] = acc[i];
+    }
+}
 
 // One block per (value head, piece piece_base + blockIdx.y, GDN_SLICE-column slice of the state):
 // the piece's chunks in order. pieces [n_pieces, 4] = (first chunk, chunk count, state slot, unused);
@@ -412,110 +533,79 @@ __device__ void chunk_scan(const float* __restrict__ w_in, const float* __restri
                            const int* __restrict__ chunks, const int* __restrict__ pieces, float* ssm, float* out,
                            int piece_base, int row0, int value_heads, int value_dim) {
     constexpr int C = GDN_CHUNK, SV = GDN_SLICE, KS = KD + 4, KTS = KD + 8, SS = SV + 8;
+    constexpr int THREADS = SCAN_WARPS * 32;
     extern __shared__ __align__(16) float scan_smem[];
     float* S = scan_smem;     // [KD][SS]: this block's columns of the state
     float* Ws = S + KD * SS;  // [C][KS]
     float* Qs = Ws + C * KS;  // [C][KS]
     float* Ks = Qs + C * KS;  // [C][KTS]
-    float* U = Ks + C * KTS;  // [C][SS]: U0, then U
-    float* Os = U + C * SS;   // [C][SS]: O0
+    float* Os = Ks + C * KTS;  // [C][SS]: O0
+    // U buffer b (0, and 1 when pipelined): [C][SS], U0, then U.
+#define u_buffer(B) (Os + (1 + (B)) * C * SS)
 
     const int h = blockIdx.x;
     const int* piece = pieces + 4 * (piece_base + blockIdx.y);
     const int first_chunk = piece[0], count = piece[1], slot = piece[2];
     const int col0 = blockIdx.z * SV, cols = min(SV, value_dim - col0);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, c = lane & 3;
-    constexpr int THREADS = SCAN_WARPS * 32;
     float* state = ssm + ((i64)slot * value_heads + h) * KD * value_dim;
 
     for (int i = tid; i < KD * SV; i += THREADS) {
         const int x = i / SV, j = i % SV;
         S[x * SS + j] = j < cols ? state[(i64)x * value_dim + col0 + j] : 0.0f;
     }
-    // Warp w computes U and O for row block w % 4 and column tiles 2 (w / 4), 2 (w / 4) + 1.
-    const int r0 = 16 * (warp & 3), nb = 2 * (warp >> 2);
+    // What the U/O products read (W, Q', O0 and U0 into U buffer `buf`), and what the update reads (K).
+#define LOAD_PRODUCTS(K, BUF)                                                                      \
+    do {                                                                                           \
+        scan_copy<KD, THREADS>(Ws, KS, w_in, K, value_heads, KD, 0, KD, tid);                      \
+        scan_copy<KD, THREADS>(Qs, KS, q_in, K, value_heads, KD, 0, KD, tid);                      \
+        scan_copy<SV, THREADS>(u_buffer(BUF), SS, u_in, K, value_heads, value_dim, col0, cols, tid); \
+        scan_copy<SV, THREADS>(Os, SS, o_in, K, value_heads, value_dim, col0, cols, tid);          \
+    } while (0)
+#define LOAD_UPDATE(K) scan_copy<KD, THREADS>(Ks, KTS, k_in, K, value_heads, KD, 0, KD, tid)
+    if (GDN_SCAN_PIPELINE && count > 0) {
+        const ScanChunk k = scan_chunk(chunks, first_chunk, row0, value_heads, h);
+        LOAD_PRODUCTS(k, 0);
+        commit_async_copies();
+        LOAD_UPDATE(k);
+        commit_async_copies();
+    }
     for (int ci = 0; ci < count; ++ci) {
-        const int chunk = first_chunk + ci;
-        const int first = chunks[2 * chunk], n = chunks[2 * chunk + 1];
-        const i64 rec = (i64)(first - row0) * value_heads + h;
-        for (int i = tid; i < C * KD / 4; i += THREADS) {
-            const int t = i / (KD / 4), x = 4 * (i % (KD / 4));
-            const bool valid = t < n;
-            const i64 at = valid ? (rec + (i64)t * value_heads) * KD + x : 0;
-            copy16_async(Ws + t * KS + x, w_in + at, valid);
-            copy16_async(Qs + t * KS + x, q_in + at, valid);
-            copy16_async(Ks + t * KTS + x, k_in + at, valid);
-        }
-        for (int i = tid; i < C * SV / 4; i += THREADS) {
-            const int t = i / (SV / 4), j = 4 * (i % (SV / 4));
-            const bool valid = t < n && j < cols;
-            const i64 at = valid ? (rec + (i64)t * value_heads) * value_dim + col0 + j : 0;
-            copy16_async(U + t * SS + j, u_in + at, valid);
-            copy16_async(Os + t * SS + j, o_in + at, valid);
-        }
-        wait_async_copies();
-        __syncthreads();
-
-        // U = U0 - W S0 and O = O0 + Q' S0 (W and Q' hold TF32 values; S0 is rounded here).
-        {
-            float u[2][4], o[2][4];
-#pragma unroll
-            for (int q = 0; q < 2; ++q)
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    const int t = r0 + g + (i >= 2 ? 8 : 0), j = 8 * (nb + q) + 2 * c + (i & 1);
-                    u[q][i] = U[t * SS + j];
-                    o[q][i] = Os[t * SS + j];
-                }
-#pragma unroll 4
-            for (int k0 = 0; k0 < KD; k0 += 8) {
-                unsigned int aw[4], aq[4];
-                frag_a<true>(aw, Ws, KS, r0, k0, g, c, -1.0f);
-                frag_a<true>(aq, Qs, KS, r0, k0, g, c);
-#pragma unroll
-                for (int q = 0; q < 2; ++q) {
-                    const unsigned int b0 = to_tf32(S[(k0 + c) * SS + 8 * (nb + q) + g]);
-                    const unsigned int b1 = to_tf32(S[(k0 + c + 4) * SS + 8 * (nb + q) + g]);
-                    mma_tf32(u[q], aw, b0, b1);
-                    mma_tf32(o[q], aq, b0, b1);
-                }
-            }
-#pragma unroll
-            for (int q = 0; q < 2; ++q)
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    const int t = r0 + g + (i >= 2 ? 8 : 0), j = 8 * (nb + q) + 2 * c + (i & 1);
-                    U[t * SS + j] = round_tf32(u[q][i]);
-                    if (t < n && j < cols) out[((i64)(first + t) * value_heads + h) * value_dim + col0 + j] = o[q][i];
-                }
+        const int chunk = first_chunk + ci, buf = GDN_SCAN_PIPELINE ? ci & 1 : 0;
+        const ScanChunk k = scan_chunk(chunks, chunk, row0, value_heads, h);
+        if (GDN_SCAN_PIPELINE) {
+            wait_async_groups<1>();  // this chunk's product operands; its K may still be in flight
+        } else {
+            LOAD_PRODUCTS(k, 0);
+            LOAD_UPDATE(k);
+            wait_async_copies();
         }
         __syncthreads();
-
-        // S = e^(G_last) S0 + Kd^T U (Kd and U hold TF32 values).
-        const float decay = last_decay[chunk * value_heads + h];
-        constexpr int MT = KD / 16, NT = SV / 8;
-        for (int tile = warp; tile < MT * NT; tile += SCAN_WARPS) {
-            const int m0 = 16 * (tile / NT), n0 = 8 * (tile % NT);
-            float acc[4];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) acc[i] = decay * S[(m0 + g + (i >= 2 ? 8 : 0)) * SS + n0 + 2 * c + (i & 1)];
-#pragma unroll
-            for (int k0 = 0; k0 < C; k0 += 8) {
-                unsigned int a[4], b[2];
-                frag_a_t(a, Ks, KTS, m0, k0, g, c);
-                frag_b(b, U, SS, k0, n0, g, c);
-                mma_tf32(acc, a, b[0], b[1]);
-            }
-#pragma unroll
-            for (int i = 0; i < 4; ++i) S[(m0 + g + (i >= 2 ? 8 : 0)) * SS + n0 + 2 * c + (i & 1)] = acc[i];
-        }
+        scan_products<KD>(S, Ws, Qs, u_buffer(buf), Os, k, out, h, value_heads, value_dim, col0, cols, warp, g, c);
+        if (GDN_SCAN_PIPELINE) wait_async_groups<0>();  // this chunk's K
         __syncthreads();
+        const bool next = GDN_SCAN_PIPELINE && ci + 1 < count;
+        const ScanChunk after = next ? scan_chunk(chunks, chunk + 1, row0, value_heads, h) : k;
+        if (next) {
+            // W, Q' and O0 are free once every warp has done its products; U0 goes to the other buffer.
+            LOAD_PRODUCTS(after, buf ^ 1);
+            commit_async_copies();
+        }
+        scan_update<KD>(S, Ks, u_buffer(buf), last_decay[chunk * value_heads + h], warp, g, c);
+        __syncthreads();
+        if (next) {
+            LOAD_UPDATE(after);  // K is free once every warp has done its update
+            commit_async_copies();
+        }
     }
     for (int i = tid; i < KD * SV; i += THREADS) {
         const int x = i / SV, j = i % SV;
         if (j < cols) state[(i64)x * value_dim + col0 + j] = S[x * SS + j];
     }
 }
+#undef LOAD_PRODUCTS
+#undef LOAD_UPDATE
+#undef u_buffer
 
 #define GDN_CHUNK_KERNELS(KD)                                                                                    \
     extern "C" __global__ void __launch_bounds__(PREP_WARPS * 32) gdn_chunk_prepare_k##KD(                      \
@@ -526,7 +616,7 @@ __device__ void chunk_scan(const float* __restrict__ w_in, const float* __restri
         chunk_prepare<KD>(mixed, g, beta, chunks, w_out, q_out, k_out, u_out, o_out, last_decay, chunk_base,    \
                           row0, key_heads, value_heads, value_dim);                                              \
     }                                                                                                            \
-    extern "C" __global__ void __launch_bounds__(SCAN_WARPS * 32) gdn_chunk_scan_k##KD(                         \
+    extern "C" __global__ void SCAN_BOUNDS gdn_chunk_scan_k##KD(                         \
         const float* w_in, const float* q_in, const float* k_in, const float* u_in, const float* o_in,          \
         const float* last_decay, const int* chunks, const int* pieces, float* ssm, float* out, int piece_base,  \
         int row0, int value_heads, int value_dim) {                                                              \

@@ -196,7 +196,13 @@ impl CudaBackend {
 
         // Long sequences (prefill chunks) take the tensor-core flash kernel; the paged kernels
         // take the other rows, with the flash rows' visible counts zeroed so they skip them.
-        let flash = FlashPlan::new(batch, shape, self.gemm_precision, pool.dtype);
+        let flash = FlashPlan::new(
+            batch,
+            shape,
+            self.gemm_precision,
+            pool.dtype,
+            self.max_shared_per_block,
+        );
         let paged_rows = flash.as_ref().map(|plan| plan.paged_rows(&table.rows));
         let (host_rows, device_rows) = match &paged_rows {
             Some(paged) => (

@@ -63,6 +63,9 @@ pub struct CudaBackend {
     /// `dense_mlp_op`; it rounds the products once more than the f32 path; `MLP_BF16_GATE_UP=0`
     /// keeps them f32).
     pub(crate) bf16_gate_up: bool,
+    /// Whether the chunked delta rule's scan loads the next chunk while it computes one
+    /// (gdn_chunked.cu `GDN_SCAN_PIPELINE=1`; opt-in, not yet run on a GPU).
+    pub(crate) gdn_scan_pipeline: bool,
     /// Set once a weight is kept in block FP8: its GEMMs quantize their input themselves, and a
     /// bf16 twin would be written for nothing.
     pub(crate) fp8_weights_loaded: Arc<AtomicBool>,
@@ -83,6 +86,9 @@ pub struct CudaBackend {
     pub(crate) upload_cache: Arc<Mutex<UploadCache>>,
     device_name: String,
     compute_capability: (i32, i32),
+    /// `OpenDevice::max_shared_per_block`: the kernels that need more than this (flash attention,
+    /// the chunked delta rule) give way to the paged and recurrent ones.
+    pub(crate) max_shared_per_block: usize,
     ptx_from_cache: usize,
 }
 
@@ -171,6 +177,7 @@ impl CudaBackend {
             name,
             compute_capability: (major, minor),
             sm_count,
+            max_shared_per_block,
         } = open_device(ordinal, &options.library_dirs)?;
         // SAFETY: everything runs on the one stream below, in order, so cudarc's cross-stream
         // event tracking is not needed.
@@ -234,6 +241,7 @@ impl CudaBackend {
             bf16_twins: options.define::<u32>("BF16_TWIN").unwrap_or(1) != 0,
             gemm_pairs: options.define::<u32>("GEMM_PAIRS").unwrap_or(1) != 0,
             bf16_gate_up: options.define::<u32>("MLP_BF16_GATE_UP").unwrap_or(1) != 0,
+            gdn_scan_pipeline: options.define::<u32>("GDN_SCAN_PIPELINE").unwrap_or(0) != 0,
             fp8_weights_loaded: Arc::new(AtomicBool::new(false)),
             gemm_precision: options.gemm_precision,
             keep_fp8_weights: options.keep_fp8_weights.unwrap_or(major >= 9)
@@ -248,6 +256,7 @@ impl CudaBackend {
             upload_cache: Arc::new(Mutex::new(UploadCache::default())),
             device_name: name,
             compute_capability: (major, minor),
+            max_shared_per_block,
             ptx_from_cache,
         };
         // Block-scaled FP8 GEMMs need Hopper's cuBLASLt; `FP8_GEMM=0` measures without.

@@ -17,6 +17,12 @@ const FLASH_ROWS: usize = 128;
 const FLASH_KEYS: usize = 64;
 const FLASH_THREADS: u32 = 256;
 
+/// Dynamic shared memory of the flash kernel for `head_dim`: a tile of query rows and two of keys
+/// and values, bf16, rows padded by 8.
+fn flash_shared_bytes(head_dim: usize) -> usize {
+    (FLASH_ROWS + 2 * FLASH_KEYS) * (head_dim + 8) * 2
+}
+
 /// The flash kernel compiled for `head_dim` and a pool of `dtype`.
 fn flash_kernel(head_dim: usize, dtype: KvDtype) -> Option<&'static str> {
     Some(match (head_dim, dtype) {
@@ -44,15 +50,18 @@ pub(crate) struct FlashPlan {
 impl FlashPlan {
     /// Tiles of FLASH_ROWS packed (token, q head of the group) rows over every long sequence of the
     /// batch, for a pool of `dtype`; `None` when no sequence is long enough, the head dim has no
-    /// kernel, or the backend runs its products in f32 (the flash kernel rounds to bf16).
+    /// kernel, the backend runs its products in f32 (the flash kernel rounds to bf16), or a block
+    /// of the kernel needs more shared memory than the device's `max_shared` bytes (head dim 256
+    /// needs 135 KB: more than the A6000's or an RTX card's 99 KB).
     pub(crate) fn new(
         batch: &BatchLayout,
         shape: AttnShape,
         precision: GemmPrecision,
         dtype: KvDtype,
+        max_shared: usize,
     ) -> Option<Self> {
         let kernel = flash_kernel(shape.head_dim, dtype)?;
-        if precision != GemmPrecision::Bf16 {
+        if precision != GemmPrecision::Bf16 || flash_shared_bytes(shape.head_dim) > max_shared {
             return None;
         }
         let group = shape.q_heads / shape.kv_heads;
@@ -100,7 +109,7 @@ impl CudaBackend {
     ) {
         let tiles = self.upload_cached(table::FLASH_TILES, &plan.tiles);
         let function = self.function(plan.kernel);
-        let shared = (FLASH_ROWS + 2 * FLASH_KEYS) * (shape.head_dim + 8) * 2;
+        let shared = flash_shared_bytes(shape.head_dim);
         if let Err(e) = function.set_attribute(
             CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
             shared as i32,
@@ -138,5 +147,49 @@ impl CudaBackend {
             &bs,
             &scale_log2
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use deltaserve_tensor::SeqLayout;
+
+    /// A prefill chunk takes the flash kernel only where a block can have its shared memory: head
+    /// dim 256 (the Qwen3.5/3.6 attention layers) needs 135 KB, which Hopper's blocks have and an
+    /// A6000's (99 KB) do not; head dim 128 (70 KB) fits both.
+    #[test]
+    fn flash_needs_the_shared_memory_of_its_blocks() {
+        let batch = BatchLayout {
+            seqs: vec![SeqLayout {
+                start: 0,
+                len: 512,
+                pos: 0,
+                blocks: Vec::new(),
+                slot: 0,
+                snapshot_slots: Vec::new(),
+            }],
+            block_size: 16,
+        };
+        let shape = |head_dim| AttnShape {
+            q_heads: 24,
+            kv_heads: 4,
+            head_dim,
+        };
+        let plan = |head_dim, max_shared| {
+            FlashPlan::new(
+                &batch,
+                shape(head_dim),
+                GemmPrecision::Bf16,
+                KvDtype::Bf16,
+                max_shared,
+            )
+            .is_some()
+        };
+        const HOPPER: usize = 232_448;
+        const A6000: usize = 101_376;
+        assert!(plan(256, HOPPER));
+        assert!(!plan(256, A6000));
+        assert!(plan(128, A6000));
     }
 }

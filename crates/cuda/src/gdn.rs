@@ -292,13 +292,14 @@ impl CudaBackend {
         if batch.seqs.is_empty() || value_heads == 0 || key_dim == 0 || value_dim == 0 {
             return;
         }
-        let chunked = match self.gdn_prefill {
-            GdnPrefill::Auto => self.gemm_precision == GemmPrecision::Bf16,
-            GdnPrefill::Recurrent => false,
-            GdnPrefill::Chunked => true,
-        } && gdn_chunked::supports(shape)
-            && batch.seqs.iter().any(|s| s.len >= CHUNKED_MIN_TOKENS)
-            && batch.seqs.iter().all(|s| s.snapshot_slots.is_empty());
+        let chunked =
+            match self.gdn_prefill {
+                GdnPrefill::Auto => self.gemm_precision == GemmPrecision::Bf16,
+                GdnPrefill::Recurrent => false,
+                GdnPrefill::Chunked => true,
+            } && gdn_chunked::supports(shape, self.gdn_scan_pipeline, self.max_shared_per_block)
+                && batch.seqs.iter().any(|s| s.len >= CHUNKED_MIN_TOKENS)
+                && batch.seqs.iter().all(|s| s.snapshot_slots.is_empty());
         let grid = |columns_per_block: usize| {
             (
                 value_heads as u32,

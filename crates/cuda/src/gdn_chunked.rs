@@ -35,12 +35,17 @@ fn kernels(key_dim: usize) -> Option<(&'static str, &'static str)> {
     })
 }
 
-/// Whether the chunked kernels can run this layer's shape (the caller decides whether they pay).
-pub(crate) fn supports(shape: GdnShape) -> bool {
+/// Whether the chunked kernels can run this layer's shape on a device whose blocks may have
+/// `max_shared` bytes of shared memory (the caller decides whether they pay): the 27B's key dim of
+/// 128 needs 166 KB for the prepare kernel and 176 KB for the scan, which Hopper has and the
+/// A6000 and the RTX cards (99 KB) do not.
+pub(crate) fn supports(shape: GdnShape, scan_pipelined: bool, max_shared: usize) -> bool {
     kernels(shape.key_dim).is_some()
         && shape.value_dim > 0
         && shape.value_dim <= MAX_VALUE_DIM
         && shape.value_dim.is_multiple_of(8)
+        && prepare_shared_bytes(shape.key_dim) <= max_shared
+        && scan_shared_bytes(shape.key_dim, scan_pipelined) <= max_shared
 }
 
 /// `PREP_SMEM_FLOATS` and `SCAN_SMEM_FLOATS` of gdn_chunked.cu, in bytes.
@@ -52,11 +57,13 @@ fn prepare_shared_bytes(key_dim: usize) -> usize {
         + PREP_WARPS * 16 * 24)
 }
 
-fn scan_shared_bytes(key_dim: usize) -> usize {
+/// `pipelined`: `GDN_SCAN_PIPELINE=1`, a second U buffer.
+fn scan_shared_bytes(key_dim: usize, pipelined: bool) -> usize {
+    let u_buffers = 1 + usize::from(pipelined);
     4 * (key_dim * (SLICE + 8)
         + 2 * CHUNK * (key_dim + 4)
         + CHUNK * (key_dim + 8)
-        + 2 * CHUNK * (SLICE + 8))
+        + (1 + u_buffers) * CHUNK * (SLICE + 8))
 }
 
 /// One window of the batch: rows `row0 .. row0 + rows` and the chunks and pieces inside it.
@@ -118,7 +125,7 @@ fn plan(batch: &BatchLayout, window_rows: usize) -> ChunkPlan {
 
 impl CudaBackend {
     /// The delta rule of `batch` in chunked form; the caller checked the shapes and lengths (as for
-    /// the recurrent kernels), that `supports(shape)` holds and that no sequence has snapshot slots.
+    /// the recurrent kernels), that `supports` holds and that no sequence has snapshot slots.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn chunked_delta_rule(
         &self,
@@ -147,7 +154,7 @@ impl CudaBackend {
             self.alloc_for_overwrite::<f32>("gdn chunk decays", plan.chunks.len() / 2 * vh);
         for (name, bytes) in [
             (prepare, prepare_shared_bytes(kd)),
-            (scan, scan_shared_bytes(kd)),
+            (scan, scan_shared_bytes(kd, self.gdn_scan_pipeline)),
         ] {
             if let Err(e) = self.function(name).set_attribute(
                 CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -199,7 +206,7 @@ impl CudaBackend {
                     vd.div_ceil(SLICE) as u32,
                 ),
                 block_dim: (SCAN_THREADS, 1, 1),
-                shared_mem_bytes: scan_shared_bytes(kd) as u32,
+                shared_mem_bytes: scan_shared_bytes(kd, self.gdn_scan_pipeline) as u32,
             };
             // Contract: as above; the pieces' slots are within the pool (checked by the caller) and
             // no slot appears twice in a window (a sequence is one piece per window).
@@ -230,6 +237,48 @@ impl CudaBackend {
 mod tests {
     use super::*;
     use deltaserve_tensor::SeqLayout;
+
+    /// Hopper lets a block opt in to 227 KB of shared memory (232,448 bytes); the scan's second U
+    /// buffer must keep within it for the largest key dim.
+    #[test]
+    fn scan_shared_memory_fits_a_block_pipelined_or_not() {
+        for pipelined in [false, true] {
+            let bytes = scan_shared_bytes(128, pipelined);
+            assert!(bytes <= 232_448, "{bytes} bytes (pipelined: {pipelined})");
+        }
+        assert_eq!(
+            scan_shared_bytes(128, true) - scan_shared_bytes(128, false),
+            4 * CHUNK * (SLICE + 8)
+        );
+    }
+
+    /// Devices whose blocks cannot have the chunked kernels' shared memory keep the recurrent
+    /// kernels: the 27B's shape fits Hopper (227 KB), not an A100 (163 KB: the scan needs 172 KB)
+    /// nor an A6000 (99 KB: the prepare kernel alone needs 107 KB with any key dim); a key dim of
+    /// 32 fits the A100.
+    #[test]
+    fn chunked_form_needs_the_shared_memory_of_its_blocks() {
+        let shape = GdnShape {
+            key_heads: 16,
+            value_heads: 48,
+            key_dim: 128,
+            value_dim: 128,
+        };
+        const HOPPER: usize = 232_448;
+        const A100: usize = 166_912;
+        const A6000: usize = 101_376;
+        assert!(supports(shape, false, HOPPER));
+        assert!(supports(shape, true, HOPPER));
+        assert!(!supports(shape, false, A100));
+        assert!(!supports(shape, false, A6000));
+        let small = GdnShape {
+            key_dim: 32,
+            value_dim: 32,
+            ..shape
+        };
+        assert!(supports(small, false, A100));
+        assert!(!supports(small, false, A6000));
+    }
 
     fn batch(lens: &[usize]) -> BatchLayout {
         let mut start = 0;

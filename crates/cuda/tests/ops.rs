@@ -21,8 +21,8 @@
 mod common;
 
 use common::{
-    check, cuda, cuda_chunked_gdn, cuda_prefill_without_shortcuts, cuda_wide_lanes, group_products,
-    Rng,
+    check, cuda, cuda_chunked_gdn, cuda_chunked_gdn_pipelined, cuda_prefill_without_shortcuts,
+    cuda_wide_lanes, group_products, Rng,
 };
 use deltaserve_cuda::{CudaBackend, CudaOptions, GemmPrecision};
 use deltaserve_tensor::op_check::{self, AttentionPools, Operands, StatePools};
@@ -1161,6 +1161,52 @@ fn check_gated_delta_rule(be: &CudaBackend, prefill: &str, tol: f32) {
             &states_ref,
             tol,
         );
+    }
+}
+
+/// The pipelined scan (`GDN_SCAN_PIPELINE=1`: the next chunk's operands load while a chunk
+/// computes) runs the same products in the same order as the sequential one: bit for bit the same
+/// outputs and states on every shape and batch of `gdn_shapes`, sequences of 1 to 33 chunks and one
+/// that crosses a 2048-row window among them.
+#[test]
+fn pipelined_chunk_scan_equals_the_sequential_one_bitwise() {
+    let test = "pipelined_chunk_scan_equals_the_sequential_one_bitwise";
+    let (Some(sequential), Some(pipelined)) =
+        (cuda_chunked_gdn(test), cuda_chunked_gdn_pipelined(test))
+    else {
+        return;
+    };
+    let mut rng = Rng(13);
+    for (shape, lens) in gdn_shapes() {
+        let (batch, slots) = gdn_batch(lens);
+        let (t, hv) = (batch.total_tokens(), shape.value_heads);
+        let pool_seed = 200 + t as u64;
+        let mixed = rng.vec(t * shape.conv_dim(), 1.0);
+        let g: Vec<f32> = rng
+            .vec(t * hv, 1.0)
+            .iter()
+            .map(|x| -0.3 * (x + 1.0))
+            .collect();
+        let beta: Vec<f32> = rng.vec(t * hv, 1.0).iter().map(|x| 0.5 + 0.5 * x).collect();
+        let run = |be: &CudaBackend| {
+            // The same seed: both runs start from the same random windows and states.
+            let mut pools = state_pools(be, &mut Rng(pool_seed), slots, shape.conv_dim(), shape);
+            let mut out = be.upload(&vec![f32::NAN; t * hv * shape.value_dim]);
+            be.gated_delta_rule(
+                &be.upload(&mixed),
+                &be.upload(&g),
+                &be.upload(&beta),
+                &mut pools.ours,
+                &batch,
+                shape,
+                &mut out,
+            );
+            let (_, (states, _)) = pools.contents(be);
+            (be.to_host(&out), states)
+        };
+        let (want, got) = (run(sequential), run(pipelined));
+        assert_eq!(got.0, want.0, "outputs {shape:?} lens {lens:?}");
+        assert_eq!(got.1, want.1, "states {shape:?} lens {lens:?}");
     }
 }
 

@@ -12,6 +12,7 @@ static F32_BF16_KV_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::ne
 static BF16_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static BF16_F32_KV_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static CHUNKED_GDN_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
+static PIPELINED_SCAN_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static FP8_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static FP8_TILES_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static FP8_W8A16_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
@@ -149,6 +150,18 @@ pub fn cuda_chunked_gdn(test: &str) -> Option<&'static CudaBackend> {
         ..CudaOptions::default()
     };
     shared_backend(&CHUNKED_GDN_BACKEND, options, test)
+}
+
+/// `cuda_chunked_gdn` with the scan loading the next chunk while it computes one
+/// (`GDN_SCAN_PIPELINE=1`, opt-in), or `None` after printing why not.
+pub fn cuda_chunked_gdn_pipelined(test: &str) -> Option<&'static CudaBackend> {
+    let options = CudaOptions {
+        gemm_precision: GemmPrecision::F32,
+        gdn_prefill: GdnPrefill::Chunked,
+        defines: vec![("GDN_SCAN_PIPELINE".to_string(), "1".to_string())],
+        ..CudaOptions::default()
+    };
+    shared_backend(&PIPELINED_SCAN_BACKEND, options, test)
 }
 
 /// The backend on GPU 0 with `precision` and the KV dtype that goes with it (bf16 pools with bf16
