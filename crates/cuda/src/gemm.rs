@@ -411,7 +411,7 @@ impl CudaBackend {
         }
     }
 
-    /// `raw_gemm`'s two products as one strided-batched call, `strides` from `batch_strides`.
+    /// `raw_gemm`'s two products as one strided-batched call, `strides` from `in_address_order`.
     ///
     /// # Safety
     /// As `raw_gemm`, with `g` the pair in address order.
