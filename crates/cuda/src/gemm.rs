@@ -602,3 +602,48 @@ struct GemmInputs {
     bf16: Option<CudaSlice<u16>>,
     fp8: Option<Fp8Activations>,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair(weights: [u64; 2], outputs: [u64; 2]) -> RawGemm {
+        RawGemm {
+            weights,
+            input: 0x1000,
+            outputs,
+            products: 2,
+            input_type: cudaDataType_t::CUDA_R_16BF,
+            output_type: cudaDataType_t::CUDA_R_32F,
+            compute: cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            n: 4,
+            tokens: 16,
+            k: 8,
+        }
+    }
+
+    /// A pair reaches cuBLAS with positive batch strides in elements: kept when both distances are
+    /// positive, swapped (weights and outputs together) when both are negative, refused when they
+    /// differ in sign or reach the TMA descriptors' 2^40 bytes.
+    #[test]
+    fn a_pair_goes_in_address_order_or_not_batched() {
+        let (ordered, strides) =
+            in_address_order(pair([0x10000, 0x20000], [0x90000, 0x98000])).unwrap();
+        assert_eq!(
+            (ordered.weights, ordered.outputs),
+            ([0x10000, 0x20000], [0x90000, 0x98000])
+        );
+        assert_eq!(strides, (0x10000 / 2, 0x8000 / 4));
+        let (ordered, strides) =
+            in_address_order(pair([0x20000, 0x10000], [0x98000, 0x90000])).unwrap();
+        assert_eq!(
+            (ordered.weights, ordered.outputs),
+            ([0x10000, 0x20000], [0x90000, 0x98000])
+        );
+        assert_eq!(strides, (0x10000 / 2, 0x8000 / 4));
+        assert!(in_address_order(pair([0x10000, 0x20000], [0x98000, 0x90000])).is_none());
+        assert!(in_address_order(pair([0x10000, 0x10000], [0x90000, 0x98000])).is_none());
+        let far = 0x10000 + (1u64 << 40);
+        assert!(in_address_order(pair([0x10000, far], [0x90000, 0x98000])).is_none());
+    }
+}
