@@ -202,7 +202,14 @@ impl CudaBackend {
             self.gemm_precision,
             pool.dtype,
             self.max_shared_per_block,
-        );
+        )
+        .map(|plan| {
+            if self.flash_heavy_first {
+                plan.heaviest_first()
+            } else {
+                plan
+            }
+        });
         let paged_rows = flash.as_ref().map(|plan| plan.paged_rows(&table.rows));
         let (host_rows, device_rows) = match &paged_rows {
             Some(paged) => (

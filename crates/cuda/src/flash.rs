@@ -43,6 +43,8 @@ fn flash_kernel(head_dim: usize, dtype: KvDtype) -> Option<&'static str> {
 pub(crate) struct FlashPlan {
     kernel: &'static str,
     tiles: Vec<i32>,
+    /// Per tile, the keys its last row sees: its work, which grows down a causal sequence.
+    tile_keys: Vec<usize>,
     /// `(first row, rows)` of each sequence the tiles cover.
     pub covered: Vec<(usize, usize)>,
 }
@@ -66,18 +68,37 @@ impl FlashPlan {
         }
         let group = shape.q_heads / shape.kv_heads;
         let mut tiles = Vec::new();
+        let mut tile_keys = Vec::new();
         let mut covered = Vec::new();
         for s in batch.seqs.iter().filter(|s| s.len >= FLASH_MIN_TOKENS) {
             for first in (0..s.len * group).step_by(FLASH_ROWS) {
                 tiles.extend([s.start as i32, s.len as i32, first as i32, 0]);
+                let last_token = ((first + FLASH_ROWS).min(s.len * group) - 1) / group;
+                tile_keys.push(s.pos + last_token + 1);
             }
             covered.push((s.start, s.len));
         }
         (!covered.is_empty()).then_some(Self {
             kernel,
             tiles,
+            tile_keys,
             covered,
         })
+    }
+
+    /// The tiles reordered so that those with the most keys launch first (stable among equals):
+    /// in launch order, the heaviest tiles of a causal prefill would otherwise start last and leave
+    /// the other SMs idle at the end. Each tile's rows are its own, so the outputs are bit for bit
+    /// the same in any order. (`FLASH_HEAVY_FIRST=1`; opt-in, not yet measured on a GPU.)
+    pub(crate) fn heaviest_first(mut self) -> Self {
+        let mut order: Vec<usize> = (0..self.tile_keys.len()).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(self.tile_keys[i]));
+        self.tiles = order
+            .iter()
+            .flat_map(|&i| self.tiles[4 * i..4 * i + 4].to_vec())
+            .collect();
+        self.tile_keys = order.iter().map(|&i| self.tile_keys[i]).collect();
+        self
     }
 
     /// `rows` (`AttentionTable::rows`) with the covered rows' visible counts zeroed, which makes
@@ -191,5 +212,56 @@ mod tests {
         assert!(plan(256, HOPPER));
         assert!(!plan(256, A6000));
         assert!(plan(128, A6000));
+    }
+
+    /// Heaviest first: the tiles are a permutation of the launch-order ones, their key counts
+    /// non-increasing, ties kept in launch order; a tile's keys are those its last row sees.
+    #[test]
+    fn heaviest_tiles_first_is_a_stable_permutation_by_keys() {
+        let seq = |start, len, pos| SeqLayout {
+            start,
+            len,
+            pos,
+            blocks: Vec::new(),
+            slot: 0,
+            snapshot_slots: Vec::new(),
+        };
+        // Group 6: 128-row tiles end inside a token's heads; the second sequence has 300 cached.
+        let batch = BatchLayout {
+            seqs: vec![seq(0, 512, 0), seq(512, 1, 40), seq(513, 100, 300)],
+            block_size: 16,
+        };
+        let shape = AttnShape {
+            q_heads: 24,
+            kv_heads: 4,
+            head_dim: 256,
+        };
+        let plan =
+            FlashPlan::new(&batch, shape, GemmPrecision::Bf16, KvDtype::Bf16, 232_448).unwrap();
+        assert_eq!(
+            plan.tiles.len(),
+            4 * ((512 * 6usize).div_ceil(128) + (100 * 6usize).div_ceil(128))
+        );
+        assert_eq!(plan.tile_keys[0], 22); // rows 0..128: tokens 0..21
+        assert_eq!(plan.tile_keys[23], 512);
+        assert_eq!(plan.tile_keys[24], 300 + 22);
+        let launch_order: Vec<[i32; 4]> = plan
+            .tiles
+            .chunks(4)
+            .map(|t| t.try_into().unwrap())
+            .collect();
+        let keys = plan.tile_keys.clone();
+        let heavy = plan.heaviest_first();
+        assert!(heavy.tile_keys.windows(2).all(|w| w[0] >= w[1]));
+        let reordered: Vec<[i32; 4]> = heavy
+            .tiles
+            .chunks(4)
+            .map(|t| t.try_into().unwrap())
+            .collect();
+        let mut expected: Vec<usize> = (0..keys.len()).collect();
+        expected.sort_by_key(|&i| std::cmp::Reverse(keys[i]));
+        let expected: Vec<[i32; 4]> = expected.iter().map(|&i| launch_order[i]).collect();
+        assert_eq!(reordered, expected);
+        assert_eq!(heavy.covered, vec![(0, 512), (513, 100)]);
     }
 }

@@ -890,15 +890,15 @@ fn grouped_decode_attention_equals_one_head_a_block_bitwise() {
 /// batches mix flash rows with decode rows (paged kernels), GQA groups of 1 to 6 q heads, tiles that
 /// end inside a token's heads, and cached context before the chunk. Both pool dtypes: an f32 pool's
 /// K/V are rounded to bf16 as the kernel loads them, a bf16 pool holds them rounded the same way
-/// (nearest even), so the flash rows must come out bit for bit the same from either pool.
+/// (nearest even), so the flash rows must come out bit for bit the same from either pool. With the
+/// tiles launched heaviest first (`FLASH_HEAVY_FIRST=1`) every output is bit for bit the same.
 #[test]
 fn flash_prefill_attention_matches_reference() {
-    let Some(be) = cuda(
-        GemmPrecision::Bf16,
-        "flash_prefill_attention_matches_reference",
-    ) else {
+    let test = "flash_prefill_attention_matches_reference";
+    let Some(be) = cuda(GemmPrecision::Bf16, test) else {
         return;
     };
+    let heavy_first = common::cuda_flash_heavy_first(test);
     let mut rng = Rng(16);
     let cases: [AttentionCase; 5] = [
         (24, 4, 256, &[(200, 0), (1, 300), (100, 37)]),
@@ -920,6 +920,15 @@ fn flash_prefill_attention_matches_reference() {
                 dtype.name()
             );
             check(&label, &got, &want, TOL_FLASH);
+            if let Some(heavy_first) = heavy_first {
+                rng.0 = draws;
+                let (reordered, _) =
+                    attention_inputs(heavy_first, &mut rng, shape, dtype, true).attend(heavy_first);
+                assert!(
+                    reordered == got,
+                    "{label}: the tiles launched heaviest first change the output"
+                );
+            }
             outputs.push(got);
         }
         let row = q_heads * head_dim;
