@@ -20,6 +20,23 @@
 #define FLASH_WARPS 8
 #define FLASH_ROWS (16 * FLASH_WARPS)
 #define FLASH_KEYS 64
+// FLASH_KV_PIPELINE=1 (DELTASERVE_CUDA_DEFINES; opt-in, not yet run on a GPU): with a bf16 pool the
+// next K/V tile is copied into a second pair of tiles (cp.async, no registers) while the current one
+// is computed, where a block otherwise waits for each tile's loads before its products (the 27B's
+// 2048-token prefill ran this kernel at ~105 TFLOP/s, session 19). 2 x 2 x FLASH_KEYS x (D + 8)
+// bf16 values for K/V instead of 2 x: 198 KB a block at head dim 256. An f32 pool's rows are
+// rounded on the way in, so they keep the loads through registers.
+#ifndef FLASH_KV_PIPELINE
+#define FLASH_KV_PIPELINE 0
+#endif
+
+// 16 bytes from global to shared memory without passing through registers; zeros when !valid (then
+// nothing is read from src).
+__device__ __forceinline__ void flash_copy16_async(void* dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(shared_address(dst)), "l"(src),
+                 "r"(valid ? 16 : 0)
+                 : "memory");
+}
 
 __device__ __forceinline__ void ldmatrix_x4(unsigned int* r, const bf16_bits* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
@@ -47,6 +64,7 @@ struct KvTile;
 
 template <>
 struct KvTile<float> {
+    static constexpr bool ASYNC = false;  // rounded to bf16 on the way in
     static constexpr int VEC = 4;
     typedef float4 Chunk;
     static __device__ __forceinline__ Chunk load(const float* p) { return *reinterpret_cast<const float4*>(p); }
@@ -56,6 +74,7 @@ struct KvTile<float> {
 
 template <>
 struct KvTile<bf16_bits> {
+    static constexpr bool ASYNC = true;  // copied as it is
     static constexpr int VEC = 8;
     typedef uint4 Chunk;
     static __device__ __forceinline__ Chunk load(const bf16_bits* p) { return *reinterpret_cast<const uint4*>(p); }
@@ -72,9 +91,12 @@ __device__ void flash_prefill(const float* q, const KV* k_pool, const KV* v_pool
     constexpr int DT = D / 8;           // 8-column tiles of O
     constexpr int THREADS = FLASH_WARPS * 32;
     extern __shared__ __align__(16) unsigned char flash_smem[];
+    typedef KvTile<KV> Tile;
+    constexpr bool PIPELINED = FLASH_KV_PIPELINE && Tile::ASYNC;
+    constexpr int BUFFERS = PIPELINED ? 2 : 1;
     bf16_bits* Qs = reinterpret_cast<bf16_bits*>(flash_smem);
-    bf16_bits* Ks = Qs + FLASH_ROWS * STRIDE;
-    bf16_bits* Vs = Ks + FLASH_KEYS * STRIDE;
+    // K/V tile pair b (0, and 1 when pipelined): K then V, FLASH_KEYS rows each.
+    bf16_bits* const kv_tiles = Qs + FLASH_ROWS * STRIDE;
     const int group = q_heads / kv_heads;
     const int kvh = blockIdx.y;
     const int* tile = tiles + 4 * blockIdx.x;
@@ -113,38 +135,79 @@ __device__ void flash_prefill(const float* q, const KV* k_pool, const KV* v_pool
 
     // Per tile: where each key's K/V row starts in the pool (-1 past the visible keys), so that the
     // loads below depend on nothing but shared memory and can all be in flight at once.
-    __shared__ i64 key_row[FLASH_KEYS];
-    typedef KvTile<KV> Tile;
+    __shared__ i64 key_rows[BUFFERS][FLASH_KEYS];
     constexpr int VEC = Tile::VEC;
     constexpr int PER_THREAD = FLASH_KEYS * (D / VEC) / THREADS;  // chunks of K (and of V) per thread
     constexpr int BATCH = PER_THREAD < 8 ? PER_THREAD : 8;
-    for (int k0 = 0; k0 < kv_end; k0 += FLASH_KEYS) {
-        __syncthreads();  // the previous tile is consumed (and, the first time, Q is stored)
+    // Key rows of the tile at k0 into key_rows[b] (its first FLASH_KEYS threads).
+    auto find_key_rows = [&](int k0, int b) {
         if (tid < FLASH_KEYS) {
             const int pos = k0 + tid;
-            key_row[tid] = pos < kv_end ? ((i64)table[pos / block_size] * block_size + pos % block_size) * kv_row + (i64)kvh * D : -1;
+            key_rows[b][tid] = pos < kv_end ? ((i64)table[pos / block_size] * block_size + pos % block_size) * kv_row + (i64)kvh * D : -1;
         }
+    };
+    // The pipelined copies of the tile whose rows are in key_rows[b] into tile pair b, committed as
+    // one group.
+    auto copy_tile_async = [&](int b) {
+        bf16_bits* Kb = kv_tiles + 2 * b * FLASH_KEYS * STRIDE;
+        bf16_bits* Vb = Kb + FLASH_KEYS * STRIDE;
+        for (int i = tid; i < FLASH_KEYS * (D / 8); i += THREADS) {
+            const int j = i / (D / 8), c = (i % (D / 8)) * 8;
+            const i64 at = key_rows[b][j];
+            flash_copy16_async(Kb + j * STRIDE + c, at >= 0 ? (const void*)(k_pool + at + c) : (const void*)k_pool, at >= 0);
+            flash_copy16_async(Vb + j * STRIDE + c, at >= 0 ? (const void*)(v_pool + at + c) : (const void*)v_pool, at >= 0);
+        }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    };
+    if (PIPELINED && kv_end > 0) {
+        find_key_rows(0, 0);
         __syncthreads();
+        copy_tile_async(0);
+    }
+    int buf = 0;
+    for (int k0 = 0; k0 < kv_end; k0 += FLASH_KEYS) {
+        if (PIPELINED) {
+            // Tile pair buf ^ 1 and key_rows[buf ^ 1] were last read before the barrier after the
+            // previous tile's key rows, which every warp passed after its products.
+            if (k0 + FLASH_KEYS < kv_end) {
+                find_key_rows(k0 + FLASH_KEYS, buf ^ 1);
+                __syncthreads();
+                copy_tile_async(buf ^ 1);
+                asm volatile("cp.async.wait_group 1;" ::: "memory");  // this tile's copies
+            } else {
+                asm volatile("cp.async.wait_group 0;" ::: "memory");
+            }
+            __syncthreads();
+        } else {
+            __syncthreads();  // the previous tile is consumed (and, the first time, Q is stored)
+            find_key_rows(k0, 0);
+            __syncthreads();
+            bf16_bits* Ks = kv_tiles;
+            bf16_bits* Vs = Ks + FLASH_KEYS * STRIDE;
 #pragma unroll 1
-        for (int b0 = 0; b0 < PER_THREAD; b0 += BATCH) {
-            typename Tile::Chunk kr[BATCH], vr[BATCH];
+            for (int b0 = 0; b0 < PER_THREAD; b0 += BATCH) {
+                typename Tile::Chunk kr[BATCH], vr[BATCH];
 #pragma unroll
-            for (int u = 0; u < BATCH; ++u) {
-                const int i = tid + (b0 + u) * THREADS;
-                const int j = i / (D / VEC), c = (i % (D / VEC)) * VEC;
-                const i64 at = key_row[j];
-                kr[u] = at >= 0 ? Tile::load(k_pool + at + c) : Tile::zero();
-                vr[u] = at >= 0 ? Tile::load(v_pool + at + c) : Tile::zero();
-            }
+                for (int u = 0; u < BATCH; ++u) {
+                    const int i = tid + (b0 + u) * THREADS;
+                    const int j = i / (D / VEC), c = (i % (D / VEC)) * VEC;
+                    const i64 at = key_rows[0][j];
+                    kr[u] = at >= 0 ? Tile::load(k_pool + at + c) : Tile::zero();
+                    vr[u] = at >= 0 ? Tile::load(v_pool + at + c) : Tile::zero();
+                }
 #pragma unroll
-            for (int u = 0; u < BATCH; ++u) {
-                const int i = tid + (b0 + u) * THREADS;
-                const int j = i / (D / VEC), c = (i % (D / VEC)) * VEC;
-                Tile::store(Ks + j * STRIDE + c, kr[u]);
-                Tile::store(Vs + j * STRIDE + c, vr[u]);
+                for (int u = 0; u < BATCH; ++u) {
+                    const int i = tid + (b0 + u) * THREADS;
+                    const int j = i / (D / VEC), c = (i % (D / VEC)) * VEC;
+                    Tile::store(Ks + j * STRIDE + c, kr[u]);
+                    Tile::store(Vs + j * STRIDE + c, vr[u]);
+                }
             }
+            __syncthreads();
         }
-        __syncthreads();
+        const bf16_bits* Ks = kv_tiles + 2 * buf * FLASH_KEYS * STRIDE;
+        const bf16_bits* Vs = Ks + FLASH_KEYS * STRIDE;
+        buf ^= PIPELINED ? 1 : 0;
 
         float s[NT][4];
 #pragma unroll

@@ -202,6 +202,7 @@ impl CudaBackend {
             self.gemm_precision,
             pool.dtype,
             self.max_shared_per_block,
+            self.flash_kv_pipeline,
         )
         .map(|plan| {
             if self.flash_heavy_first {

@@ -69,6 +69,9 @@ pub struct CudaBackend {
     /// Whether the flash kernel's tiles launch heaviest first (flash.rs `heaviest_first`;
     /// `FLASH_HEAVY_FIRST=1`, opt-in, not yet measured on a GPU).
     pub(crate) flash_heavy_first: bool,
+    /// Whether the flash kernel double-buffers a bf16 pool's K/V tiles (flash_attention.cu
+    /// `FLASH_KV_PIPELINE=1`; opt-in, not yet run on a GPU).
+    pub(crate) flash_kv_pipeline: bool,
     /// Set once a weight is kept in block FP8: its GEMMs quantize their input themselves, and a
     /// bf16 twin would be written for nothing.
     pub(crate) fp8_weights_loaded: Arc<AtomicBool>,
@@ -246,6 +249,7 @@ impl CudaBackend {
             bf16_gate_up: options.define::<u32>("MLP_BF16_GATE_UP").unwrap_or(1) != 0,
             gdn_scan_pipeline: options.define::<u32>("GDN_SCAN_PIPELINE").unwrap_or(0) != 0,
             flash_heavy_first: options.define::<u32>("FLASH_HEAVY_FIRST").unwrap_or(0) != 0,
+            flash_kv_pipeline: options.define::<u32>("FLASH_KV_PIPELINE").unwrap_or(0) != 0,
             fp8_weights_loaded: Arc::new(AtomicBool::new(false)),
             gemm_precision: options.gemm_precision,
             keep_fp8_weights: options.keep_fp8_weights.unwrap_or(major >= 9)

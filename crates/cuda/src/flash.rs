@@ -17,10 +17,11 @@ const FLASH_ROWS: usize = 128;
 const FLASH_KEYS: usize = 64;
 const FLASH_THREADS: u32 = 256;
 
-/// Dynamic shared memory of the flash kernel for `head_dim`: a tile of query rows and two of keys
-/// and values, bf16, rows padded by 8.
-fn flash_shared_bytes(head_dim: usize) -> usize {
-    (FLASH_ROWS + 2 * FLASH_KEYS) * (head_dim + 8) * 2
+/// Dynamic shared memory of the flash kernel for `head_dim`: a tile of query rows and
+/// `kv_buffers` pairs of key and value tiles (2 with `FLASH_KV_PIPELINE=1` and a bf16 pool), bf16,
+/// rows padded by 8.
+fn flash_shared_bytes(head_dim: usize, kv_buffers: usize) -> usize {
+    (FLASH_ROWS + 2 * kv_buffers * FLASH_KEYS) * (head_dim + 8) * 2
 }
 
 /// The flash kernel compiled for `head_dim` and a pool of `dtype`.
@@ -42,6 +43,8 @@ fn flash_kernel(head_dim: usize, dtype: KvDtype) -> Option<&'static str> {
 /// and the batch rows they cover.
 pub(crate) struct FlashPlan {
     kernel: &'static str,
+    /// The kernel's dynamic shared memory (`flash_shared_bytes`).
+    shared_bytes: usize,
     tiles: Vec<i32>,
     /// Per tile, the keys its last row sees: its work, which grows down a causal sequence.
     tile_keys: Vec<usize>,
@@ -54,16 +57,24 @@ impl FlashPlan {
     /// batch, for a pool of `dtype`; `None` when no sequence is long enough, the head dim has no
     /// kernel, the backend runs its products in f32 (the flash kernel rounds to bf16), or a block
     /// of the kernel needs more shared memory than the device's `max_shared` bytes (head dim 256
-    /// needs 135 KB: more than the A6000's or an RTX card's 99 KB).
+    /// needs 135 KB: more than the A6000's or an RTX card's 99 KB; 198 KB with `kv_pipeline`, the
+    /// kernel compiled with `FLASH_KV_PIPELINE=1`, which double-buffers a bf16 pool's tiles).
     pub(crate) fn new(
         batch: &BatchLayout,
         shape: AttnShape,
         precision: GemmPrecision,
         dtype: KvDtype,
         max_shared: usize,
+        kv_pipeline: bool,
     ) -> Option<Self> {
         let kernel = flash_kernel(shape.head_dim, dtype)?;
-        if precision != GemmPrecision::Bf16 || flash_shared_bytes(shape.head_dim) > max_shared {
+        let kv_buffers = if kv_pipeline && dtype == KvDtype::Bf16 {
+            2
+        } else {
+            1
+        };
+        let shared_bytes = flash_shared_bytes(shape.head_dim, kv_buffers);
+        if precision != GemmPrecision::Bf16 || shared_bytes > max_shared {
             return None;
         }
         let group = shape.q_heads / shape.kv_heads;
@@ -80,6 +91,7 @@ impl FlashPlan {
         }
         (!covered.is_empty()).then_some(Self {
             kernel,
+            shared_bytes,
             tiles,
             tile_keys,
             covered,
@@ -130,7 +142,7 @@ impl CudaBackend {
     ) {
         let tiles = self.upload_cached(table::FLASH_TILES, &plan.tiles);
         let function = self.function(plan.kernel);
-        let shared = flash_shared_bytes(shape.head_dim);
+        let shared = plan.shared_bytes;
         if let Err(e) = function.set_attribute(
             CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
             shared as i32,
@@ -177,8 +189,8 @@ mod tests {
     use deltaserve_tensor::SeqLayout;
 
     /// A prefill chunk takes the flash kernel only where a block can have its shared memory: head
-    /// dim 256 (the Qwen3.5/3.6 attention layers) needs 135 KB, which Hopper's blocks have and an
-    /// A6000's (99 KB) do not; head dim 128 (70 KB) fits both.
+    /// dim 256 (the Qwen3.5/3.6 attention layers) needs 132 KiB, which Hopper's blocks have and an
+    /// A6000's (99 KiB) do not; head dim 128 (68 KiB) fits both.
     #[test]
     fn flash_needs_the_shared_memory_of_its_blocks() {
         let batch = BatchLayout {
@@ -197,21 +209,27 @@ mod tests {
             kv_heads: 4,
             head_dim,
         };
-        let plan = |head_dim, max_shared| {
+        let plan = |head_dim, dtype, max_shared, kv_pipeline| {
             FlashPlan::new(
                 &batch,
                 shape(head_dim),
                 GemmPrecision::Bf16,
-                KvDtype::Bf16,
+                dtype,
                 max_shared,
+                kv_pipeline,
             )
-            .is_some()
+            .map(|plan| plan.shared_bytes)
         };
         const HOPPER: usize = 232_448;
+        const A100: usize = 166_912;
         const A6000: usize = 101_376;
-        assert!(plan(256, HOPPER));
-        assert!(!plan(256, A6000));
-        assert!(plan(128, A6000));
+        assert_eq!(plan(256, KvDtype::Bf16, HOPPER, false), Some(135_168));
+        assert_eq!(plan(256, KvDtype::Bf16, A6000, false), None);
+        assert_eq!(plan(128, KvDtype::Bf16, A6000, false), Some(69_632));
+        // Double-buffered K/V tiles (a bf16 pool only): 198 KB at head dim 256, beyond an A100.
+        assert_eq!(plan(256, KvDtype::Bf16, HOPPER, true), Some(202_752));
+        assert_eq!(plan(256, KvDtype::Bf16, A100, true), None);
+        assert_eq!(plan(256, KvDtype::F32, A100, true), Some(135_168));
     }
 
     /// Heaviest first: the tiles are a permutation of the launch-order ones, their key counts
@@ -236,8 +254,15 @@ mod tests {
             kv_heads: 4,
             head_dim: 256,
         };
-        let plan =
-            FlashPlan::new(&batch, shape, GemmPrecision::Bf16, KvDtype::Bf16, 232_448).unwrap();
+        let plan = FlashPlan::new(
+            &batch,
+            shape,
+            GemmPrecision::Bf16,
+            KvDtype::Bf16,
+            232_448,
+            false,
+        )
+        .unwrap();
         assert_eq!(
             plan.tiles.len(),
             4 * ((512 * 6usize).div_ceil(128) + (100 * 6usize).div_ceil(128))

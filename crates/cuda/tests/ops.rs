@@ -891,14 +891,15 @@ fn grouped_decode_attention_equals_one_head_a_block_bitwise() {
 /// end inside a token's heads, and cached context before the chunk. Both pool dtypes: an f32 pool's
 /// K/V are rounded to bf16 as the kernel loads them, a bf16 pool holds them rounded the same way
 /// (nearest even), so the flash rows must come out bit for bit the same from either pool. With the
-/// tiles launched heaviest first (`FLASH_HEAVY_FIRST=1`) every output is bit for bit the same.
+/// opt-ins (`FLASH_HEAVY_FIRST=1`: tiles launched heaviest first; `FLASH_KV_PIPELINE=1`: a bf16
+/// pool's tiles double-buffered) every output is bit for bit the same.
 #[test]
 fn flash_prefill_attention_matches_reference() {
     let test = "flash_prefill_attention_matches_reference";
     let Some(be) = cuda(GemmPrecision::Bf16, test) else {
         return;
     };
-    let heavy_first = common::cuda_flash_heavy_first(test);
+    let opt_ins = common::cuda_flash_opt_ins(test);
     let mut rng = Rng(16);
     let cases: [AttentionCase; 5] = [
         (24, 4, 256, &[(200, 0), (1, 300), (100, 37)]),
@@ -920,13 +921,13 @@ fn flash_prefill_attention_matches_reference() {
                 dtype.name()
             );
             check(&label, &got, &want, TOL_FLASH);
-            if let Some(heavy_first) = heavy_first {
+            if let Some(opt_ins) = opt_ins {
                 rng.0 = draws;
-                let (reordered, _) =
-                    attention_inputs(heavy_first, &mut rng, shape, dtype, true).attend(heavy_first);
+                let (with_opt_ins, _) =
+                    attention_inputs(opt_ins, &mut rng, shape, dtype, true).attend(opt_ins);
                 assert!(
-                    reordered == got,
-                    "{label}: the tiles launched heaviest first change the output"
+                    with_opt_ins == got,
+                    "{label}: FLASH_HEAVY_FIRST=1 FLASH_KV_PIPELINE=1 change the output"
                 );
             }
             outputs.push(got);

@@ -13,7 +13,7 @@ static BF16_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static BF16_F32_KV_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static CHUNKED_GDN_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static PIPELINED_SCAN_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
-static FLASH_HEAVY_FIRST_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
+static FLASH_OPT_INS_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static FP8_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static FP8_TILES_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static FP8_W8A16_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
@@ -153,13 +153,14 @@ pub fn cuda_chunked_gdn(test: &str) -> Option<&'static CudaBackend> {
     shared_backend(&CHUNKED_GDN_BACKEND, options, test)
 }
 
-/// The default backend with the flash kernel's tiles launched heaviest first
-/// (`FLASH_HEAVY_FIRST=1`, opt-in), or `None` after printing why not.
-pub fn cuda_flash_heavy_first(test: &str) -> Option<&'static CudaBackend> {
+/// The default backend with the flash kernel's opt-ins (`FLASH_HEAVY_FIRST=1`: tiles launched
+/// heaviest first; `FLASH_KV_PIPELINE=1`: a bf16 pool's K/V tiles double-buffered), or `None` after
+/// printing why not.
+pub fn cuda_flash_opt_ins(test: &str) -> Option<&'static CudaBackend> {
     backend_with_defines(
-        &FLASH_HEAVY_FIRST_BACKEND,
+        &FLASH_OPT_INS_BACKEND,
         true,
-        &[("FLASH_HEAVY_FIRST", "1")],
+        &[("FLASH_HEAVY_FIRST", "1"), ("FLASH_KV_PIPELINE", "1")],
         test,
     )
 }
