@@ -24,11 +24,12 @@ use common::{
     check, cuda, cuda_chunked_gdn, cuda_chunked_gdn_pipelined, cuda_prefill_without_shortcuts,
     cuda_wide_lanes, group_products, Rng,
 };
-use deltaserve_cuda::{CudaBackend, CudaOptions, GemmPrecision};
+use deltaserve_cuda::{CudaBackend, CudaBuf, CudaOptions, GemmPrecision};
 use deltaserve_tensor::op_check::{self, AttentionPools, Operands, StatePools};
 use deltaserve_tensor::reference::ReferenceBackend;
 use deltaserve_tensor::{
     AttnShape, Backend, BatchLayout, GdnGateInputs, GdnShape, HostTensor, KvDtype, SeqLayout,
+    StateLayerPool,
 };
 
 const TOL_MATMUL: f32 = 1e-5;
@@ -1199,20 +1200,17 @@ fn pipelined_chunk_scan_equals_the_sequential_one_bitwise() {
             .collect();
         let beta: Vec<f32> = rng.vec(t * hv, 1.0).iter().map(|x| 0.5 + 0.5 * x).collect();
         let run = |be: &CudaBackend| {
-            // The same seed: both runs start from the same random windows and states.
-            let mut pools = state_pools(be, &mut Rng(pool_seed), slots, shape.conv_dim(), shape);
-            let mut out = be.upload(&vec![f32::NAN; t * hv * shape.value_dim]);
-            be.gated_delta_rule(
-                &be.upload(&mixed),
-                &be.upload(&g),
-                &be.upload(&beta),
-                &mut pools.ours,
-                &batch,
-                shape,
-                &mut out,
-            );
-            let (_, (states, _)) = pools.contents(be);
-            (be.to_host(&out), states)
+            delta_rule_from_seeded_pools(be, shape, slots, pool_seed, t, |pools, out| {
+                be.gated_delta_rule(
+                    &be.upload(&mixed),
+                    &be.upload(&g),
+                    &be.upload(&beta),
+                    pools,
+                    &batch,
+                    shape,
+                    out,
+                )
+            })
         };
         let (want, got) = (run(sequential), run(pipelined));
         assert_eq!(got.0, want.0, "outputs {shape:?} lens {lens:?}");
@@ -1243,46 +1241,44 @@ fn gates_and_delta_rule_equal_gates_then_rule_bitwise() {
             );
             let (a_log, dt_bias) = (be.upload(&rng.vec(hv, 1.0)), be.upload(&rng.vec(hv, 1.0)));
             let run = |fused: bool| {
-                // The same seed: both runs start from the same random windows and states.
-                let mut pools =
-                    state_pools(be, &mut Rng(pool_seed), slots, shape.conv_dim(), shape);
-                let mut out = be.upload(&vec![f32::NAN; t * hv * shape.value_dim]);
-                if fused {
-                    let gates = GdnGateInputs {
-                        a: &a,
-                        b: &b,
-                        a_log: &a_log,
-                        dt_bias: &dt_bias,
-                    };
-                    be.gdn_gates_and_delta_rule(
-                        &mixed,
-                        gates,
-                        &mut pools.ours,
-                        &batch,
-                        shape,
-                        &mut out,
-                    );
-                } else {
-                    let (mut g, mut beta) = (be.zeros(t * hv), be.zeros(t * hv));
-                    be.gdn_gates(&a, &b, &a_log, &dt_bias, &mut g, &mut beta);
-                    be.gated_delta_rule(
-                        &mixed,
-                        &g,
-                        &beta,
-                        &mut pools.ours,
-                        &batch,
-                        shape,
-                        &mut out,
-                    );
-                }
-                let (_, (states, _)) = pools.contents(be);
-                (be.to_host(&out), states)
+                delta_rule_from_seeded_pools(be, shape, slots, pool_seed, t, |pools, out| {
+                    if fused {
+                        let gates = GdnGateInputs {
+                            a: &a,
+                            b: &b,
+                            a_log: &a_log,
+                            dt_bias: &dt_bias,
+                        };
+                        be.gdn_gates_and_delta_rule(&mixed, gates, pools, &batch, shape, out);
+                    } else {
+                        let (mut g, mut beta) = (be.zeros(t * hv), be.zeros(t * hv));
+                        be.gdn_gates(&a, &b, &a_log, &dt_bias, &mut g, &mut beta);
+                        be.gated_delta_rule(&mixed, &g, &beta, pools, &batch, shape, out);
+                    }
+                })
             };
             let (fused, separate) = (run(true), run(false));
             assert_eq!(fused.0, separate.0, "outputs {shape:?} lens {lens:?}");
             assert_eq!(fused.1, separate.1, "states {shape:?} lens {lens:?}");
         }
     }
+}
+
+/// The outputs and states of `rule` over `t` tokens, run on state pools filled from `pool_seed`:
+/// two runs with the same seed start from the same random windows and states.
+fn delta_rule_from_seeded_pools(
+    be: &CudaBackend,
+    shape: GdnShape,
+    slots: usize,
+    pool_seed: u64,
+    t: usize,
+    rule: impl FnOnce(&mut StateLayerPool<CudaBackend>, &mut CudaBuf),
+) -> (Vec<f32>, Vec<f32>) {
+    let mut pools = state_pools(be, &mut Rng(pool_seed), slots, shape.conv_dim(), shape);
+    let mut out = be.upload(&vec![f32::NAN; t * shape.value_heads * shape.value_dim]);
+    rule(&mut pools.ours, &mut out);
+    let (_, (states, _)) = pools.contents(be);
+    (be.to_host(&out), states)
 }
 
 #[test]
