@@ -20,6 +20,9 @@
 #   floor:SHAPE               scripts/gemv_floor.py (torch/cuBLAS GEMV sweep in a CUDA graph) for the shape
 #   doctor                    doctor --backend cuda on the demo model
 #   serve                     serve with MTP k=3, then deltaserve smoke against it
+#   servebench:SHAPE:C        serve the shape (dummy weights, default flags), then `bench serve` at concurrency
+#                             C (2C prompts, 256 in / 128 out, streamed); the server's decode log lines
+#                             (gen_tok/s, host_share) and /metrics land next to the report
 #   servefp8:N:D,D            serve --quantization fp8 (MTP k=3) + smoke, N times per DELTASERVE_CUDA_DEFINES
 #                             value (an empty one is the defaults): a race shows as a failed canary or smoke
 #   ncu:D,D                   Nsight Compute on 24 GEMV launches of a 27B FP8 decode (un-captured), one run
@@ -111,6 +114,24 @@ for step in "$@"; do
       kill -TERM $server
       wait $server
       log "== serve exit $?"
+      ;;
+    servebench:*)
+      IFS=: read -r _ shape conc <<<"$step"
+      port=18090
+      name="bench-serve-$shape-c$conc"
+      "$bins/deltaserve" serve --port $port --enable-metrics --model-path "examples/$shape" \
+        --load-format dummy >"$res/$name-server.log" 2>&1 &
+      server=$!
+      for _ in $(seq 150); do grep -q "^listening" "$res/$name-server.log" && break; sleep 1; done
+      timeout "$(($(left) < 180 ? $(left) : 180))" "$bins/deltaserve" bench serve --url "http://127.0.0.1:$port" \
+        --concurrency "$conc" --num-prompts $((2 * conc)) --input-len 256 --output-len 128 --stream \
+        >"$res/$name.txt" 2>&1
+      log "== $name rc=$? $(grep -m1 'Output token throughput' "$res/$name.txt")"
+      curl -s "http://127.0.0.1:$port/metrics" >"$res/$name-metrics.txt"
+      grep -E '^deltaserve_engine_(host_gap|device_work)' "$res/$name-metrics.txt" | tee -a "$res/summary.log"
+      grep '^decode:' "$res/$name-server.log" | tail -4 | tee -a "$res/summary.log"
+      kill -TERM $server
+      wait $server
       ;;
     servefp8:*)
       IFS=: read -r _ times defs <<<"$step"

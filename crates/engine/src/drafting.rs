@@ -150,12 +150,15 @@ impl<B: Backend> Worker<B> {
             logit_rows: rows,
             hidden_rows: rows,
         };
+        self.clock.device_begins(&self.metrics);
         let out = self.model.mtp_forward(&input, &mut self.cache).ok()?;
         let logits = match self.greedy_drafts_on_device(drafters, &out.logits) {
             Some(argmaxes) => DraftLogits::Argmaxes(argmaxes),
             None => DraftLogits::Host(self.model.backend.to_host(&out.logits)),
         };
-        Some((logits, self.model.backend.to_host(&out.hidden)))
+        let hidden = self.model.backend.to_host(&out.hidden);
+        self.clock.device_ends(&self.metrics);
+        Some((logits, hidden))
     }
 
     /// Draws one draft per drafter from its row of MTP logits, with the request's own sampling

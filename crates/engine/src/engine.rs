@@ -3,6 +3,7 @@
 //! `LocalEngine` handle is what the server and the CLI hold.
 
 use crate::api::*;
+use crate::host_gap::{host_share, HostGapClock};
 use crate::metrics::EngineMetrics;
 use crate::prefix_cache::{PrefixCacheConfig, SnapshotGrid};
 use crate::scheduler::{Scheduled, Scheduler, SchedulerLimits};
@@ -122,7 +123,8 @@ impl LocalEngine {
             metrics: metrics.clone(),
             queued: queued.clone(),
             log_interval: config.decode_log_interval,
-            window: LogWindow::new(),
+            window: LogWindow::starting(&metrics),
+            clock: HostGapClock::default(),
             context_length: config.context_length,
             speculative,
         };
@@ -265,10 +267,13 @@ pub(crate) struct LogWindow {
     pub(crate) accepted: usize,
     cache_queried: u64,
     cache_hits: u64,
+    /// The host-gap and device-work counters when the window began.
+    host_gap_us: u64,
+    device_work_us: u64,
 }
 
 impl LogWindow {
-    fn new() -> Self {
+    fn starting(metrics: &EngineMetrics) -> Self {
         Self {
             since: Instant::now(),
             decode_steps: 0,
@@ -278,6 +283,8 @@ impl LogWindow {
             accepted: 0,
             cache_queried: 0,
             cache_hits: 0,
+            host_gap_us: metrics.host_gap_us.load(Ordering::Relaxed),
+            device_work_us: metrics.device_work_us.load(Ordering::Relaxed),
         }
     }
 }
@@ -294,12 +301,14 @@ pub(crate) struct Worker<B: Backend> {
     pub(crate) window: LogWindow,
     pub(crate) context_length: usize,
     pub(crate) speculative: Option<SpecConfig>,
+    pub(crate) clock: HostGapClock,
 }
 
 impl<B: Backend> Worker<B> {
     fn run(mut self) {
         loop {
             if self.scheduler.is_idle() {
+                self.clock.idle();
                 match self.commands.recv() {
                     Ok(command) => self.handle(command),
                     Err(_) => return,
@@ -465,7 +474,9 @@ impl<B: Backend> Worker<B> {
                 forwarded
             })
         };
-        self.sample_or_fetch(work, forwarded)
+        let output = self.sample_or_fetch(work, forwarded);
+        self.clock.device_ends(&self.metrics);
+        output
     }
 
     /// Gives each constrained sequence back its constraint, with the mask of its next token.
@@ -525,6 +536,7 @@ impl<B: Backend> Worker<B> {
         };
         EngineMetrics::add(&self.metrics.forward_steps, 1);
         EngineMetrics::add(&self.metrics.batch_tokens, tokens.len() as u64);
+        self.clock.device_begins(&self.metrics);
         let out = self.model.forward(
             &ForwardInput {
                 tokens: &tokens,
@@ -583,8 +595,14 @@ impl<B: Backend> Worker<B> {
             }
             _ => "-".to_string(),
         };
+        let m = &self.metrics;
+        let host = host_share(
+            m.host_gap_us.load(Ordering::Relaxed) - w.host_gap_us,
+            m.device_work_us.load(Ordering::Relaxed) - w.device_work_us,
+        )
+        .map_or("-".to_string(), |share| format!("{share:.3}"));
         eprintln!(
-            "decode: running={} queued={} kv_usage={:.2} state_slots={}/{} cache_hit_rate={hit_rate} accept_len={accept_len} draft_accept={draft_accept} gen_tok/s={:.1}",
+            "decode: running={} queued={} kv_usage={:.2} state_slots={}/{} cache_hit_rate={hit_rate} accept_len={accept_len} draft_accept={draft_accept} gen_tok/s={:.1} host_share={host}",
             s.running,
             s.queued,
             s.kv_blocks_used as f64 / s.kv_blocks_total.max(1) as f64,
@@ -592,7 +610,7 @@ impl<B: Backend> Worker<B> {
             s.state_slots_total,
             w.generated as f64 / secs
         );
-        self.window = LogWindow::new();
+        self.window = LogWindow::starting(&self.metrics);
     }
 }
 

@@ -7,6 +7,7 @@ mod commit;
 mod device_sampling;
 pub mod drafting;
 pub mod engine;
+mod host_gap;
 pub mod metrics;
 pub mod pool_plan;
 pub mod pools;

@@ -30,12 +30,24 @@ pub struct EngineMetrics {
     pub prefix_cache_snapshots_taken: AtomicU64,
     pub prefix_cache_evicted_pages: AtomicU64,
     pub prefix_cache_evicted_snapshots: AtomicU64,
+    /// Microseconds the device waited for the host between the engine's device work while the
+    /// engine had work, and microseconds of that device work (`host_gap.rs`).
+    pub host_gap_us: AtomicU64,
+    pub device_work_us: AtomicU64,
 }
 
 fn counter(out: &mut String, name: &str, help: &str, value: u64) {
     let _ = writeln!(
         out,
         "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
+    );
+}
+
+fn counter_seconds(out: &mut String, name: &str, help: &str, micros: u64) {
+    let _ = writeln!(
+        out,
+        "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
+        micros as f64 / 1e6
     );
 }
 
@@ -70,6 +82,8 @@ impl EngineMetrics {
             prefix_cache_snapshots_taken,
             prefix_cache_evicted_pages,
             prefix_cache_evicted_snapshots,
+            host_gap_us,
+            device_work_us,
         } = self;
         [
             preemptions,
@@ -86,6 +100,8 @@ impl EngineMetrics {
             prefix_cache_snapshots_taken,
             prefix_cache_evicted_pages,
             prefix_cache_evicted_snapshots,
+            host_gap_us,
+            device_work_us,
         ]
         .into_iter()
         .chain(spec_accepted_at)
@@ -178,6 +194,18 @@ impl EngineMetrics {
             "deltaserve_forward_steps_total",
             "Model forward steps run by the engine.",
             get(&self.forward_steps),
+        );
+        counter_seconds(
+            &mut out,
+            "deltaserve_engine_host_gap_seconds_total",
+            "Time the device waited for the host between steps while the engine had work (scheduling, committing tokens, building inputs).",
+            get(&self.host_gap_us),
+        );
+        counter_seconds(
+            &mut out,
+            "deltaserve_engine_device_work_seconds_total",
+            "Wall time of the engine's device work: forwards, their sampling and MTP drafting, until the results were on the host.",
+            get(&self.device_work_us),
         );
         counter(
             &mut out,
