@@ -90,6 +90,9 @@ impl HealthMonitor {
             HealthStatus::Failed(reason) => return HealthReport::Failed(reason),
             HealthStatus::Ready => {}
         }
+        if let Some(lost) = engine.and_then(|e| e.device_lost()) {
+            return HealthReport::Failed(format!("the device is lost: {lost}"));
+        }
         let Some(engine) = engine else {
             return match self.recent_success() {
                 true => HealthReport::Healthy { probed: false },

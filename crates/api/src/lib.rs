@@ -37,6 +37,9 @@ pub use health::{HealthMonitor, HealthReport, HealthStatus};
 pub use limits::RequestLimits;
 pub use output_watch::{DegenerationAction, DegenerationReport};
 pub use routes::router;
-pub use server::{bind, serve, serve_until, termination_signal, ServeError, Shutdown};
+pub use server::{
+    bind, device_loss, serve, serve_until, serve_until_stopped_or_lost, termination_signal,
+    ServeError, Shutdown,
+};
 pub use state::{AppState, MetricsSource, ServerConfig};
 pub use worker_info::{EngineCapacity, ModelIdentity};

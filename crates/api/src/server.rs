@@ -27,6 +27,8 @@ pub enum ServeError {
     },
     #[error("the HTTP server failed: {0}")]
     Serve(std::io::Error),
+    #[error("the device is lost ({0}): the server stopped so that its supervisor can restart it")]
+    DeviceLost(String),
 }
 
 /// How a server run ended.
@@ -132,6 +134,45 @@ pub async fn serve_until(
     }
 }
 
+/// `serve_until`, also stopping (after the same drain) when the engine's device is lost: then the
+/// result is `ServeError::DeviceLost`, so the process exits non-zero for its supervisor.
+pub async fn serve_until_stopped_or_lost(
+    listener: TcpListener,
+    state: Arc<AppState>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<Shutdown, ServeError> {
+    let (lost_tx, mut lost_rx) = tokio::sync::oneshot::channel();
+    let watched = state.clone();
+    let stop = async move {
+        tokio::select! {
+            () = shutdown => {}
+            cause = device_loss(watched) => {
+                eprintln!("deltaserve: the device is lost ({cause}); draining and stopping");
+                let _ = lost_tx.send(cause);
+            }
+        }
+    };
+    let outcome = serve_until(listener, state, stop).await?;
+    match lost_rx.try_recv() {
+        Ok(cause) => Err(ServeError::DeviceLost(cause)),
+        Err(_) => Ok(outcome),
+    }
+}
+
+/// How often the server asks the engine whether its device is still there.
+const DEVICE_LOSS_POLL: Duration = Duration::from_millis(250);
+
+/// Resolves, with its cause, once the attached engine reports its device lost (it then fails every
+/// request, so serving on would only hand out errors).
+pub async fn device_loss(state: Arc<AppState>) -> String {
+    loop {
+        if let Some(cause) = state.engine().ok().and_then(|e| e.device_lost()) {
+            return cause;
+        }
+        tokio::time::sleep(DEVICE_LOSS_POLL).await;
+    }
+}
+
 /// Resolves when the process receives SIGTERM or SIGINT (Ctrl-C).
 pub async fn termination_signal() {
     let ctrl_c = async {
@@ -162,7 +203,7 @@ pub async fn termination_signal() {
 /// attached and ready), and says where it listens once it is ready.
 pub async fn serve(listener: TcpListener, state: Arc<AppState>) -> Result<Shutdown, ServeError> {
     let grace = state.config.grace_period;
-    let outcome = serve_until(listener, state, termination_signal()).await?;
+    let outcome = serve_until_stopped_or_lost(listener, state, termination_signal()).await?;
     match outcome {
         Shutdown::Graceful => eprintln!("deltaserve: shut down; every in-flight request finished"),
         Shutdown::GracePeriodExpired => eprintln!(

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{build, connect, request, tokenizer, FakeEngine, Script, TestServer};
-use deltaserve_api::{AppState, HealthStatus, ServerConfig, Shutdown};
+use deltaserve_api::{AppState, HealthStatus, ServeError, ServerConfig, Shutdown};
 use deltaserve_engine::GenerationRequest;
 use http_body_util::BodyExt;
 use serde_json::json;
@@ -503,4 +503,31 @@ async fn bench_serve_multi_turn_resends_the_history() {
             .all(|turns| turns[0] < turns[1] && turns[1] < turns[2]),
         "{lengths:?}"
     );
+}
+
+/// When the engine reports its device lost, /health answers 503 with the cause and the server
+/// drains and returns `DeviceLost`, so `serve` exits non-zero for its supervisor to restart it.
+#[tokio::test]
+async fn a_lost_device_turns_health_503_and_stops_the_server() {
+    let mut server = TestServer::start(FakeEngine::replying("fine<|im_end|>")).await;
+    assert_eq!(server.get("/health").await.status, 200);
+    *server.engine.lost.lock().unwrap() = Some("CUDA_ERROR_ILLEGAL_ADDRESS".into());
+    let reply = server.get("/health").await;
+    assert_eq!(reply.status, 503);
+    assert!(
+        reply.json()["reason"]
+            .as_str()
+            .unwrap()
+            .contains("CUDA_ERROR_ILLEGAL_ADDRESS"),
+        "{:?}",
+        reply.json()
+    );
+    let ended = tokio::time::timeout(Duration::from_secs(10), server.handle.take().unwrap())
+        .await
+        .expect("the server stops by itself")
+        .unwrap();
+    match ended {
+        Err(ServeError::DeviceLost(cause)) => assert!(cause.contains("ILLEGAL_ADDRESS")),
+        other => panic!("expected DeviceLost, got {other:?}"),
+    }
 }

@@ -792,7 +792,7 @@ impl Backend for CudaBackend {
         self.replay_op(graph)
     }
 
-    fn recover_after_failure(&self) {
+    fn recover_after_failure(&self) -> Result<(), String> {
         self.recover_after_failure_op()
     }
 

@@ -99,13 +99,35 @@ impl CudaBackend {
     }
 
     /// A step that panicked while being recorded leaves the stream capturing: every later launch
-    /// would fail. End the recording and drop it.
-    pub(crate) fn recover_after_failure_op(&self) {
+    /// would fail. End the recording and drop it. Then ask the device whether it still works: an
+    /// out-of-memory error leaves the context usable, while a sticky error (illegal address,
+    /// launch failure, ECC, a lost device) makes every later call return it, so a synchronize and
+    /// a 4-byte round trip tell the two apart.
+    pub(crate) fn recover_after_failure_op(&self) -> Result<(), String> {
         let was_capturing = { std::mem::replace(&mut self.upload_cache().capturing, false) };
         if was_capturing {
             let _ = self.stream.end_capture(
                 CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH,
             );
+        }
+        let lost =
+            |what: &str, e: cudarc::driver::DriverError| format!("{what} after the failure: {e:?}");
+        self.stream
+            .synchronize()
+            .map_err(|e| lost("synchronize", e))?;
+        let probe = self
+            .stream
+            .clone_htod(&[1.0f32])
+            .map_err(|e| lost("a 4-byte upload", e))?;
+        let back = self
+            .stream
+            .clone_dtoh(&probe)
+            .map_err(|e| lost("a 4-byte download", e))?;
+        match back.as_slice() {
+            [v] if *v == 1.0 => Ok(()),
+            other => Err(format!(
+                "a 4-byte round trip after the failure read back {other:?}"
+            )),
         }
     }
 

@@ -247,6 +247,12 @@ pub trait EngineHandle: Send + Sync {
     fn generated_tokens(&self) -> u64 {
         0
     }
+    /// Why the engine stopped for good, when its device was lost (a failed step after which the
+    /// device could run nothing more): every request from then on fails, so the server should
+    /// report unhealthy and exit for its supervisor to restart it. `None` while it can serve.
+    fn device_lost(&self) -> Option<String> {
+        None
+    }
 }
 
 pub type SharedEngine = Arc<dyn EngineHandle>;

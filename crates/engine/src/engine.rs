@@ -68,6 +68,7 @@ pub struct LocalEngine {
     config: EngineConfig,
     vocab_size: usize,
     prefix_cache: bool,
+    lost: Arc<Mutex<Option<String>>>,
 }
 
 impl LocalEngine {
@@ -113,6 +114,7 @@ impl LocalEngine {
             model.config.num_key_value_heads,
         );
         let prefix_cache = prefix.enabled;
+        let lost = Arc::new(Mutex::new(None));
         let worker = Worker {
             scheduler: Scheduler::new(limits, config.num_kv_blocks, config.state_slots)
                 .with_prefix_cache(prefix, grid),
@@ -125,6 +127,7 @@ impl LocalEngine {
             log_interval: config.decode_log_interval,
             window: LogWindow::starting(&metrics),
             clock: HostGapClock::default(),
+            lost: lost.clone(),
             context_length: config.context_length,
             speculative,
         };
@@ -141,6 +144,7 @@ impl LocalEngine {
             config,
             vocab_size,
             prefix_cache,
+            lost,
         })
     }
 
@@ -255,6 +259,12 @@ impl EngineHandle for LocalEngine {
     fn generated_tokens(&self) -> u64 {
         self.metrics.generated_tokens.load(Ordering::Relaxed)
     }
+
+    fn device_lost(&self) -> Option<String> {
+        self.lost
+            .lock()
+            .map_or_else(|p| p.into_inner().clone(), |l| l.clone())
+    }
 }
 
 /// Decode statistics since the last log line.
@@ -302,6 +312,8 @@ pub(crate) struct Worker<B: Backend> {
     pub(crate) context_length: usize,
     pub(crate) speculative: Option<SpecConfig>,
     pub(crate) clock: HostGapClock,
+    /// Set, with its cause, when the device is lost; the engine thread then ends.
+    lost: Arc<Mutex<Option<String>>>,
 }
 
 impl<B: Backend> Worker<B> {
@@ -318,11 +330,41 @@ impl<B: Backend> Worker<B> {
                 self.handle(command);
             }
             // A failing step (a device error surfaces as a panic inside an op) ends the requests
-            // it ran, not the server.
+            // it ran, not the server, unless it took the device with it.
             if let Err(payload) = catch_unwind(AssertUnwindSafe(|| self.step())) {
-                self.fail_running(&panic_message(payload.as_ref()));
+                if let Err(lost) = self.fail_running(&panic_message(payload.as_ref())) {
+                    self.stop_for_good(&lost);
+                    return;
+                }
             }
             self.publish_stats();
+        }
+    }
+
+    /// After the device was lost: every queued request (and any still in the command channel)
+    /// ends with an error saying so, the loss is published for `/health` and the server, and the
+    /// engine thread ends; later submissions are refused as `Stopped`.
+    fn stop_for_good(&mut self, lost: &str) {
+        eprintln!(
+            "engine: the device is lost ({lost}); failing the {} queued request(s) and stopping: restart the server",
+            self.scheduler.queued_count()
+        );
+        match self.lost.lock() {
+            Ok(mut slot) => *slot = Some(lost.to_string()),
+            Err(poisoned) => *poisoned.into_inner() = Some(lost.to_string()),
+        }
+        let message = format!("the device is lost ({lost}); this server can no longer generate");
+        let mut waiting = self.scheduler.take_waiting();
+        while let Ok(command) = self.commands.try_recv() {
+            if let Command::Submit(seq) = command {
+                waiting.push(*seq);
+            }
+        }
+        self.publish_stats();
+        for seq in waiting {
+            seq.send(EngineEvent::Error {
+                message: message.clone(),
+            });
         }
     }
 
@@ -360,18 +402,24 @@ impl<B: Backend> Worker<B> {
 
     /// After a failed step: every running request ends with an error event and frees its blocks
     /// and slot (their cached state may be half-written); queued requests run in later steps.
-    fn fail_running(&mut self, cause: &str) {
+    /// `Err(cause)` when the backend finds the device lost for good.
+    fn fail_running(&mut self, cause: &str) -> Result<(), String> {
+        let recovered = self.model.backend.recover_after_failure();
+        let next = match recovered {
+            Ok(()) => "serving on",
+            Err(_) => "the device is lost",
+        };
         eprintln!(
-            "engine: a step failed ({cause}); ending its {} running request(s) with an error and serving on",
+            "engine: a step failed ({cause}); ending its {} running request(s) with an error, {next}",
             self.scheduler.running_count()
         );
-        self.model.backend.recover_after_failure();
         EngineMetrics::add(&self.metrics.failed_steps, 1);
         for seq in self.scheduler.fail_running() {
             seq.send(EngineEvent::Error {
                 message: format!("the engine step running this request failed: {cause}"),
             });
         }
+        recovered
     }
 
     /// Ends a running request with an error event (its constraint failed) and frees what it holds.

@@ -136,6 +136,15 @@ impl EngineHandle for ReplicaSet {
     fn generated_tokens(&self) -> u64 {
         self.replicas.iter().map(|r| r.generated_tokens()).sum()
     }
+
+    /// The first replica whose device is lost: the process restarts as a whole (one replica's
+    /// GPU gone usually means the host needs attention).
+    fn device_lost(&self) -> Option<String> {
+        self.replicas
+            .iter()
+            .enumerate()
+            .find_map(|(i, r)| r.device_lost().map(|cause| format!("replica {i}: {cause}")))
+    }
 }
 
 /// The lines of a Prometheus text by metric family (each starts at its `# HELP` line), keyed by

@@ -159,6 +159,11 @@ impl Scheduler {
         running
     }
 
+    /// Takes every queued request out (they hold no blocks or slots yet).
+    pub fn take_waiting(&mut self) -> Vec<Sequence> {
+        self.waiting.drain(..).collect()
+    }
+
     /// The running sequence `Scheduled::index` points at.
     pub fn seq(&self, index: usize) -> &Sequence {
         &self.running[index]

@@ -490,8 +490,13 @@ fn run_follower<B: Backend>(
                 tp.comm.abort();
             }
             // As the engine does for rank 0's backend after a failed step.
-            model.backend.recover_after_failure();
-            panic_text(payload.as_ref())
+            match model.backend.recover_after_failure() {
+                Ok(()) => panic_text(payload.as_ref()),
+                Err(lost) => format!(
+                    "{}; the device is lost: {lost}",
+                    panic_text(payload.as_ref())
+                ),
+            }
         });
         if acks.send(result).is_err() {
             return;

@@ -436,8 +436,12 @@ pub trait Backend: Send + Sync {
     }
 
     /// Puts the backend back in a usable state after an op panicked mid-step (the caller ends the
-    /// requests of that step): e.g. ends a recording left open.
-    fn recover_after_failure(&self) {}
+    /// requests of that step): e.g. ends a recording left open. `Err(cause)` when the device is
+    /// lost for good (a GPU context that can run nothing more after an illegal address, a launch
+    /// failure, an uncorrectable ECC error or a fallen-off bus): every later step would fail too.
+    fn recover_after_failure(&self) -> Result<(), String> {
+        Ok(())
+    }
 
     /// A copy of `src` in a new buffer.
     fn copy_buf(&self, src: &Self::Buf) -> Self::Buf {

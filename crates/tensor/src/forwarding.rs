@@ -364,6 +364,6 @@ macro_rules! forward_ops {
         fn run_step<R: Send>(&self, step: impl FnOnce() -> R + Send) -> R { self.$inner.run_step(step) }
     };
     (@op $inner:ident recover_after_failure) => {
-        fn recover_after_failure(&self) { self.$inner.recover_after_failure() }
+        fn recover_after_failure(&self) -> Result<(), String> { self.$inner.recover_after_failure() }
     };
 }

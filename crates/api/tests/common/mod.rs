@@ -10,7 +10,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
-use deltaserve_api::{serve_until, AppState, HealthStatus, ServeError, ServerConfig, Shutdown};
+use deltaserve_api::{
+    serve_until_stopped_or_lost, AppState, HealthStatus, ServeError, ServerConfig, Shutdown,
+};
 use deltaserve_engine::{
     EngineEvent, EngineHandle, EngineStats, EventReceiver, FinishReason, GenerationRequest,
     RequestId, SubmitError, TokenLogprob, Usage,
@@ -84,6 +86,8 @@ pub struct FakeEngine {
     pub spec_counters: Arc<(AtomicU64, AtomicU64)>,
     /// What `stats()` reports.
     pub stats: Mutex<EngineStats>,
+    /// What `device_lost()` reports.
+    pub lost: Mutex<Option<String>>,
 }
 
 impl FakeEngine {
@@ -105,6 +109,7 @@ impl FakeEngine {
             context,
             spec_counters: Arc::new((AtomicU64::new(0), AtomicU64::new(0))),
             stats: Mutex::new(EngineStats::default()),
+            lost: Mutex::new(None),
         })
     }
 
@@ -271,6 +276,10 @@ impl EngineHandle for FakeEngine {
         }
     }
 
+    fn device_lost(&self) -> Option<String> {
+        self.lost.lock().unwrap().clone()
+    }
+
     fn stats(&self) -> EngineStats {
         self.stats.lock().unwrap().clone()
     }
@@ -298,7 +307,7 @@ pub struct TestServer {
     pub state: Arc<AppState>,
     pub engine: Arc<FakeEngine>,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
-    handle: Option<tokio::task::JoinHandle<Result<Shutdown, ServeError>>>,
+    pub handle: Option<tokio::task::JoinHandle<Result<Shutdown, ServeError>>>,
 }
 
 impl TestServer {
@@ -323,9 +332,13 @@ impl TestServer {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let handle = tokio::spawn(serve_until(listener, state.clone(), async move {
-            let _ = rx.await;
-        }));
+        let handle = tokio::spawn(serve_until_stopped_or_lost(
+            listener,
+            state.clone(),
+            async move {
+                let _ = rx.await;
+            },
+        ));
         Self {
             addr,
             state,

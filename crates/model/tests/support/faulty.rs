@@ -5,11 +5,14 @@
 #![allow(dead_code)]
 
 use deltaserve_tensor::{Backend, Communicator, InProcessGroup};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// The message of the injected panic.
 pub const INJECTED: &str = "injected device failure";
+
+/// What `recover_after_failure` reports after a failure armed to lose the device.
+pub const DEVICE_LOST: &str = "injected: the device is gone";
 
 /// When a `Faulty` backend fails; shared with the test, which arms it.
 #[derive(Clone, Default)]
@@ -18,6 +21,10 @@ pub struct Fault {
     countdown: Arc<AtomicUsize>,
     /// Matmuls run so far (to pick a call inside a given step).
     calls: Arc<AtomicUsize>,
+    /// Whether the armed failure takes the device with it (`recover_after_failure` then reports
+    /// it lost), and whether it has.
+    loses_device: Arc<AtomicBool>,
+    lost: Arc<AtomicBool>,
 }
 
 impl Fault {
@@ -25,6 +32,13 @@ impl Fault {
     pub fn arm(&self, nth: usize) {
         assert!(nth > 0);
         self.countdown.store(nth, Ordering::SeqCst);
+    }
+
+    /// The `nth` matmul from now panics and the device is lost for good, as after an illegal
+    /// address on a GPU.
+    pub fn arm_device_loss(&self, nth: usize) {
+        self.loses_device.store(true, Ordering::SeqCst);
+        self.arm(nth);
     }
 
     /// Whether an armed fault has not fired yet.
@@ -43,6 +57,9 @@ impl Fault {
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
             .is_ok_and(|before| before == 1);
         if fire {
+            if self.loses_device.load(Ordering::SeqCst) {
+                self.lost.store(true, Ordering::SeqCst);
+            }
             panic!("{INJECTED}");
         }
     }
@@ -99,11 +116,18 @@ impl<B: Backend> Backend for Faulty<B> {
         self.fault.tick();
         self.inner.matmul_group(x, ws, outs, tokens)
     }
+    fn recover_after_failure(&self) -> Result<(), String> {
+        self.inner.recover_after_failure()?;
+        match self.fault.lost.load(Ordering::SeqCst) {
+            true => Err(DEVICE_LOST.to_string()),
+            false => Ok(()),
+        }
+    }
     deltaserve_tensor::forward_ops!(inner;
         name, zeros, kv_dtype, scratch, upload, to_host, buf_len, load_mat, load_vec, mat_shape,
         mat_bytes, embedding, add_rms_norm, rms_norm, gated_rms_norm, add_inplace, silu_mul,
         sigmoid_mul_inplace, rope, concat_cols, gather_rows, scatter_add_rows, sigmoid_scale_rows,
         attention, causal_conv1d, gdn_gates, gated_delta_rule, reset_state_slot, copy_state_slot,
         route_top_k, load_experts, generate_experts, moe_experts, generate_mat, samples_on_device,
-        sample_rows, device, run_step, recover_after_failure, copy_buf);
+        sample_rows, device, run_step, copy_buf);
 }
