@@ -18,7 +18,7 @@ cargo test -p deltaserve-cuda --release --no-run
 pack=$(mktemp -d)
 trap 'rm -rf "$pack"' EXIT
 cp target/release/deltaserve "$pack/"
-for t in ops graphs golden moe fp8 sampling dummy_weights demo_heldout demo_fp8 tensor_parallel; do
+for t in ops graphs golden moe fp8 sampling dummy_weights demo_heldout demo_fp8 tensor_parallel device_loss; do
   cp "$(ls -t target/release/deps/$t-* | grep -v '\.d$' | head -1)" "$pack/$t"
 done
 strip "$pack"/*
