@@ -30,10 +30,17 @@ pub struct ForwardOutput<B: Backend> {
     pub hidden: B::Buf,
 }
 
-/// Sees the residual stream after each layer; used by `doctor` to find the first diverging layer.
+/// Sees the residual stream before and after each layer, and may replace what the next layer
+/// starts from; used by `doctor` to check every layer on the same input in both backends.
 /// `Send`: the step, observer included, may run on one of the backend's worker threads.
 pub trait LayerObserver<B: Backend>: Send {
+    fn before_layer(&mut self, _layer: usize, _hidden: &B::Buf) {}
     fn after_layer(&mut self, layer: usize, hidden: &B::Buf);
+    /// The residual stream the rest of the model continues from instead of the layer's own
+    /// output; `None` keeps it.
+    fn replace_after_layer(&mut self, _layer: usize) -> Option<Vec<f32>> {
+        None
+    }
 }
 
 impl<B: Backend> LayerObserver<B> for () {
@@ -178,12 +185,19 @@ impl<B: Backend> Model<B> {
                 batch: input.batch,
                 pool: Some(self.pool_index[i]),
             };
+            observer.before_layer(i, &h);
             // The next layer's input norm is fused into this layer's last residual add.
             let next_norm = layers.get(i + 1).map(|next| &next.input_norm);
             if let Some(next) = self.layer_from_normed(layer, &x, &mut h, &step, cache, next_norm) {
                 x = next;
             }
             observer.after_layer(i, &h);
+            if let Some(replacement) = observer.replace_after_layer(i) {
+                h = be.upload(&replacement);
+                if let Some(norm) = next_norm {
+                    x = self.norm(&h, norm);
+                }
+            }
         }
         self.head(&h, &self.weights.norm, input.logit_rows, input.hidden_rows)
     }
