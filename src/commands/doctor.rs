@@ -21,16 +21,21 @@ use deltaserve_tensor::Backend;
 /// f32 backends agree with the f64-accumulating reference to ~1e-5 relative; this leaves room for
 /// long dot products and the chunked GDN form while catching any real defect (those are O(1)).
 const DEFAULT_TOLERANCE: f32 = 2e-3;
-/// The cuda backend rounds GEMM inputs to bf16 (8 significant bits, ~4e-3 relative per product),
-/// and the error grows through the layers; real defects still show as O(1) differences.
+/// The cuda backend rounds GEMM inputs to bf16 (8 significant bits, ~4e-3 relative per product);
+/// real defects still show as O(1) differences.
 const CUDA_TOLERANCE: f32 = 5e-2;
+/// A whole layer on the same input rounds in several products in a row: on random 6-layer
+/// checkpoints, products rounded to bf16 moved a layer's update by up to 4.8e-2 of its scale,
+/// while the broken attention moved it by 0.70-1.17 (crates/doctor/tests/rounding.rs and
+/// scripts/make_doctor_checkpoints.py); 0.15 leaves a factor of 3 and more on either side.
+const CUDA_LAYER_TOLERANCE: f32 = 0.15;
 
 #[derive(Args, Debug)]
 pub struct DoctorArgs {
     #[command(flatten)]
     pub model: ModelFlags,
     /// Largest relative error (max |ours - reference| / max |reference|) that passes
-    /// (default 2e-3, or 5e-2 for the bf16 GEMMs of --backend cuda).
+    /// (default 2e-3; with --backend cuda's bf16 GEMMs 5e-2 for an op, 0.15 for a layer's update).
     #[arg(long)]
     pub tolerance: Option<f32>,
     /// Print the report as JSON.
@@ -88,8 +93,15 @@ fn examine<B: Backend>(
         } else {
             DEFAULT_TOLERANCE
         });
+    let layer_tolerance = args
+        .tolerance
+        .unwrap_or(if settings.backend == BackendKind::Cuda {
+            CUDA_LAYER_TOLERANCE
+        } else {
+            DEFAULT_TOLERANCE
+        });
     let ops = check_ops(ops_reference, target, tolerance);
-    let layers = check_layers(reference, target, &spec.prompt_ids, tolerance);
+    let layers = check_layers(reference, target, &spec.prompt_ids, layer_tolerance);
     let stop_ids = tokenizer.as_ref().map_or_else(
         || target.config.eos_token_ids.clone(),
         |t| t.stop_token_ids().to_vec(),
