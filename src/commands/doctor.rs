@@ -86,20 +86,12 @@ fn examine<B: Backend>(
     };
     let spec = CanarySpec::for_model(dir, tokenizer.as_ref(), target.config.vocab_size)
         .map_err(anyhow::Error::msg)?;
-    let tolerance = args
-        .tolerance
-        .unwrap_or(if settings.backend == BackendKind::Cuda {
-            CUDA_TOLERANCE
-        } else {
-            DEFAULT_TOLERANCE
-        });
-    let layer_tolerance = args
-        .tolerance
-        .unwrap_or(if settings.backend == BackendKind::Cuda {
-            CUDA_LAYER_TOLERANCE
-        } else {
-            DEFAULT_TOLERANCE
-        });
+    let on_cuda = settings.backend == BackendKind::Cuda;
+    let pick = |cuda: f32| {
+        args.tolerance
+            .unwrap_or(if on_cuda { cuda } else { DEFAULT_TOLERANCE })
+    };
+    let (tolerance, layer_tolerance) = (pick(CUDA_TOLERANCE), pick(CUDA_LAYER_TOLERANCE));
     let ops = check_ops(ops_reference, target, tolerance);
     let layers = check_layers(reference, target, &spec.prompt_ids, layer_tolerance);
     let stop_ids = tokenizer.as_ref().map_or_else(

@@ -2,32 +2,16 @@
 //! backend fails, and the first failing op row is the attention op of a full-attention layer, and the
 //! first failing layer is the first full-attention layer.
 
+mod common;
+
+use common::{fixture, load};
 use deltaserve_doctor::layers::check_layers;
 use deltaserve_doctor::ops::check_ops;
-use deltaserve_model::config::ModelConfig;
-use deltaserve_model::safetensors::SafetensorsSource;
-use deltaserve_model::weights::Weights;
-use deltaserve_model::Model;
 use deltaserve_tensor::cpu::{CpuBackend, IsaLevel};
 use deltaserve_tensor::diagnostic::BrokenAttention;
 use deltaserve_tensor::reference::ReferenceBackend;
-use deltaserve_tensor::Backend;
-use std::path::{Path, PathBuf};
 
 const TOLERANCE: f32 = 2e-3;
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures")
-        .join(name)
-}
-
-fn load<B: Backend>(backend: B, dir: &Path) -> Model<B> {
-    let config = ModelConfig::from_dir(dir).unwrap();
-    let source = SafetensorsSource::open(dir).unwrap();
-    let weights = Weights::load(&backend, &config, &source, true, &mut |_, _| {}).unwrap();
-    Model::new(config, backend, weights)
-}
 
 const PROMPT: [u32; 80] = {
     let mut p = [0u32; 80];

@@ -3,17 +3,16 @@
 //! it on every fixture at the cuda tolerance, because every layer runs on the same input in both
 //! backends and only its own rounding shows; the deliberately broken attention still fails it.
 
+mod common;
+
+use common::{fixture, load};
 use deltaserve_doctor::layers::check_layers;
 use deltaserve_doctor::Comparison;
-use deltaserve_model::config::ModelConfig;
-use deltaserve_model::safetensors::SafetensorsSource;
-use deltaserve_model::weights::Weights;
 use deltaserve_model::{ForwardInput, Model};
 use deltaserve_tensor::diagnostic::BrokenAttention;
 use deltaserve_tensor::dtype::{bf16_to_f32, f32_to_bf16};
 use deltaserve_tensor::reference::ReferenceBackend;
 use deltaserve_tensor::{Backend, BatchLayout, HostTensor, TensorError};
-use std::path::{Path, PathBuf};
 
 /// doctor's tolerance for the cuda backend's bf16 GEMMs (src/commands/doctor.rs).
 const CUDA_TOLERANCE: f32 = 5e-2;
@@ -49,19 +48,6 @@ impl<B: Backend> Backend for Bf16Products<B> {
         sigmoid_mul_inplace, rope, concat_cols, gather_rows, scatter_add_rows, sigmoid_scale_rows,
         attention, causal_conv1d, gdn_gates, gated_delta_rule, reset_state_slot, copy_state_slot,
         route_top_k);
-}
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures")
-        .join(name)
-}
-
-fn load<B: Backend>(backend: B, dir: &Path) -> Model<B> {
-    let config = ModelConfig::from_dir(dir).unwrap();
-    let source = SafetensorsSource::open(dir).unwrap();
-    let weights = Weights::load(&backend, &config, &source, true, &mut |_, _| {}).unwrap();
-    Model::new(config, backend, weights)
 }
 
 fn prompt() -> Vec<u32> {
