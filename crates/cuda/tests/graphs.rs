@@ -1,9 +1,11 @@
-//! Recorded decode steps (CUDA graphs) against the same steps launched op by op: the demo model
-//! and the MoE fixtures (whose routed experts run on the device, so their steps record too) decode
-//! 3 sequences (batch 1 and batch 3, contexts crossing the 64-position attention splits so
-//! that the recordings are re-made for new shapes) once with recordings and once without; every
-//! step's logits must be bit for bit the same, since a replay runs the same kernels on the same
-//! data in the same order. Both KV pool dtypes (bf16, the default with bf16 GEMMs, and f32).
+//! Recorded steps (CUDA graphs) against the same steps launched op by op: the demo model and the
+//! MoE fixtures (whose routed experts run on the device, so their steps record too) run 3
+//! sequences (batch 1 and batch 3, contexts crossing the 64-position attention splits so that the
+//! recordings are re-made for new shapes) once with recordings and once without, as plain decode
+//! steps and as speculative verify steps (4 tokens a sequence with a snapshot slot each, then a
+//! rollback to the snapshot of the last kept token); every step's logits (and a verify's hidden
+//! states) must be bit for bit the same, since a replay runs the same kernels on the same data in
+//! the same order. Both KV pool dtypes (bf16, the default with bf16 GEMMs, and f32).
 //! Skipped (with a printed reason) where no CUDA device can be used.
 
 mod common;
@@ -88,47 +90,155 @@ fn decode<B: Backend>(m: &Model<B>, batch: usize) -> Vec<Vec<f32>> {
     all
 }
 
-#[test]
-fn replayed_steps_equal_launched_steps_bitwise() {
+/// Tokens a verify step runs per sequence: the next token and three drafts (MTP k = 3).
+const VERIFY_TOKENS: usize = 4;
+const VERIFY_STEPS: usize = 40;
+
+/// Prefills `SEQS` sequences, then runs `VERIFY_STEPS` verify steps, `batch` sequences at a
+/// time: each sequence runs its greedy token and three made-up drafts, with a snapshot slot per
+/// token, then keeps 0-3 of the drafts in turn (its state rolls back to the snapshot after the
+/// last kept token, as the engine's commit does). Returns every logits and hidden row in order.
+fn verify<B: Backend>(m: &Model<B>, batch: usize) -> Vec<Vec<f32>> {
+    let context = 16 + VERIFY_STEPS * VERIFY_TOKENS + 1;
+    let per_seq = context.div_ceil(16);
+    let mut cache: HybridCache<B> = full_cache(m, SEQS * (1 + VERIFY_TOKENS), context);
+    let blocks =
+        |s: usize| -> Vec<u32> { ((s * per_seq) as u32..((s + 1) * per_seq) as u32).collect() };
+    let snapshots = |s: usize| -> Vec<usize> {
+        (0..VERIFY_TOKENS)
+            .map(|i| SEQS + s * VERIFY_TOKENS + i)
+            .collect()
+    };
+    let (vocab, hidden) = (m.config.vocab_size, m.config.hidden_size);
+    let mut next = Vec::new();
+    for s in 0..SEQS {
+        cache.reset_slot(&m.backend, s);
+        let prompt: Vec<u32> = (0..16)
+            .map(|i| ((i * 5 + s * 11) % 200 + 10) as u32)
+            .collect();
+        let layout = BatchLayout::packed(16, [(prompt.len(), 0, blocks(s), s)]);
+        let out = m.forward(
+            &ForwardInput {
+                tokens: &prompt,
+                batch: &layout,
+                logit_rows: &[15],
+                hidden_rows: &[],
+            },
+            &mut cache,
+        );
+        next.push(argmax(&m.backend.to_host(&out.logits)));
+    }
+    let mut pos = [16; SEQS];
+    let mut all = Vec::new();
+    for step in 0..VERIFY_STEPS {
+        for group in (0..SEQS).collect::<Vec<_>>().chunks(batch) {
+            let mut layout = BatchLayout::packed(
+                16,
+                group.iter().map(|&s| (VERIFY_TOKENS, pos[s], blocks(s), s)),
+            );
+            for (seq, &s) in layout.seqs.iter_mut().zip(group) {
+                seq.snapshot_slots = snapshots(s);
+            }
+            let tokens: Vec<u32> = group
+                .iter()
+                .flat_map(|&s| {
+                    let first = next[s];
+                    (0..VERIFY_TOKENS as u32).map(move |i| {
+                        if i == 0 {
+                            first
+                        } else {
+                            (first * 7 + i * 31) % 200 + 5
+                        }
+                    })
+                })
+                .collect();
+            let rows: Vec<u32> = (0..tokens.len() as u32).collect();
+            let out = m.forward(
+                &ForwardInput {
+                    tokens: &tokens,
+                    batch: &layout,
+                    logit_rows: &rows,
+                    hidden_rows: &rows,
+                },
+                &mut cache,
+            );
+            let logits = m.backend.to_host(&out.logits);
+            let states = m.backend.to_host(&out.hidden);
+            for (i, &s) in group.iter().enumerate() {
+                let kept = (step + s) % VERIFY_TOKENS;
+                let row = i * VERIFY_TOKENS + kept;
+                cache.copy_slot(&m.backend, snapshots(s)[kept], s);
+                pos[s] += 1 + kept;
+                next[s] = argmax(&logits[row * vocab..(row + 1) * vocab]);
+            }
+            all.extend(logits.chunks(vocab).map(<[f32]>::to_vec));
+            all.extend(states.chunks(hidden).map(<[f32]>::to_vec));
+        }
+    }
+    all
+}
+
+/// Runs `steps` on a model launching op by op and on one recording (graphs up to 16 rows),
+/// at batch 1 and `SEQS`, and asks for bit-for-bit equal rows and enough replays.
+fn compare_recorded<F>(test: &str, what: &str, min_replays: u64, steps: F)
+where
+    F: Fn(&Model<deltaserve_cuda::CudaBackend>, usize) -> Vec<Vec<f32>>,
+{
     for kv in [KvDtype::Bf16, KvDtype::F32] {
-        let Some(be) = cuda_kv(
-            GemmPrecision::Bf16,
-            kv,
-            "replayed_steps_equal_launched_steps_bitwise",
-        ) else {
+        let Some(be) = cuda_kv(GemmPrecision::Bf16, kv, test) else {
             return;
         };
         let kv = kv.name();
         for dir in model_dirs() {
             let plain = load(be.clone(), dir);
             let recorded = load(be.clone(), dir);
-            recorded.enable_step_graphs(8);
+            recorded.enable_step_graphs(16);
             for batch in [1, SEQS] {
-                let want = decode(&plain, batch);
-                let got = decode(&recorded, batch);
+                let want = steps(&plain, batch);
+                let got = steps(&recorded, batch);
                 assert_eq!(want.len(), got.len());
                 for (i, (w, g)) in want.iter().zip(&got).enumerate() {
                     assert!(
                         w == g,
-                        "{}: {kv} KV: batch {batch}: logits row {i} differ between the replayed and the launched step (max diff {})",
+                        "{}: {kv} KV: {what} batch {batch}: row {i} differs between the replayed and the launched step (max diff {})",
                         dir.display(),
                         fixtures::max_abs_diff(w, g)
                     );
                 }
                 println!(
-                    "{}: {kv} KV: batch {batch}: {} logits rows bit for bit equal",
+                    "{}: {kv} KV: {what} batch {batch}: {} rows bit for bit equal",
                     dir.display(),
                     want.len()
                 );
             }
             let counts = recorded.step_graph_counts().expect("recording is on");
-            println!("{}: {kv} KV: {counts:?}", dir.display());
+            println!("{}: {kv} KV: {what}: {counts:?}", dir.display());
             assert_eq!(counts.failed, 0, "a recording failed: {counts:?}");
             assert!(
-                counts.recorded >= 4 && counts.replayed > 2 * STEPS as u64,
-                "{}: {kv} KV: too few steps were replayed for the comparison to mean anything: {counts:?}",
+                counts.recorded >= 4 && counts.replayed > min_replays,
+                "{}: {kv} KV: {what}: too few steps were replayed for the comparison to mean anything: {counts:?}",
                 dir.display()
             );
         }
     }
+}
+
+#[test]
+fn replayed_verify_steps_equal_launched_steps_bitwise() {
+    compare_recorded(
+        "replayed_verify_steps_equal_launched_steps_bitwise",
+        "verify",
+        VERIFY_STEPS as u64,
+        verify,
+    );
+}
+
+#[test]
+fn replayed_steps_equal_launched_steps_bitwise() {
+    compare_recorded(
+        "replayed_steps_equal_launched_steps_bitwise",
+        "decode",
+        2 * STEPS as u64,
+        decode,
+    );
 }

@@ -1,12 +1,13 @@
-//! Decode steps recorded once per shape and replayed (CUDA graphs, on backends that can record).
+//! Decode and verify steps recorded once per shape and replayed (CUDA graphs, on backends that can
+//! record).
 //!
-//! A step qualifies when every sequence decodes one token without snapshots (plain decode, not a
-//! speculative verify), the batch has at most `max_batch` rows, every row's logits are wanted and
-//! the model has no MoE layer (routing reads the router's choices on the host mid-step). A shape
-//! (rows, the backend's shape key, the cache) is run plainly the first time it appears (lazy
-//! initialisation stays out of the recording), recorded the second time and replayed from then on;
-//! the outputs are copied out of the recording's buffers after each replay. Recording failures fall
-//! back to the plain step for that shape, with the reason on stderr.
+//! A step qualifies when every sequence runs the same number of tokens, either one (plain decode)
+//! or a speculative verify's k + 1 with a snapshot slot for each, the batch has at most `max_batch`
+//! rows, every row's logits are wanted and the model's MoE routing (if any) stays on the device. A
+//! shape (rows, tokens a sequence, the backend's shape key, the cache) is run plainly the first
+//! time it appears (lazy initialisation stays out of the recording), recorded the second time and
+//! replayed from then on; the outputs are copied out of the recording's buffers after each replay.
+//! Recording failures fall back to the plain step for that shape, with the reason on stderr.
 
 use crate::cache::HybridCache;
 use crate::forward::{ForwardInput, ForwardOutput, Model};
@@ -20,6 +21,7 @@ const MAX_RECORDINGS: usize = 96;
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 struct ShapeKey {
     rows: usize,
+    tokens_per_seq: usize,
     hidden: bool,
     backend_shape: u64,
 }
@@ -62,7 +64,7 @@ impl<B: Backend> Default for StepGraphs<B> {
 }
 
 impl<B: Backend> Model<B> {
-    /// Records and replays plain decode steps of up to `max_batch` sequences (SGLang's
+    /// Records and replays decode and verify steps of up to `max_batch` rows (SGLang's
     /// `--cuda-graph-max-bs`); 0 turns it off.
     pub fn enable_step_graphs(&self, max_batch: usize) {
         let mut state = self
@@ -88,20 +90,38 @@ impl<B: Backend> Model<B> {
             .map(|r| r.counts)
     }
 
-    /// Whether `input` is a plain decode step a recording can stand for.
-    fn step_qualifies(&self, input: &ForwardInput<'_>, cache: &HybridCache<B>, max: usize) -> bool {
+    /// The tokens every sequence of `input` runs, when a recording can stand for the step: a
+    /// plain decode (one token each) or a speculative verify (the same tokens each, a snapshot slot
+    /// for every token), of at most `max` rows (a verify of k + 1 tokens a sequence records up to
+    /// `max / (k + 1)` sequences: each recording keeps its own logits), with every row's logits
+    /// wanted.
+    fn step_qualifies(
+        &self,
+        input: &ForwardInput<'_>,
+        cache: &HybridCache<B>,
+        max: usize,
+    ) -> Option<usize> {
+        let seqs = &input.batch.seqs;
+        let tokens_per_seq = seqs.first()?.len;
+        // A verify snapshots every token; a one-token step with snapshots is no verify.
+        let snapshots_wanted = if tokens_per_seq == 1 {
+            0
+        } else {
+            tokens_per_seq
+        };
+        let uniform = seqs
+            .iter()
+            .all(|s| s.len == tokens_per_seq && s.snapshot_slots.len() == snapshots_wanted);
         let rows = input.tokens.len();
-        rows > 0
+        let qualifies = tokens_per_seq > 0
             && rows <= max
+            && rows == seqs.len() * tokens_per_seq
+            && uniform
             && self.weights.moe_stays_on_device()
             && !cache.kv.is_empty()
-            && input
-                .batch
-                .seqs
-                .iter()
-                .all(|s| s.len == 1 && s.snapshot_slots.is_empty())
             && input.logit_rows.iter().copied().eq(0..rows as u32)
-            && (input.hidden_rows.is_empty() || input.hidden_rows == input.logit_rows)
+            && (input.hidden_rows.is_empty() || input.hidden_rows == input.logit_rows);
+        qualifies.then_some(tokens_per_seq)
     }
 
     /// The step through a recording, or `None` when it runs plainly.
@@ -117,9 +137,7 @@ impl<B: Backend> Model<B> {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let recordings = guard.as_mut()?;
-        if !self.step_qualifies(input, cache, recordings.max_batch) {
-            return None;
-        }
+        let tokens_per_seq = self.step_qualifies(input, cache, recordings.max_batch)?;
         let kv = &cache.kv[0];
         let backend_shape = be.prepare_step(&StepInputs {
             tokens: input.tokens,
@@ -134,6 +152,7 @@ impl<B: Backend> Model<B> {
         }
         let key = ShapeKey {
             rows: input.tokens.len(),
+            tokens_per_seq,
             hidden: !input.hidden_rows.is_empty(),
             backend_shape,
         };
