@@ -115,6 +115,7 @@ impl LocalEngine {
         );
         let prefix_cache = prefix.enabled;
         let lost = Arc::new(Mutex::new(None));
+        let window = LogWindow::starting(&metrics, replayed_steps(&model));
         let worker = Worker {
             scheduler: Scheduler::new(limits, config.num_kv_blocks, config.state_slots)
                 .with_prefix_cache(prefix, grid),
@@ -125,7 +126,7 @@ impl LocalEngine {
             metrics: metrics.clone(),
             queued: queued.clone(),
             log_interval: config.decode_log_interval,
-            window: LogWindow::starting(&metrics),
+            window,
             clock: HostGapClock::default(),
             lost: lost.clone(),
             context_length: config.context_length,
@@ -280,10 +281,14 @@ pub(crate) struct LogWindow {
     /// The host-gap and device-work counters when the window began.
     host_gap_us: u64,
     device_work_us: u64,
+    /// The forward and batch-token counters, and the replayed recordings, when it began.
+    forward_steps: u64,
+    batch_tokens: u64,
+    replayed: u64,
 }
 
 impl LogWindow {
-    fn starting(metrics: &EngineMetrics) -> Self {
+    fn starting(metrics: &EngineMetrics, replayed: u64) -> Self {
         Self {
             since: Instant::now(),
             decode_steps: 0,
@@ -295,8 +300,16 @@ impl LogWindow {
             cache_hits: 0,
             host_gap_us: metrics.host_gap_us.load(Ordering::Relaxed),
             device_work_us: metrics.device_work_us.load(Ordering::Relaxed),
+            forward_steps: metrics.forward_steps.load(Ordering::Relaxed),
+            batch_tokens: metrics.batch_tokens.load(Ordering::Relaxed),
+            replayed,
         }
     }
+}
+
+/// Steps replayed from recordings (CUDA graphs) since start; 0 where nothing records.
+fn replayed_steps<B: Backend>(model: &Model<B>) -> u64 {
+    model.step_graph_counts().map_or(0, |c| c.replayed)
 }
 
 pub(crate) struct Worker<B: Backend> {
@@ -649,16 +662,24 @@ impl<B: Backend> Worker<B> {
             m.device_work_us.load(Ordering::Relaxed) - w.device_work_us,
         )
         .map_or("-".to_string(), |share| format!("{share:.3}"));
+        // Every forward of the window (decode, verify, prefill chunks), so a slow window shows
+        // whether its steps were long, large or not replayed.
+        let steps = (m.forward_steps.load(Ordering::Relaxed) - w.forward_steps).max(1);
+        let tokens = m.batch_tokens.load(Ordering::Relaxed) - w.batch_tokens;
+        let replayed = replayed_steps(&self.model) - w.replayed;
         eprintln!(
-            "decode: running={} queued={} kv_usage={:.2} state_slots={}/{} cache_hit_rate={hit_rate} accept_len={accept_len} draft_accept={draft_accept} gen_tok/s={:.1} host_share={host}",
+            "decode: running={} queued={} kv_usage={:.2} state_slots={}/{} cache_hit_rate={hit_rate} accept_len={accept_len} draft_accept={draft_accept} gen_tok/s={:.1} host_share={host} step_ms={:.1} tokens/step={:.1} replayed={:.2}",
             s.running,
             s.queued,
             s.kv_blocks_used as f64 / s.kv_blocks_total.max(1) as f64,
             s.state_slots_used,
             s.state_slots_total,
-            w.generated as f64 / secs
+            w.generated as f64 / secs,
+            secs * 1e3 / steps as f64,
+            tokens as f64 / steps as f64,
+            replayed as f64 / steps as f64
         );
-        self.window = LogWindow::starting(&self.metrics);
+        self.window = LogWindow::starting(&self.metrics, replayed_steps(&self.model));
     }
 }
 
