@@ -120,7 +120,7 @@ for step in "$@"; do
       port=18090
       name="bench-serve-$shape-c$conc"
       "$bins/deltaserve" serve --port $port --enable-metrics --model-path "examples/$shape" \
-        --load-format dummy >"$res/$name-server.log" 2>&1 &
+        --load-format dummy --tokenizer-path models/demo --skip-canary >"$res/$name-server.log" 2>&1 &
       server=$!
       for _ in $(seq 150); do grep -q "^listening" "$res/$name-server.log" && break; sleep 1; done
       timeout "$(($(left) < 180 ? $(left) : 180))" "$bins/deltaserve" bench serve --url "http://127.0.0.1:$port" \

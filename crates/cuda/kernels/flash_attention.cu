@@ -20,14 +20,15 @@
 #define FLASH_WARPS 8
 #define FLASH_ROWS (16 * FLASH_WARPS)
 #define FLASH_KEYS 64
-// FLASH_KV_PIPELINE=1 (DELTASERVE_CUDA_DEFINES; opt-in, not yet run on a GPU): with a bf16 pool the
+// FLASH_KV_PIPELINE (default 1 where a block may have the shared memory, backend.rs; =0 in
+// DELTASERVE_CUDA_DEFINES turns it off): with a bf16 pool the
 // next K/V tile is copied into a second pair of tiles (cp.async, no registers) while the current one
 // is computed, where a block otherwise waits for each tile's loads before its products (the 27B's
 // 2048-token prefill ran this kernel at ~105 TFLOP/s, session 19). 2 x 2 x FLASH_KEYS x (D + 8)
 // bf16 values for K/V instead of 2 x: 198 KB a block at head dim 256. An f32 pool's rows are
 // rounded on the way in, so they keep the loads through registers.
 #ifndef FLASH_KV_PIPELINE
-#define FLASH_KV_PIPELINE 0
+#define FLASH_KV_PIPELINE 1
 #endif
 
 // 16 bytes from global to shared memory without passing through registers; zeros when !valid (then

@@ -398,14 +398,15 @@ __device__ void chunk_prepare(const float* __restrict__ mixed, const float* __re
     if (tid == 0) last_decay[chunk * value_heads + h] = expf(G[n - 1]);
 }
 
-// GDN_SCAN_PIPELINE=1 (DELTASERVE_CUDA_DEFINES; opt-in, not yet run on a GPU) has the scan load
+// GDN_SCAN_PIPELINE (default 1 where a block may have the shared memory, backend.rs; =0 in
+// DELTASERVE_CUDA_DEFINES turns it off) has the scan load
 // the next chunk's operands while it computes the current one: W, Q' and O0 (read only by the U/O
 // products) while the state update runs, K (read only by the update) while the next U/O products
 // run, and U0 into a second buffer. The same products in the same order, so bit for bit the
 // sequential scan; Nsight Compute had it latency-bound (349 us a layer of a 27B prefill of 2048,
 // DRAM 9-18 %, session 6), each chunk waiting for its 128 KB before any product.
 #ifndef GDN_SCAN_PIPELINE
-#define GDN_SCAN_PIPELINE 0
+#define GDN_SCAN_PIPELINE 1
 #endif
 // A scan block's shared memory leaves room for one block an SM; saying so lets ptxas give the
 // pipelined scan the registers it needs (96 for key dim 128, where left to itself it stopped at 64

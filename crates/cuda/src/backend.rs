@@ -64,13 +64,13 @@ pub struct CudaBackend {
     /// keeps them f32).
     pub(crate) bf16_gate_up: bool,
     /// Whether the chunked delta rule's scan loads the next chunk while it computes one
-    /// (gdn_chunked.cu `GDN_SCAN_PIPELINE=1`; opt-in, not yet run on a GPU).
+    /// (gdn_chunked.cu `GDN_SCAN_PIPELINE`; on by default since session 21, `=0` turns it off).
     pub(crate) gdn_scan_pipeline: bool,
     /// Whether the flash kernel's tiles launch heaviest first (flash.rs `heaviest_first`;
-    /// `FLASH_HEAVY_FIRST=1`, opt-in, not yet measured on a GPU).
+    /// `FLASH_HEAVY_FIRST`; on by default since session 21, `=0` turns it off).
     pub(crate) flash_heavy_first: bool,
     /// Whether the flash kernel double-buffers a bf16 pool's K/V tiles (flash_attention.cu
-    /// `FLASH_KV_PIPELINE=1`; opt-in, not yet run on a GPU).
+    /// `FLASH_KV_PIPELINE`; on by default since session 21, `=0` turns it off).
     pub(crate) flash_kv_pipeline: bool,
     /// Set once a weight is kept in block FP8: its GEMMs quantize their input themselves, and a
     /// bf16 twin would be written for nothing.
@@ -192,6 +192,7 @@ impl CudaBackend {
             .new_stream()
             .map_err(|e| CudaError::driver("creating a stream", e))?;
 
+        let options = &with_device_defaults(options, max_shared_per_block);
         let arch = format!("compute_{major}{minor}");
         let compiled = compile::compile_all(&arch, options)?;
         let ptx_from_cache = compiled.iter().filter(|c| c.cached).count();
@@ -247,9 +248,9 @@ impl CudaBackend {
             bf16_twins: options.define::<u32>("BF16_TWIN").unwrap_or(1) != 0,
             gemm_pairs: options.define::<u32>("GEMM_PAIRS").unwrap_or(1) != 0,
             bf16_gate_up: options.define::<u32>("MLP_BF16_GATE_UP").unwrap_or(1) != 0,
-            gdn_scan_pipeline: options.define::<u32>("GDN_SCAN_PIPELINE").unwrap_or(0) != 0,
-            flash_heavy_first: options.define::<u32>("FLASH_HEAVY_FIRST").unwrap_or(0) != 0,
-            flash_kv_pipeline: options.define::<u32>("FLASH_KV_PIPELINE").unwrap_or(0) != 0,
+            gdn_scan_pipeline: options.define::<u32>("GDN_SCAN_PIPELINE").unwrap_or(1) != 0,
+            flash_heavy_first: options.define::<u32>("FLASH_HEAVY_FIRST").unwrap_or(1) != 0,
+            flash_kv_pipeline: options.define::<u32>("FLASH_KV_PIPELINE").unwrap_or(1) != 0,
             fp8_weights_loaded: Arc::new(AtomicBool::new(false)),
             gemm_precision: options.gemm_precision,
             keep_fp8_weights: options.keep_fp8_weights.unwrap_or(major >= 9)
@@ -820,5 +821,63 @@ impl Device for CudaBackend {
 
     fn take_op_profile(&self) -> Vec<OpTiming> {
         self.take_op_profile_op()
+    }
+}
+
+/// `options` with the pipelined kernels' switches turned off where the device cannot give a
+/// block their larger shared memory (unless the user set them): with the pipelines compiled in,
+/// the flash kernel and the chunked delta rule would not run there at all, while without them
+/// they still fit (e.g. flash attention on an A100).
+fn with_device_defaults(options: &CudaOptions, max_shared: usize) -> CudaOptions {
+    let mut options = options.clone();
+    for (name, fits) in [
+        (
+            "FLASH_KV_PIPELINE",
+            crate::flash::kv_pipeline_fits(max_shared),
+        ),
+        (
+            "GDN_SCAN_PIPELINE",
+            crate::gdn_chunked::scan_pipeline_fits(max_shared),
+        ),
+    ] {
+        if !fits && options.define::<u32>(name).is_none() {
+            options.defines.push((name.to_string(), "0".to_string()));
+        }
+    }
+    options
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn switches(options: &CudaOptions) -> (Option<u32>, Option<u32>) {
+        (
+            options.define("FLASH_KV_PIPELINE"),
+            options.define("GDN_SCAN_PIPELINE"),
+        )
+    }
+
+    #[test]
+    fn pipelines_stay_on_where_they_fit_and_user_choices_win() {
+        let plain = CudaOptions::default();
+        let hopper = 227 * 1024;
+        let a100 = 163 * 1024;
+        assert_eq!(
+            switches(&with_device_defaults(&plain, hopper)),
+            (None, None)
+        );
+        assert_eq!(
+            switches(&with_device_defaults(&plain, a100)),
+            (Some(0), Some(0))
+        );
+        let chosen = CudaOptions {
+            defines: vec![("FLASH_KV_PIPELINE".to_string(), "1".to_string())],
+            ..CudaOptions::default()
+        };
+        assert_eq!(
+            switches(&with_device_defaults(&chosen, a100)),
+            (Some(1), Some(0))
+        );
     }
 }

@@ -24,6 +24,12 @@ fn flash_shared_bytes(head_dim: usize, kv_buffers: usize) -> usize {
     (FLASH_ROWS + 2 * kv_buffers * FLASH_KEYS) * (head_dim + 8) * 2
 }
 
+/// Whether a block may have the double-buffered tiles at the family's head dim of 256 (Hopper's
+/// 227 KB: yes; an A100's 163 KB: no, it keeps single tiles and flash).
+pub(crate) fn kv_pipeline_fits(max_shared: usize) -> bool {
+    flash_shared_bytes(256, 2) <= max_shared
+}
+
 /// The flash kernel compiled for `head_dim` and a pool of `dtype`.
 fn flash_kernel(head_dim: usize, dtype: KvDtype) -> Option<&'static str> {
     Some(match (head_dim, dtype) {

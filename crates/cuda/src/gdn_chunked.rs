@@ -48,6 +48,11 @@ pub(crate) fn supports(shape: GdnShape, scan_pipelined: bool, max_shared: usize)
         && scan_shared_bytes(shape.key_dim, scan_pipelined) <= max_shared
 }
 
+/// Whether a block may have the pipelined scan's second U buffer at the family's key dim of 128.
+pub(crate) fn scan_pipeline_fits(max_shared: usize) -> bool {
+    scan_shared_bytes(128, true) <= max_shared
+}
+
 /// `PREP_SMEM_FLOATS` and `SCAN_SMEM_FLOATS` of gdn_chunked.cu, in bytes.
 fn prepare_shared_bytes(key_dim: usize) -> usize {
     4 * (2 * CHUNK * (key_dim + 4)

@@ -21,7 +21,7 @@
 mod common;
 
 use common::{
-    check, cuda, cuda_chunked_gdn, cuda_chunked_gdn_pipelined, cuda_prefill_without_shortcuts,
+    check, cuda, cuda_chunked_gdn, cuda_chunked_gdn_sequential, cuda_prefill_without_shortcuts,
     cuda_wide_lanes, group_products, Rng,
 };
 use deltaserve_cuda::{CudaBackend, CudaBuf, CudaOptions, GemmPrecision};
@@ -891,16 +891,16 @@ fn grouped_decode_attention_equals_one_head_a_block_bitwise() {
 /// batches mix flash rows with decode rows (paged kernels), GQA groups of 1 to 6 q heads, tiles that
 /// end inside a token's heads, and cached context before the chunk. Both pool dtypes: an f32 pool's
 /// K/V are rounded to bf16 as the kernel loads them, a bf16 pool holds them rounded the same way
-/// (nearest even), so the flash rows must come out bit for bit the same from either pool. With the
-/// opt-ins (`FLASH_HEAVY_FIRST=1`: tiles launched heaviest first; `FLASH_KV_PIPELINE=1`: a bf16
-/// pool's tiles double-buffered) every output is bit for bit the same.
+/// (nearest even), so the flash rows must come out bit for bit the same from either pool. Without
+/// the two defaults (`FLASH_HEAVY_FIRST=0`: tiles launched in plan order, not heaviest first;
+/// `FLASH_KV_PIPELINE=0`: a bf16 pool's tiles single-buffered) every output is bit for bit the same.
 #[test]
 fn flash_prefill_attention_matches_reference() {
     let test = "flash_prefill_attention_matches_reference";
     let Some(be) = cuda(GemmPrecision::Bf16, test) else {
         return;
     };
-    let opt_ins = common::cuda_flash_opt_ins(test);
+    let plain = common::cuda_flash_plain(test);
     let mut rng = Rng(16);
     let cases: [AttentionCase; 5] = [
         (24, 4, 256, &[(200, 0), (1, 300), (100, 37)]),
@@ -922,13 +922,13 @@ fn flash_prefill_attention_matches_reference() {
                 dtype.name()
             );
             check(&label, &got, &want, TOL_FLASH);
-            if let Some(opt_ins) = opt_ins {
+            if let Some(plain) = plain {
                 rng.0 = draws;
-                let (with_opt_ins, _) =
-                    attention_inputs(opt_ins, &mut rng, shape, dtype, true).attend(opt_ins);
+                let (without, _) =
+                    attention_inputs(plain, &mut rng, shape, dtype, true).attend(plain);
                 assert!(
-                    with_opt_ins == got,
-                    "{label}: FLASH_HEAVY_FIRST=1 FLASH_KV_PIPELINE=1 change the output"
+                    without == got,
+                    "{label}: FLASH_HEAVY_FIRST=0 FLASH_KV_PIPELINE=0 change the output"
                 );
             }
             outputs.push(got);
@@ -1175,15 +1175,15 @@ fn check_gated_delta_rule(be: &CudaBackend, prefill: &str, tol: f32) {
     }
 }
 
-/// The pipelined scan (`GDN_SCAN_PIPELINE=1`: the next chunk's operands load while a chunk
-/// computes) runs the same products in the same order as the sequential one: bit for bit the same
+/// The pipelined scan (the default; `GDN_SCAN_PIPELINE=0` turns it off: the next chunk's operands
+/// load while a chunk computes) runs the same products in the same order as the sequential one: bit for bit the same
 /// outputs and states on every shape and batch of `gdn_shapes`, sequences of 1 to 33 chunks and one
 /// that crosses a 2048-row window among them.
 #[test]
 fn pipelined_chunk_scan_equals_the_sequential_one_bitwise() {
     let test = "pipelined_chunk_scan_equals_the_sequential_one_bitwise";
     let (Some(sequential), Some(pipelined)) =
-        (cuda_chunked_gdn(test), cuda_chunked_gdn_pipelined(test))
+        (cuda_chunked_gdn_sequential(test), cuda_chunked_gdn(test))
     else {
         return;
     };

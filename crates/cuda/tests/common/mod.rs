@@ -12,8 +12,8 @@ static F32_BF16_KV_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::ne
 static BF16_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static BF16_F32_KV_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static CHUNKED_GDN_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
-static PIPELINED_SCAN_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
-static FLASH_OPT_INS_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
+static SEQUENTIAL_SCAN_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
+static FLASH_PLAIN_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static FP8_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static FP8_TILES_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static FP8_W8A16_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
@@ -153,28 +153,28 @@ pub fn cuda_chunked_gdn(test: &str) -> Option<&'static CudaBackend> {
     shared_backend(&CHUNKED_GDN_BACKEND, options, test)
 }
 
-/// The default backend with the flash kernel's opt-ins (`FLASH_HEAVY_FIRST=1`: tiles launched
-/// heaviest first; `FLASH_KV_PIPELINE=1`: a bf16 pool's K/V tiles double-buffered), or `None` after
-/// printing why not.
-pub fn cuda_flash_opt_ins(test: &str) -> Option<&'static CudaBackend> {
+/// The default backend without the flash kernel's two defaults (`FLASH_HEAVY_FIRST=0`: tiles
+/// launched in plan order; `FLASH_KV_PIPELINE=0`: a bf16 pool's K/V tiles single-buffered), or
+/// `None` after printing why not.
+pub fn cuda_flash_plain(test: &str) -> Option<&'static CudaBackend> {
     backend_with_defines(
-        &FLASH_OPT_INS_BACKEND,
+        &FLASH_PLAIN_BACKEND,
         true,
-        &[("FLASH_HEAVY_FIRST", "1"), ("FLASH_KV_PIPELINE", "1")],
+        &[("FLASH_HEAVY_FIRST", "0"), ("FLASH_KV_PIPELINE", "0")],
         test,
     )
 }
 
-/// `cuda_chunked_gdn` with the scan loading the next chunk while it computes one
-/// (`GDN_SCAN_PIPELINE=1`, opt-in), or `None` after printing why not.
-pub fn cuda_chunked_gdn_pipelined(test: &str) -> Option<&'static CudaBackend> {
+/// `cuda_chunked_gdn` with the scan computing one chunk after loading it (`GDN_SCAN_PIPELINE=0`;
+/// the default loads the next chunk meanwhile), or `None` after printing why not.
+pub fn cuda_chunked_gdn_sequential(test: &str) -> Option<&'static CudaBackend> {
     let options = CudaOptions {
         gemm_precision: GemmPrecision::F32,
         gdn_prefill: GdnPrefill::Chunked,
-        defines: vec![("GDN_SCAN_PIPELINE".to_string(), "1".to_string())],
+        defines: vec![("GDN_SCAN_PIPELINE".to_string(), "0".to_string())],
         ..CudaOptions::default()
     };
-    shared_backend(&PIPELINED_SCAN_BACKEND, options, test)
+    shared_backend(&SEQUENTIAL_SCAN_BACKEND, options, test)
 }
 
 /// The backend on GPU 0 with `precision` and the KV dtype that goes with it (bf16 pools with bf16
