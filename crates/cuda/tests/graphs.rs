@@ -36,6 +36,35 @@ fn model_dirs() -> [&'static Path; 3] {
     ]
 }
 
+/// Prefills each of the `SEQS` sequences (state slot s, blocks `blocks(s)`) with a 16-token
+/// prompt made from `(a, b)`; returns each one's greedy next token.
+fn prefill<B: Backend>(
+    m: &Model<B>,
+    cache: &mut HybridCache<B>,
+    blocks: &dyn Fn(usize) -> Vec<u32>,
+    (a, b): (usize, usize),
+) -> Vec<u32> {
+    (0..SEQS)
+        .map(|s| {
+            cache.reset_slot(&m.backend, s);
+            let prompt: Vec<u32> = (0..16)
+                .map(|i| ((i * a + s * b) % 200 + 10) as u32)
+                .collect();
+            let layout = BatchLayout::packed(16, [(prompt.len(), 0, blocks(s), s)]);
+            let out = m.forward(
+                &ForwardInput {
+                    tokens: &prompt,
+                    batch: &layout,
+                    logit_rows: &[15],
+                    hidden_rows: &[],
+                },
+                cache,
+            );
+            argmax(&m.backend.to_host(&out.logits))
+        })
+        .collect()
+}
+
 /// Prefills `SEQS` sequences with different prompts, then decodes them `STEPS` times, batch
 /// `batch` at a time (each step feeds each sequence its own greedy token); returns every logits
 /// row in order.
@@ -45,24 +74,7 @@ fn decode<B: Backend>(m: &Model<B>, batch: usize) -> Vec<Vec<f32>> {
     let blocks =
         |s: usize| -> Vec<u32> { ((s * per_seq) as u32..((s + 1) * per_seq) as u32).collect() };
     let vocab = m.config.vocab_size;
-    let mut next = Vec::new();
-    for s in 0..SEQS {
-        cache.reset_slot(&m.backend, s);
-        let prompt: Vec<u32> = (0..16)
-            .map(|i| ((i * 7 + s * 13) % 200 + 10) as u32)
-            .collect();
-        let layout = BatchLayout::packed(16, [(prompt.len(), 0, blocks(s), s)]);
-        let out = m.forward(
-            &ForwardInput {
-                tokens: &prompt,
-                batch: &layout,
-                logit_rows: &[15],
-                hidden_rows: &[],
-            },
-            &mut cache,
-        );
-        next.push(argmax(&m.backend.to_host(&out.logits)));
-    }
+    let mut next = prefill(m, &mut cache, &blocks, (7, 13));
     let mut all = Vec::new();
     for step in 0..STEPS {
         for group in (0..SEQS).collect::<Vec<_>>().chunks(batch) {
@@ -110,24 +122,7 @@ fn verify<B: Backend>(m: &Model<B>, batch: usize) -> Vec<Vec<f32>> {
             .collect()
     };
     let (vocab, hidden) = (m.config.vocab_size, m.config.hidden_size);
-    let mut next = Vec::new();
-    for s in 0..SEQS {
-        cache.reset_slot(&m.backend, s);
-        let prompt: Vec<u32> = (0..16)
-            .map(|i| ((i * 5 + s * 11) % 200 + 10) as u32)
-            .collect();
-        let layout = BatchLayout::packed(16, [(prompt.len(), 0, blocks(s), s)]);
-        let out = m.forward(
-            &ForwardInput {
-                tokens: &prompt,
-                batch: &layout,
-                logit_rows: &[15],
-                hidden_rows: &[],
-            },
-            &mut cache,
-        );
-        next.push(argmax(&m.backend.to_host(&out.logits)));
-    }
+    let mut next = prefill(m, &mut cache, &blocks, (5, 11));
     let mut pos = [16; SEQS];
     let mut all = Vec::new();
     for step in 0..VERIFY_STEPS {
