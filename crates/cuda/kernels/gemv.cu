@@ -165,6 +165,12 @@ __device__ __forceinline__ void gemv_block(const GemvGroup& group, const bf16_bi
 #ifndef GEMV_LANE_UNROLL
 #define GEMV_LANE_UNROLL 2
 #endif
+// The same for two to four tokens (their warps hold GEMV_LANE_ROWS_MULTI rows, so fewer bytes are
+// in flight a warp; on short rows, k = 2048-4096, a lane has only 8-16 vectors a row). A lane still
+// takes its vectors in order, so each row's sum is the one-token kernel's whatever the unroll.
+#ifndef GEMV_LANE_UNROLL_MULTI
+#define GEMV_LANE_UNROLL_MULTI GEMV_LANE_UNROLL
+#endif
 
 // The lane kernels' iterations that lie wholly inside the rows run without per-load and per-vector
 // bounds: the FP8 one-token loop spent ~176 of its 504 instructions per 128 weights a lane on
@@ -413,19 +419,19 @@ __device__ __forceinline__ void gemv_lanes(const GemvGroup& group, const void* _
 // threads.
 // x: f32 activations for one token, bf16 (already rounded) for two to four.
 // The *_silu_gate kernels are the PAIRED form (grid: ceil(gate rows / (GEMV_LANE_WARPS * rows / 2))).
-#define GEMV_LANE_KERNEL(T, ROUNDED_X, ROWS)                                                                  \
+#define GEMV_LANE_KERNEL(T, ROUNDED_X, ROWS, UNROLL)                                                          \
     extern "C" __global__ void __launch_bounds__(32 * GEMV_LANE_WARPS)                                 \
         gemv_bf16_lanes_t##T(const GemvGroup group, const void* __restrict__ x, int tokens, int k) {    \
-        gemv_lanes<T, ROUNDED_X, ROWS, WEIGHTS_BF16, GEMV_LANE_UNROLL, false>(group, x, k);                                     \
+        gemv_lanes<T, ROUNDED_X, ROWS, WEIGHTS_BF16, UNROLL, false>(group, x, k);                      \
     }                                                                                                   \
     extern "C" __global__ void __launch_bounds__(32 * GEMV_LANE_WARPS)                                 \
         gemv_bf16_lanes_silu_gate_t##T(const GemvGroup group, const void* __restrict__ x, int tokens, int k) { \
-        gemv_lanes<T, ROUNDED_X, ROWS, WEIGHTS_BF16, GEMV_LANE_UNROLL, true>(group, x, k);                                      \
+        gemv_lanes<T, ROUNDED_X, ROWS, WEIGHTS_BF16, UNROLL, true>(group, x, k);                       \
     }
-GEMV_LANE_KERNEL(1, false, GEMV_LANE_ROWS)
-GEMV_LANE_KERNEL(2, true, GEMV_LANE_ROWS_MULTI)
-GEMV_LANE_KERNEL(3, true, GEMV_LANE_ROWS_MULTI)
-GEMV_LANE_KERNEL(4, true, GEMV_LANE_ROWS_MULTI)
+GEMV_LANE_KERNEL(1, false, GEMV_LANE_ROWS, GEMV_LANE_UNROLL)
+GEMV_LANE_KERNEL(2, true, GEMV_LANE_ROWS_MULTI, GEMV_LANE_UNROLL_MULTI)
+GEMV_LANE_KERNEL(3, true, GEMV_LANE_ROWS_MULTI, GEMV_LANE_UNROLL_MULTI)
+GEMV_LANE_KERNEL(4, true, GEMV_LANE_ROWS_MULTI, GEMV_LANE_UNROLL_MULTI)
 
 // One row a warp, for launches that would otherwise fill fewer blocks than the GPU has SMs (the
 // unquantized GDN gate projections of an FP8 model: 2 x 48 rows, 6 blocks of 16 rows took 15 us
@@ -435,15 +441,15 @@ GEMV_LANE_KERNEL(4, true, GEMV_LANE_ROWS_MULTI)
 // NAME: the kernel's name; ROUNDED_X: its activations come rounded to bf16 by a cast launch (2-4
 // tokens; rounding them in the kernel instead, without the cast launch, measured slower: 27B FP8
 // MTP k=3 257.1 against 270.3 tok/s, session 15).
-#define GEMV_NARROW_KERNEL(NAME, T, ROUNDED_X)                                                          \
+#define GEMV_NARROW_KERNEL(NAME, T, ROUNDED_X, UNROLL)                                                  \
     extern "C" __global__ void __launch_bounds__(32 * GEMV_LANE_WARPS)                                 \
         NAME(const GemvGroup group, const void* __restrict__ x, int tokens, int k) {                    \
-        gemv_lanes<T, ROUNDED_X, 1, WEIGHTS_BF16, GEMV_LANE_UNROLL, false>(group, x, k);               \
+        gemv_lanes<T, ROUNDED_X, 1, WEIGHTS_BF16, UNROLL, false>(group, x, k);                         \
     }
-GEMV_NARROW_KERNEL(gemv_bf16_lanes_narrow_t1, 1, false)
-GEMV_NARROW_KERNEL(gemv_bf16_lanes_narrow_t2, 2, true)
-GEMV_NARROW_KERNEL(gemv_bf16_lanes_narrow_t3, 3, true)
-GEMV_NARROW_KERNEL(gemv_bf16_lanes_narrow_t4, 4, true)
+GEMV_NARROW_KERNEL(gemv_bf16_lanes_narrow_t1, 1, false, GEMV_LANE_UNROLL)
+GEMV_NARROW_KERNEL(gemv_bf16_lanes_narrow_t2, 2, true, GEMV_LANE_UNROLL_MULTI)
+GEMV_NARROW_KERNEL(gemv_bf16_lanes_narrow_t3, 3, true, GEMV_LANE_UNROLL_MULTI)
+GEMV_NARROW_KERNEL(gemv_bf16_lanes_narrow_t4, 4, true, GEMV_LANE_UNROLL_MULTI)
 
 // Sweeps in flight per buffer for FP8 weights: the conversion makes these kernels issue-bound, and
 // fewer registers a lane let more warps hide it. Measured on the H200 (27B shape, one-token decode,
