@@ -83,10 +83,13 @@ pub(crate) struct LaneShape {
     /// projections of the 27B shape; 0: never), on a GPU of `sm_count` SMs. H200, 27B FP8 decode
     /// (session 14): 92.0 tok/s against 91.1 without; below 8 / 32 warps 95.2 / 95.0 against 96.6.
     fp8_deep_below: usize,
-    /// bf16 launches that would fill fewer blocks than the GPU has SMs take one row a warp
-    /// (`gemv_bf16_lanes_narrow_t*`; `GEMV_LANE_NARROW=0`: never). The unquantized GDN gate
-    /// projections of an FP8 model (2 x 48 rows of 5120) ran as 6 blocks for 15 us on the H200.
-    narrow: bool,
+    /// bf16 launches that would fill fewer blocks than this many per SM take one row a warp
+    /// (`gemv_bf16_lanes_narrow_t*`; `GEMV_LANE_NARROW`, default 1; 0: never). The unquantized GDN
+    /// gate projections of an FP8 model (2 x 48 rows of 5120) ran as 6 blocks for 15 us on the
+    /// H200. More than 1 sends the short multi-token launches of a verify (2048-row projections:
+    /// 256 blocks of 2-row warps) to the narrow kernel too; not measured yet (docs/benchmarks.md,
+    /// session 22).
+    narrow_blocks_per_sm: usize,
     /// One token over a group of FP8 and bf16 matrices takes one launch (`gemv_mixed_lanes_t1`;
     /// `GEMV_MIXED=0`: one launch per format). H200, 27B FP8 decode (session 14): 100.7 tok/s
     /// against 96.4 with the GDN in_proj_a/b rows launched on their own.
@@ -127,7 +130,7 @@ impl LaneShape {
                 .unwrap_or(MMA_TILE)
                 .clamp(MMA_TILE, W8A8_TOKENS),
             fp8_deep_below: options.define("GEMV_FP8_DEEP_BELOW").unwrap_or(16),
-            narrow: options.define::<u32>("GEMV_LANE_NARROW").unwrap_or(1) != 0,
+            narrow_blocks_per_sm: options.define("GEMV_LANE_NARROW").unwrap_or(1),
             mixed: options.define::<u32>("GEMV_MIXED").unwrap_or(1) != 0,
             sm_count,
         }
@@ -227,15 +230,15 @@ impl CudaBackend {
 
     /// Whether a launch over these bf16 matrices for `tokens` rows (1 to the lane kernels' 4, not
     /// the paired form) takes the narrow lane kernels: with the usual rows a warp it would fill
-    /// fewer blocks than the GPU has SMs.
+    /// fewer blocks than `LaneShape::narrow_blocks_per_sm` a SM.
     fn narrow_gemv(&self, ws: &[&CudaMat], tokens: usize, paired: bool) -> bool {
         let shape = self.gemv_lane_shape;
         let rows: usize = ws.iter().map(|w| w.rows).sum();
-        shape.narrow
-            && !paired
+        !paired
             && (1..=LANE_TOKENS).contains(&tokens)
             && ws.iter().all(|w| matches!(w.data, MatData::Bf16(_)))
-            && rows.div_ceil(shape.rows_per_block(false, tokens)) < shape.sm_count
+            && rows.div_ceil(shape.rows_per_block(false, tokens))
+                < shape.narrow_blocks_per_sm * shape.sm_count
     }
 
     /// Whether one token over these matrices, some block-FP8 and some bf16, can take one launch of
