@@ -21,34 +21,16 @@
 #   BUILD_INFO                 sdist version and sha256, the vendored llama.cpp commit, the cmake flags
 set -euo pipefail
 
-# The sdist is pinned by version and hash: its vendored llama.cpp (commit in BUILD_INFO) has the Qwen3.5
-# architecture (`qwen35` in src/llama-arch.cpp, src/models/qwen35.cpp; the converter registers
-# Qwen3_5ForCausalLM and Qwen3_5ForConditionalGeneration in conversion/qwen.py).
-SDIST_VERSION=0.3.36
-SDIST_SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
+# shellcheck source=scripts/llama_cpp_source.sh
+source "$(dirname "$0")/llama_cpp_source.sh"
 
 out=$(realpath -m "${1:-target/llama-cpp-peer}")
-python=${PYTHON:-python3}
 jobs=${JOBS:-$(nproc)}
 mkdir -p "$out"
 
 command -v cmake >/dev/null || { echo "build_llama_cpp_peer: cmake not found on PATH (pip install cmake)" >&2; exit 1; }
 
-sdist="$out/llama_cpp_python-$SDIST_VERSION.tar.gz"
-if [[ ! -f "$sdist" ]]; then
-    # --no-binary only for this package: pip fetches the sdist, its build backend comes as a wheel.
-    "$python" -m pip download --quiet --no-deps --no-binary llama-cpp-python \
-        "llama-cpp-python==$SDIST_VERSION" -d "$out"
-fi
-echo "$SDIST_SHA256  $sdist" | sha256sum --check --quiet \
-    || { echo "build_llama_cpp_peer: $sdist does not have the pinned sha256" >&2; exit 1; }
-
-src="$out/llama_cpp_python-$SDIST_VERSION/vendor/llama.cpp"
-if [[ ! -d "$src" ]]; then
-    tar -xzf "$sdist" -C "$out"
-fi
-grep -q '"qwen35"' "$src/src/llama-arch.cpp" \
-    || { echo "build_llama_cpp_peer: the vendored llama.cpp has no qwen35 architecture" >&2; exit 1; }
+src=$(llama_cpp_source "$out")
 
 cmake_flags=(
     -DCMAKE_BUILD_TYPE=Release

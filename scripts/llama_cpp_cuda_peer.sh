@@ -22,9 +22,9 @@
 # default). Raw outputs, BUILD_INFO and summary.txt land in OUT_DIR.
 set -euo pipefail
 
-# The same sdist as the CPU peer (scripts/build_llama_cpp_peer.sh): its llama.cpp has the qwen35 model.
-SDIST_VERSION=0.3.36
-SDIST_SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
+# The same source as the CPU peer (scripts/build_llama_cpp_peer.sh).
+# shellcheck source=scripts/llama_cpp_source.sh
+source "$(dirname "$0")/llama_cpp_source.sh"
 # What the CUDA build of llama-bench does not read: documentation, vocabularies and test data, the web UI,
 # and the other GPU backends. Pruned so the source travels as ~5 MB instead of 176 MB.
 PRUNE=(docs models media tests benches tools/ui
@@ -38,20 +38,12 @@ usage() {
 }
 
 pack() {
-    local carry work sdist src
+    local carry work src
     carry=$(realpath -m "${1:-.carry}")
     work=$(mktemp -d)
     trap 'rm -rf "$work"' RETURN
     mkdir -p "$carry"
-    "${PYTHON:-python3}" -m pip download --quiet --no-deps --no-binary llama-cpp-python \
-        "llama-cpp-python==$SDIST_VERSION" -d "$work"
-    sdist="$work/llama_cpp_python-$SDIST_VERSION.tar.gz"
-    echo "$SDIST_SHA256  $sdist" | sha256sum --check --quiet \
-        || { echo "llama_cpp_cuda_peer: the downloaded sdist does not have the pinned sha256" >&2; exit 1; }
-    tar -xzf "$sdist" -C "$work"
-    src="$work/llama_cpp_python-$SDIST_VERSION/vendor/llama.cpp"
-    grep -q '"qwen35"' "$src/src/llama-arch.cpp" \
-        || { echo "llama_cpp_cuda_peer: the vendored llama.cpp has no qwen35 architecture" >&2; exit 1; }
+    src=$(llama_cpp_source "$work")
     (cd "$src" && rm -rf "${PRUNE[@]}")
     echo "llama-cpp-python sdist $SDIST_VERSION sha256 $SDIST_SHA256, vendored llama.cpp, pruned" > "$src/PEER_SOURCE"
     tar -cJf "$carry/llama-cpp-src.tar.xz" -C "$src" .
