@@ -781,6 +781,10 @@ impl Backend for CudaBackend {
         Some(self.prepare_step_op(inputs))
     }
 
+    fn step_hidden(&self, data: &[f32]) -> CudaBuf {
+        self.step_hidden_op(data)
+    }
+
     fn begin_capture(&self) -> bool {
         self.begin_capture_op()
     }

@@ -15,7 +15,7 @@ use crate::buffer::CudaBuf;
 use crate::layout::{attention_table, seq_table};
 use crate::upload_cache::table;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::CudaGraph;
+use cudarc::driver::{CudaGraph, CudaSlice};
 use deltaserve_tensor::{kv_offset, StepGraph, StepInputs};
 use std::hash::{Hash, Hasher};
 
@@ -45,6 +45,9 @@ impl CudaBackend {
         self.upload_cached(table::ATTENTION_ROWS, &attention.rows);
         self.upload_cached(table::ATTENTION_BLOCKS, &attention.blocks);
         self.upload_cached(table::GATHER_ROWS, inputs.logit_rows);
+        if !inputs.hidden.is_empty() {
+            self.upload_cached(table::STEP_HIDDEN, inputs.hidden);
+        }
         let splits = split_count(&attention.rows);
         let generation = self.upload_cache().generation;
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
@@ -142,16 +145,24 @@ impl CudaBackend {
     }
 
     pub(crate) fn copy_buf_op(&self, src: &CudaBuf) -> CudaBuf {
-        let mut data = self.alloc_for_overwrite::<f32>("copy", src.len);
-        if src.len > 0 {
-            let mut view = data.slice_mut(0..src.len);
-            if let Err(e) = self
-                .stream
-                .memcpy_dtod(&src.data().slice(0..src.len), &mut view)
-            {
+        self.copy_slice(src.data(), src.len)
+    }
+
+    /// A copy of the step table of hidden states (filled by `prepare_step_op`, or here when the
+    /// step is not recorded), so that the step's ops own their input as they own an upload.
+    pub(crate) fn step_hidden_op(&self, data: &[f32]) -> CudaBuf {
+        let table = self.upload_cached(table::STEP_HIDDEN, data);
+        self.copy_slice(&table, data.len())
+    }
+
+    fn copy_slice(&self, src: &CudaSlice<f32>, len: usize) -> CudaBuf {
+        let mut data = self.alloc_for_overwrite::<f32>("copy", len);
+        if len > 0 {
+            let mut view = data.slice_mut(0..len);
+            if let Err(e) = self.stream.memcpy_dtod(&src.slice(0..len), &mut view) {
                 crate::backend::device_failure("copying a buffer", e);
             }
         }
-        CudaBuf::new(data, src.len)
+        CudaBuf::new(data, len)
     }
 }

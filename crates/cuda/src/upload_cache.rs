@@ -36,6 +36,8 @@ pub(crate) mod table {
     pub const ATTENTION_PAGED_ROWS: &str = "attention paged rows";
     pub const FLASH_TILES: &str = "flash attention tiles";
     pub const GATHER_ROWS: &str = "gather_rows rows";
+    /// An MTP step's input hidden states (`Backend::step_hidden`).
+    pub const STEP_HIDDEN: &str = "step hidden states";
     /// The chunked delta rule's chunk and piece tables (gdn_chunked.rs).
     pub const GDN_CHUNKS: &str = "gdn chunks";
     pub const GDN_PIECES: &str = "gdn pieces";

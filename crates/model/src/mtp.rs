@@ -49,6 +49,13 @@ impl<B: Backend> Model<B> {
         if cache.mtp_kv.is_none() {
             return Err(MtpError::NoCache);
         }
+        // As for the trunk's steps: the split embedding's id remapping would bypass the recorded
+        // token table, so tensor-parallel MTP steps run plainly.
+        if self.tp.is_none() {
+            if let Some(out) = self.mtp_recorded(mtp, input, cache) {
+                return Ok(out);
+            }
+        }
         Ok(self.on_all_ranks(
             cache,
             |link| RankCommand::Mtp {
@@ -65,7 +72,7 @@ impl<B: Backend> Model<B> {
 
     /// This rank's part of an MTP step (`fc` is replicated; the decoder layer and the head are
     /// split like the trunk's).
-    fn mtp_rank(
+    pub(crate) fn mtp_rank(
         &self,
         mtp: &MtpWeights<B>,
         input: &MtpInput<'_>,
@@ -76,7 +83,7 @@ impl<B: Backend> Model<B> {
         let t = input.next_tokens.len();
         let embedded = self.embed(input.next_tokens);
         let e = self.norm(&embedded, &mtp.pre_fc_norm_embedding);
-        let h = self.norm(&be.upload(input.hidden), &mtp.pre_fc_norm_hidden);
+        let h = self.norm(&be.step_hidden(input.hidden), &mtp.pre_fc_norm_hidden);
         let mut both = be.zeros(t * 2 * hsz);
         be.concat_cols(&e, &h, hsz, hsz, &mut both);
         let mut u = be.zeros(t * hsz);

@@ -420,6 +420,13 @@ pub trait Backend: Send + Sync {
         None
     }
 
+    /// A step's input hidden states `[T, hidden]` on the device. Backends that record steps read
+    /// them from the table `prepare_step` filled (`StepInputs::hidden`), so that a replay starts
+    /// from the new step's rows; the default uploads them.
+    fn step_hidden(&self, data: &[f32]) -> Self::Buf {
+        self.upload(data)
+    }
+
     /// Starts recording ops instead of running them; false when this backend cannot.
     fn begin_capture(&self) -> bool {
         false

@@ -7,12 +7,17 @@ use crate::batch::BatchLayout;
 use std::any::Any;
 
 /// The inputs of one step that its ops read from device tables: token ids, the batch layout, the
-/// logit rows and the geometry of the KV pools the attention layers use.
+/// logit rows, the hidden states an MTP step starts from and the geometry of the KV pools the
+/// attention layers use.
 pub struct StepInputs<'a> {
     pub tokens: &'a [u32],
+    /// `[T, hidden]` f32 rows read through `Backend::step_hidden` (an MTP step's input); empty
+    /// for a trunk step.
+    pub hidden: &'a [f32],
     pub batch: &'a BatchLayout,
     pub logit_rows: &'a [u32],
-    /// `(block_size, kv_heads, head_dim)` of the trunk's KV pools.
+    /// `(block_size, kv_heads, head_dim)` of the KV pools the step's attention reads (the
+    /// trunk's, or the MTP head's for an MTP step).
     pub kv_geometry: (usize, usize, usize),
 }
 
