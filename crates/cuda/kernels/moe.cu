@@ -7,7 +7,7 @@
 //   moe_down_t*       y[slot]   = down_e act[slot], likewise
 //   moe_combine       out[t]    = sum over ranks of weight * y (+ the gated shared expert)
 // and for a few tokens (CUDA cores, by slot; see moe_gate_up_slots):
-//   moe_gate_up_slots, moe_down_combine
+//   moe_gate_up_slots, moe_down_combine_r* (rows a block)
 //
 // Expert weights are stacked: gate_up [E * 2 * im, h] (expert e's im gate rows, then its im up rows)
 // and down [E * h, im], bf16. A work block reads its expert's rows once for up to 8 x TILES slots
@@ -367,14 +367,14 @@ MOE_GROUPED_KERNELS(1)
 MOE_GROUPED_KERNELS(4)
 
 // Decode (a few tokens) on the CUDA cores, organised by slot rather than by expert, so no plan is
-// needed: moe_gate_up_slots gives each slot (token, rank) its own blocks, and moe_down_combine
+// needed: moe_gate_up_slots gives each slot (token, rank) its own blocks, and moe_down_combine_r*
 // gives each token its own blocks that run all of its ranks' down rows and add them up in rank
 // order with the shared expert (the combine of the tensor-core path, fused). With few tokens an
-// expert is read about once per step (a repeat within the batch comes from L2). Rows are read the
-// way gemv.cu's lane kernel reads them: each warp owns MOE_LANE_ROWS output rows in 512-byte
-// sweeps, several sweeps in flight, many small blocks so that every SM has warps enough to keep
-// the memory system busy. Each lane sums its vectors in order and the warp reduces by butterfly,
-// the same for every slot whatever else is batched.
+// expert is read about once per step (a repeat within the batch comes from L2). Gate/up rows are
+// read the way gemv.cu's lane kernel reads them: each warp owns MOE_LANE_ROWS output rows in
+// 512-byte sweeps, several sweeps in flight, many small blocks so that every SM has warps enough to
+// keep the memory system busy. Each lane sums its vectors in order and the warp reduces by
+// butterfly, the same for every slot whatever else is batched.
 // moe_gate_up_slots: warps per block, (gate, up) row pairs per warp, 512-byte sweeps in flight per
 // row (8: a whole 2048-wide row in one round trip).
 // Each can be set through DELTASERVE_CUDA_DEFINES to measure variants (moe.rs reads the ones that
@@ -387,17 +387,6 @@ MOE_GROUPED_KERNELS(4)
 #endif
 #ifndef MOE_LANE_UNROLL
 #define MOE_LANE_UNROLL 8
-#endif
-// moe_down_combine: warps per block, output rows per block, and the (row, rank) dot products each
-// warp has in flight at once (each a whole row of up to 512 columns).
-#ifndef MOE_DOWN_WARPS
-#define MOE_DOWN_WARPS 4
-#endif
-#ifndef MOE_DOWN_ROWS
-#define MOE_DOWN_ROWS 2
-#endif
-#ifndef MOE_DOWN_ITEMS
-#define MOE_DOWN_ITEMS 5
 #endif
 
 __device__ __forceinline__ float dot8(const uint4 w, const float* x, float acc) {
@@ -507,72 +496,78 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_LANE_WARPS)
 // out [T, h]: for token t = blockIdx.y and row d, the sum over routed ranks r in order of
 // weights[t, r] * (down_e act[t * ranks + r])[d], then, when ranks is top_k + 1, plus
 // sigmoid(gate_logits[t]) * (shared down act[t * ranks + top_k])[d]: moe_down + moe_combine for few
-// tokens, in the combine's order. A block owns MOE_DOWN_ROWS rows; its warps share out the (row,
-// rank) dot products, MOE_DOWN_ITEMS at a time with all their loads in flight, and leave each
-// product in shared memory; then one thread per row adds them up in rank order.
-// Grid: (ceil(h / MOE_DOWN_ROWS), T) blocks of 32 * MOE_DOWN_WARPS threads; im and ims % 8 == 0.
-extern "C" __global__ void __launch_bounds__(32 * MOE_DOWN_WARPS)
-    moe_down_combine(const bf16_bits* __restrict__ down, int h, int im, const bf16_bits* __restrict__ act,
-                     int act_stride, int top_k, int ranks, const int* __restrict__ ids,
-                     const float* __restrict__ weights, const MoeShared shared, float* __restrict__ out) {
-    AFTER_PREVIOUS_KERNEL();
-    __shared__ float products[MOE_DOWN_ROWS][MOE_MAX_EXPERTS + 1];
-    const int t = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int row0 = blockIdx.x * MOE_DOWN_ROWS;
-    const int items = MOE_DOWN_ROWS * ranks;
+// tokens, in the combine's order. A block owns ROWS consecutive output rows and has one warp a rank
+// (up to 16; more ranks loop): a warp loads its slot's activations once and has all ROWS of its
+// expert's rows (contiguous in memory) in flight at once, each lane summing its vectors in order and
+// the warp reducing by butterfly; the products meet in shared memory, where one thread per row adds
+// them up in rank order. So a row's value does not depend on ROWS, and the launcher picks ROWS by
+// the number of tokens (moe.rs: fewer rows a block for one token, whose grid is otherwise too small
+// to keep the memory system busy). Grid: (ceil(h / ROWS), T) blocks of 32 x warps threads; im and
+// ims % 8 == 0.
+template <int ROWS>
+__device__ __forceinline__ void moe_down_by_rank(const bf16_bits* __restrict__ down, int h, int im,
+                                                 const bf16_bits* __restrict__ act, int act_stride, int top_k,
+                                                 int ranks, const int* __restrict__ ids,
+                                                 const float* __restrict__ weights, const MoeShared& shared,
+                                                 float* __restrict__ out) {
+    __shared__ float products[ROWS][MOE_MAX_EXPERTS + 1];
+    const int t = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const int row0 = blockIdx.x * ROWS;
     const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-    for (int first = warp; first < items; first += MOE_DOWN_WARPS * MOE_DOWN_ITEMS) {
-        const bf16_bits* w[MOE_DOWN_ITEMS];
-        const bf16_bits* a[MOE_DOWN_ITEMS];
-        int cols[MOE_DOWN_ITEMS];
-#pragma unroll
-        for (int q = 0; q < MOE_DOWN_ITEMS; ++q) {
-            const int item = first + q * MOE_DOWN_WARPS;
-            const int rank = item % ranks, row = row0 + item / ranks;
-            const bool in = item < items && row < h;
-            const MoeSlotWeights sw = moe_slot_weights(nullptr, down, im, h, ids, top_k, shared, t, in ? rank : 0);
-            cols[q] = in ? sw.rows : 0;
-            w[q] = sw.down + (i64)(in ? row : 0) * sw.rows;
-            a[q] = act + ((i64)t * ranks + rank) * act_stride;
-        }
-        float acc[MOE_DOWN_ITEMS] = {};
+    for (int rank = warp; rank < ranks; rank += warps) {
+        const MoeSlotWeights sw = moe_slot_weights(nullptr, down, im, h, ids, top_k, shared, t, rank);
+        const bf16_bits* a = act + ((i64)t * ranks + rank) * act_stride;
+        const int cols = sw.rows;
+        float acc[ROWS] = {};
         for (int v0 = lane; 8 * v0 < act_stride; v0 += 64) {
-            uint4 wv[MOE_DOWN_ITEMS][2], av[MOE_DOWN_ITEMS][2];
+            uint4 av[2], wv[ROWS][2];
 #pragma unroll
-            for (int q = 0; q < MOE_DOWN_ITEMS; ++q)
+            for (int u = 0; u < 2; ++u) {
+                const int v = v0 + 32 * u;
+                av[u] = 8 * v < cols ? *(const uint4*)(a + 8 * v) : zero;
 #pragma unroll
-                for (int u = 0; u < 2; ++u) {
-                    const int v = v0 + 32 * u;
-                    const bool in = 8 * v < cols[q];
-                    wv[q][u] = in ? load_streaming(w[q] + 8 * v) : zero;
-                    av[q][u] = in ? *(const uint4*)(a[q] + 8 * v) : zero;
+                for (int r = 0; r < ROWS; ++r) {
+                    const bool in = 8 * v < cols && row0 + r < h;
+                    wv[r][u] = in ? load_streaming(sw.down + (i64)(row0 + r) * cols + 8 * v) : zero;
                 }
+            }
 #pragma unroll
-            for (int q = 0; q < MOE_DOWN_ITEMS; ++q)
+            for (int u = 0; u < 2; ++u) {
+                float af[8];
+                bf16x8_to_f32(av[u], af);
 #pragma unroll
-                for (int u = 0; u < 2; ++u) {
-                    float af[8];
-                    bf16x8_to_f32(av[q][u], af);
-                    acc[q] = dot8(wv[q][u], af, acc[q]);
-                }
+                for (int r = 0; r < ROWS; ++r) acc[r] = dot8(wv[r][u], af, acc[r]);
+            }
         }
 #pragma unroll
-        for (int q = 0; q < MOE_DOWN_ITEMS; ++q) {
-            const int item = first + q * MOE_DOWN_WARPS;
-            const float y = warp_sum(acc[q]);
-            if (lane == 0 && item < items) products[item / ranks][item % ranks] = y;
+        for (int r = 0; r < ROWS; ++r) {
+            const float y = warp_sum(acc[r]);
+            if (lane == 0 && row0 + r < h) products[r][rank] = y;
         }
     }
     __syncthreads();
-    if (threadIdx.x >= MOE_DOWN_ROWS || row0 + (int)threadIdx.x >= h) return;
-    const int r = threadIdx.x;
-    float total = 0.0f;
-    for (int rank = 0; rank < ranks; ++rank) {
-        const float wq = rank < top_k ? weights[(i64)t * top_k + rank] : sigmoid_f(shared.gate_logits[t]);
-        total += wq * products[r][rank];
+    for (int r = threadIdx.x; r < ROWS && row0 + r < h; r += blockDim.x) {
+        float total = 0.0f;
+        for (int rank = 0; rank < ranks; ++rank) {
+            const float wq = rank < top_k ? weights[(i64)t * top_k + rank] : sigmoid_f(shared.gate_logits[t]);
+            total += wq * products[r][rank];
+        }
+        out[(i64)t * h + row0 + r] = total;
     }
-    out[(i64)t * h + row0 + r] = total;
 }
+
+#define MOE_DOWN_COMBINE_KERNEL(ROWS)                                                                           \
+    extern "C" __global__ void __launch_bounds__(512) moe_down_combine_r##ROWS(                                \
+        const bf16_bits* __restrict__ down, int h, int im, const bf16_bits* __restrict__ act, int act_stride,  \
+        int top_k, int ranks, const int* __restrict__ ids, const float* __restrict__ weights,                 \
+        const MoeShared shared, float* __restrict__ out) {                                                     \
+        AFTER_PREVIOUS_KERNEL();                                                                               \
+        moe_down_by_rank<ROWS>(down, h, im, act, act_stride, top_k, ranks, ids, weights, shared, out);         \
+    }
+MOE_DOWN_COMBINE_KERNEL(2)
+MOE_DOWN_COMBINE_KERNEL(4)
+MOE_DOWN_COMBINE_KERNEL(8)
+MOE_DOWN_COMBINE_KERNEL(16)
 
 // out [tokens, h] = sum over ranks r of weights[t, r] * y[t * top_k + r] (rank order), plus
 // sigmoid(shared_gate[t]) * shared[t] when `shared` is given.

@@ -39,28 +39,62 @@ fn grouped_kernels(tokens: usize) -> (&'static str, &'static str, usize) {
 /// Output rows per block of the gate/up and down kernels.
 const TILE_ROWS: usize = 16;
 /// The by-slot kernels' block shapes: `moe_gate_up_slots`' `MOE_LANE_WARPS` warps of
-/// `MOE_LANE_ROWS` (gate, up) row pairs each, `moe_down_combine`'s `MOE_DOWN_WARPS` warps and
-/// `MOE_DOWN_ROWS` output rows a block; moe.cu's defaults unless `CudaOptions::defines` sets them
-/// (for measuring variants), read from the same defines so the grids match the kernels.
+/// `MOE_LANE_ROWS` (gate, up) row pairs each (moe.cu's defaults unless `CudaOptions::defines` sets
+/// them, read from the same defines so the grids match the kernel), and the output rows a block of
+/// `moe_down_combine_r*` for one token and for 2-4 (`MOE_DOWN_ROWS_ONE_TOKEN`,
+/// `MOE_DOWN_ROWS_MULTI`: 2, 4, 8 or 16, the kernels there are; a row's value is the same at
+/// each). One token's grid is a quarter of four tokens', so it takes fewer rows a block to have
+/// blocks enough.
+/// Measured on an H100 (35B-A3B shape, docs/benchmarks.md, session 23): rows a block 4 / 8 / 16
+/// gave one-token decode 272.3 / 265.9 / 267.2 tok/s and MTP k=3 449.9 / 453.3 / 454.2.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct SlotShape {
     lane_warps: u32,
     lane_rows_per_block: usize,
-    down_warps: u32,
-    down_rows_per_block: usize,
+    down_rows_one_token: usize,
+    down_rows_multi: usize,
 }
 
 impl SlotShape {
     pub(crate) fn from_options(options: &crate::options::CudaOptions) -> Self {
         let lane_warps = options.define("MOE_LANE_WARPS").unwrap_or(4);
+        let down_rows = |name: &str, default: usize| {
+            let rows = options.define::<usize>(name).unwrap_or(default);
+            assert!(
+                DOWN_ROWS.contains(&rows),
+                "{name}={rows}: moe.cu has down kernels for {DOWN_ROWS:?} rows a block"
+            );
+            rows
+        };
         Self {
             lane_warps,
             lane_rows_per_block: lane_warps as usize * options.define("MOE_LANE_ROWS").unwrap_or(1),
-            down_warps: options.define("MOE_DOWN_WARPS").unwrap_or(4),
-            down_rows_per_block: options.define("MOE_DOWN_ROWS").unwrap_or(2),
+            down_rows_one_token: down_rows("MOE_DOWN_ROWS_ONE_TOKEN", 4),
+            down_rows_multi: down_rows("MOE_DOWN_ROWS_MULTI", 16),
         }
     }
+
+    /// `moe_down_combine_r*` for `tokens`, with its rows a block.
+    fn down_kernel(&self, tokens: usize) -> (&'static str, usize) {
+        let rows = if tokens == 1 {
+            self.down_rows_one_token
+        } else {
+            self.down_rows_multi
+        };
+        let name = match rows {
+            2 => "moe_down_combine_r2",
+            4 => "moe_down_combine_r4",
+            8 => "moe_down_combine_r8",
+            _ => "moe_down_combine_r16",
+        };
+        (name, rows)
+    }
 }
+
+/// Rows a block that `moe_down_combine_r*` comes in.
+const DOWN_ROWS: [usize; 4] = [2, 4, 8, 16];
+/// Warps a block of `moe_down_combine_r*` has at most (one a rank; its launch bounds: 512 threads).
+const DOWN_MAX_WARPS: usize = 16;
 /// Up to this many tokens the by-slot kernels run (each slot reads its expert; with more tokens
 /// the experts repeat and grouping them on the tensor cores reads less); beyond, the grouped path.
 /// A token's result is bit for bit the same at every batch size within each of the two ranges.
@@ -364,20 +398,17 @@ impl CudaBackend {
             &mut act,
             &stride32
         );
+        let (down_kernel, down_rows) = shape.down_kernel(tokens);
         let down_cfg = LaunchConfig {
-            grid_dim: (
-                w.h.div_ceil(shape.down_rows_per_block) as u32,
-                tokens as u32,
-                1,
-            ),
-            block_dim: (32 * shape.down_warps, 1, 1),
+            grid_dim: (w.h.div_ceil(down_rows) as u32, tokens as u32, 1),
+            block_dim: (32 * ranks.min(DOWN_MAX_WARPS) as u32, 1, 1),
             shared_mem_bytes: 0,
         };
         // Contract: down is e x h x im bf16 with im % 8 == 0; act, ids, weights as written above;
         // the shared gate logits hold tokens values (checked); out tokens x h.
         launch!(
             self,
-            "moe_down_combine",
+            down_kernel,
             down_cfg,
             w.down,
             &h32,

@@ -10,7 +10,7 @@
 mod common;
 
 use common::{check, cuda, Rng};
-use deltaserve_cuda::{CudaMat, GemmPrecision};
+use deltaserve_cuda::{CudaBackend, CudaMat, CudaOptions, GemmPrecision};
 use deltaserve_tensor::op_check::Operands;
 use deltaserve_tensor::reference::{RefMat, ReferenceBackend};
 use deltaserve_tensor::{
@@ -264,5 +264,117 @@ fn fused_moe_is_batch_invariant_bitwise() {
             &rows(5)[..4 * h],
             TOL_MOE,
         );
+    }
+}
+
+/// The by-slot path's outputs on `be` for experts made from `tensors` (and the shared expert's
+/// from `shared`), loaded on `be`.
+#[allow(clippy::too_many_arguments)]
+fn by_slot_outputs(
+    be: &CudaBackend,
+    tensors: &[ExpertTensors],
+    shape: ExpertShape,
+    shared: Option<&ExpertTensors>,
+    routing: MoeRouting,
+    x: &[f32],
+    logits: &[f32],
+    gate_logits: &[f32],
+    tokens: usize,
+) -> Vec<f32> {
+    let experts = be.load_experts(tensors, shape).unwrap();
+    let shared = shared.map(|t| {
+        let d = |m: &HostTensor| be.load_mat(m).unwrap();
+        (d(&t.gate), d(&t.up), d(&t.down))
+    });
+    let gate_logits = be.upload(gate_logits);
+    let out = be.moe_experts(
+        &be.upload(x),
+        &be.upload(logits),
+        &experts,
+        routing,
+        tokens,
+        shared.as_ref().map(|(gate, up, down)| SharedExpert {
+            gate,
+            up,
+            down,
+            gate_logits: &gate_logits,
+        }),
+    );
+    be.to_host(&out)
+}
+
+/// The by-slot down kernel's rows a block (`moe_down_combine_r*`: 4 for one token and 16 for 2-4
+/// by default) only share the work out differently: every row is the same dot products in the
+/// same order, so other choices (2 and 8 for both) give the default's outputs bit for bit. Hidden
+/// sizes that leave the last block partly empty (136, 200), up to 11 ranks (Qwen3-Next's top-10
+/// and its shared expert), 1-4 tokens (a decode, an MTP verify).
+#[test]
+fn moe_down_rows_a_block_do_not_change_the_outputs() {
+    let test = "moe_down_rows_a_block_do_not_change_the_outputs";
+    let Some(default) = cuda(GemmPrecision::Bf16, test) else {
+        return;
+    };
+    let mut rng = Rng(94);
+    for rows in [2, 8] {
+        let options = CudaOptions {
+            gemm_precision: GemmPrecision::Bf16,
+            defines: vec![
+                ("MOE_DOWN_ROWS_ONE_TOKEN".to_string(), rows.to_string()),
+                ("MOE_DOWN_ROWS_MULTI".to_string(), rows.to_string()),
+            ],
+            ..CudaOptions::default()
+        };
+        let other = CudaBackend::with_options(0, options).expect("a second backend on GPU 0");
+        // (experts, im, h, top_k, shared expert rows)
+        for (experts, im, h, top_k, shared_rows) in [
+            (64, 48, 136, 8, Some(64)),
+            (512, 16, 200, 10, Some(24)),
+            (32, 64, 128, 4, None),
+        ] {
+            let shape = ExpertShape {
+                experts,
+                intermediate: im,
+                hidden: h,
+            };
+            let tensors = expert_tensors(&mut rng, shape);
+            let shared = shared_rows.map(|ims| {
+                expert_tensors(
+                    &mut rng,
+                    ExpertShape {
+                        experts: 1,
+                        intermediate: ims,
+                        hidden: h,
+                    },
+                )
+                .remove(0)
+            });
+            let routing = MoeRouting {
+                top_k,
+                renormalize: true,
+            };
+            for tokens in 1..=4 {
+                let x = rng.vec(tokens * h, 1.0);
+                let logits = rng.vec(tokens * experts, 3.0);
+                let gate = rng.vec(tokens, 2.0);
+                let run = |be: &CudaBackend| {
+                    by_slot_outputs(
+                        be,
+                        &tensors,
+                        shape,
+                        shared.as_ref(),
+                        routing,
+                        &x,
+                        &logits,
+                        &gate,
+                        tokens,
+                    )
+                };
+                assert_eq!(
+                    run(&other),
+                    run(default),
+                    "down kernel with {rows} rows a block differs: E={experts} im={im} h={h} k={top_k} shared={shared_rows:?} tokens={tokens}"
+                );
+            }
+        }
     }
 }
