@@ -165,12 +165,6 @@ __device__ __forceinline__ void gemv_block(const GemvGroup& group, const bf16_bi
 #ifndef GEMV_LANE_UNROLL
 #define GEMV_LANE_UNROLL 2
 #endif
-// The same for two to four tokens (their warps hold GEMV_LANE_ROWS_MULTI rows, so fewer bytes are
-// in flight a warp; on short rows, k = 2048-4096, a lane has only 8-16 vectors a row). A lane still
-// takes its vectors in order, so each row's sum is the one-token kernel's whatever the unroll.
-#ifndef GEMV_LANE_UNROLL_MULTI
-#define GEMV_LANE_UNROLL_MULTI GEMV_LANE_UNROLL
-#endif
 
 // The lane kernels' iterations that lie wholly inside the rows run without per-load and per-vector
 // bounds: the FP8 one-token loop spent ~176 of its 504 instructions per 128 weights a lane on
@@ -429,9 +423,9 @@ __device__ __forceinline__ void gemv_lanes(const GemvGroup& group, const void* _
         gemv_lanes<T, ROUNDED_X, ROWS, WEIGHTS_BF16, UNROLL, true>(group, x, k);                       \
     }
 GEMV_LANE_KERNEL(1, false, GEMV_LANE_ROWS, GEMV_LANE_UNROLL)
-GEMV_LANE_KERNEL(2, true, GEMV_LANE_ROWS_MULTI, GEMV_LANE_UNROLL_MULTI)
-GEMV_LANE_KERNEL(3, true, GEMV_LANE_ROWS_MULTI, GEMV_LANE_UNROLL_MULTI)
-GEMV_LANE_KERNEL(4, true, GEMV_LANE_ROWS_MULTI, GEMV_LANE_UNROLL_MULTI)
+GEMV_LANE_KERNEL(2, true, GEMV_LANE_ROWS_MULTI, GEMV_LANE_UNROLL)
+GEMV_LANE_KERNEL(3, true, GEMV_LANE_ROWS_MULTI, GEMV_LANE_UNROLL)
+GEMV_LANE_KERNEL(4, true, GEMV_LANE_ROWS_MULTI, GEMV_LANE_UNROLL)
 
 // One row a warp, for launches that would otherwise fill fewer blocks than the GPU has SMs (the
 // unquantized GDN gate projections of an FP8 model: 2 x 48 rows, 6 blocks of 16 rows took 15 us
@@ -447,9 +441,9 @@ GEMV_LANE_KERNEL(4, true, GEMV_LANE_ROWS_MULTI, GEMV_LANE_UNROLL_MULTI)
         gemv_lanes<T, ROUNDED_X, 1, WEIGHTS_BF16, UNROLL, false>(group, x, k);                         \
     }
 GEMV_NARROW_KERNEL(gemv_bf16_lanes_narrow_t1, 1, false, GEMV_LANE_UNROLL)
-GEMV_NARROW_KERNEL(gemv_bf16_lanes_narrow_t2, 2, true, GEMV_LANE_UNROLL_MULTI)
-GEMV_NARROW_KERNEL(gemv_bf16_lanes_narrow_t3, 3, true, GEMV_LANE_UNROLL_MULTI)
-GEMV_NARROW_KERNEL(gemv_bf16_lanes_narrow_t4, 4, true, GEMV_LANE_UNROLL_MULTI)
+GEMV_NARROW_KERNEL(gemv_bf16_lanes_narrow_t2, 2, true, GEMV_LANE_UNROLL)
+GEMV_NARROW_KERNEL(gemv_bf16_lanes_narrow_t3, 3, true, GEMV_LANE_UNROLL)
+GEMV_NARROW_KERNEL(gemv_bf16_lanes_narrow_t4, 4, true, GEMV_LANE_UNROLL)
 
 // Sweeps in flight per buffer for FP8 weights: the conversion makes these kernels issue-bound, and
 // fewer registers a lane let more warps hide it. Measured on the H200 (27B shape, one-token decode,

@@ -86,9 +86,10 @@ pub(crate) struct LaneShape {
     /// bf16 launches that would fill fewer blocks than this many per SM take one row a warp
     /// (`gemv_bf16_lanes_narrow_t*`; `GEMV_LANE_NARROW`, default 1; 0: never). The unquantized GDN
     /// gate projections of an FP8 model (2 x 48 rows of 5120) ran as 6 blocks for 15 us on the
-    /// H200. More than 1 sends the short multi-token launches of a verify (2048-row projections:
-    /// 256 blocks of 2-row warps) to the narrow kernel too; not measured yet (docs/benchmarks.md,
-    /// session 22).
+    /// H200. 2 also sends a 35B-A3B verify's 2048-row projections (256 blocks of the 4-token
+    /// kernel) there: no measurable change on an H100 (docs/benchmarks.md, session 23: MTP k=3
+    /// 455.7 against 456.1 tok/s with 2 in one call; the larger differences of earlier calls were
+    /// the first bench of a call running slower).
     narrow_blocks_per_sm: usize,
     /// One token over a group of FP8 and bf16 matrices takes one launch (`gemv_mixed_lanes_t1`;
     /// `GEMV_MIXED=0`: one launch per format). H200, 27B FP8 decode (session 14): 100.7 tok/s
