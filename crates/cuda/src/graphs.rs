@@ -148,8 +148,9 @@ impl CudaBackend {
         self.copy_slice(src.data(), src.len)
     }
 
-    /// A copy of the step table of hidden states (filled by `prepare_step_op`, or here when the
-    /// step is not recorded), so that the step's ops own their input as they own an upload.
+    /// A copy of the step table of hidden states (filled by `prepare_step_op`; here if it was
+    /// not), so that the step's ops own their input as they own an upload, and a recording reads
+    /// the table at its fixed address.
     pub(crate) fn step_hidden_op(&self, data: &[f32]) -> CudaBuf {
         let table = self.upload_cached(table::STEP_HIDDEN, data);
         self.copy_slice(&table, data.len())

@@ -33,6 +33,17 @@ pub struct MtpInput<'a> {
     pub hidden_rows: &'a [u32],
 }
 
+/// Where an MTP step's ops find its input hidden states on the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum HiddenInput {
+    /// Uploaded for this step alone (a step that is not recorded: an extend after a prefill
+    /// chunk may bring thousands of rows, which a step table would keep allocated).
+    Uploaded,
+    /// From the step table `Backend::prepare_step` filled, so that a recording reads the rows of
+    /// each replayed step.
+    StepTable,
+}
+
 impl<B: Backend> Model<B> {
     pub fn has_mtp(&self) -> bool {
         self.weights.mtp.is_some()
@@ -66,7 +77,10 @@ impl<B: Backend> Model<B> {
                 logit_rows: input.logit_rows.to_vec(),
                 hidden_rows: input.hidden_rows.to_vec(),
             },
-            |cache| self.backend.run_step(|| self.mtp_rank(mtp, input, cache)),
+            |cache| {
+                self.backend
+                    .run_step(|| self.mtp_rank(mtp, input, cache, HiddenInput::Uploaded))
+            },
         ))
     }
 
@@ -77,13 +91,18 @@ impl<B: Backend> Model<B> {
         mtp: &MtpWeights<B>,
         input: &MtpInput<'_>,
         cache: &mut HybridCache<B>,
+        hidden_input: HiddenInput,
     ) -> ForwardOutput<B> {
         let (be, c) = (&self.backend, &self.config);
         let hsz = c.hidden_size;
         let t = input.next_tokens.len();
         let embedded = self.embed(input.next_tokens);
         let e = self.norm(&embedded, &mtp.pre_fc_norm_embedding);
-        let h = self.norm(&be.step_hidden(input.hidden), &mtp.pre_fc_norm_hidden);
+        let hidden = match hidden_input {
+            HiddenInput::Uploaded => be.upload(input.hidden),
+            HiddenInput::StepTable => be.step_hidden(input.hidden),
+        };
+        let h = self.norm(&hidden, &mtp.pre_fc_norm_hidden);
         let mut both = be.zeros(t * 2 * hsz);
         be.concat_cols(&e, &h, hsz, hsz, &mut both);
         let mut u = be.zeros(t * hsz);

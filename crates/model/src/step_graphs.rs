@@ -15,7 +15,7 @@
 
 use crate::cache::HybridCache;
 use crate::forward::{ForwardInput, ForwardOutput, Model};
-use crate::mtp::MtpInput;
+use crate::mtp::{HiddenInput, MtpInput};
 use crate::weights::MtpWeights;
 use deltaserve_tensor::{Backend, BatchLayout, KvLayerPool, StepGraph, StepInputs};
 use std::collections::HashMap;
@@ -226,7 +226,10 @@ impl<B: Backend> Model<B> {
             |_, max| Self::mtp_step_qualifies(input, max),
             |cache| cache.mtp_kv.as_ref(),
             cache,
-            |cache| self.backend.run_step(|| self.mtp_rank(mtp, input, cache)),
+            |cache| {
+                self.backend
+                    .run_step(|| self.mtp_rank(mtp, input, cache, HiddenInput::StepTable))
+            },
         )
     }
 
