@@ -31,6 +31,8 @@
 #                             8, 3 decode steps, bench FLAGS added, e.g. "--quantization fp8", under
 #                             DELTASERVE_CUDA_DEFINES=DEFS): raw CSV + scripts/ncu_step.py's table of the
 #                             last decode step, kernel by kernel
+#   ncucycle:SHAPE:FLAGS:DEFS the same for one whole MTP k=3 cycle (forced acceptance: a verify of 4
+#                             tokens and its 3 draft steps), from a bench of 8 decode tokens (up to 360 s)
 #   sh:COMMAND                any command (its output in sh.log)
 # Each step's one-line result goes to summary.log (also printed); the raw files to $OUT/results.tgz.
 # CARRY (default .carry) is the folder the binaries were packed into.
@@ -171,16 +173,22 @@ for step in "$@"; do
         python3 scripts/ncu_summary.py "$res/$name.csv" | tee -a "$res/summary.log"
       done
       ;;
-    ncustep:*)
-      IFS=: read -r _ shape flags defines <<<"$step"
-      name="ncustep-$shape${flags:+-${flags//[^A-Za-z0-9]/}}${defines:+-${defines//[^A-Za-z0-9]/_}}"
+    ncustep:* | ncucycle:*)
+      IFS=: read -r kind shape flags defines <<<"$step"
+      name="$kind-$shape${flags:+-${flags//[^A-Za-z0-9]/}}${defines:+-${defines//[^A-Za-z0-9]/_}}"
+      # A plain step: 3 decode steps, the last one cut out. An MTP cycle: 8 decode tokens, so the run
+      # ends in two whole speculative cycles (a verify of 4 tokens and 3 draft steps each) after its
+      # plain decode steps; ~6,800 launches on the 35B-A3B shape at ~30 ms each under Nsight Compute.
+      decode=3 cap=200 period=20 more=""
+      [ "$kind" = ncucycle ] && decode=8 cap=360 period=300 more="--speculative-num-steps 3"
       # shellcheck disable=SC2086 # FLAGS are bench flags, split on purpose
-      DELTASERVE_CUDA_DEFINES="$defines" timeout "$(($(left) < 200 ? $(left) : 200))" \
+      DELTASERVE_CUDA_DEFINES="$defines" timeout "$(($(left) < cap ? $(left) : cap))" \
         ncu --clock-control none --csv --page raw --metrics gpu__time_duration.sum,dram__bytes_read.sum \
         "$bins/deltaserve" bench --backend cuda --model-path "examples/$shape" --load-format dummy \
-        --prefill-len 8 --decode-len 3 --warmup 0 --disable-cuda-graph $flags >"$res/$name.csv" 2>"$res/$name.err"
+        --prefill-len 8 --decode-len $decode --warmup 0 --disable-cuda-graph $more $flags \
+        >"$res/$name.csv" 2>"$res/$name.err"
       log "== $name rc=$?"
-      python3 scripts/ncu_step.py "$res/$name.csv" 2>&1 | tee -a "$res/summary.log"
+      python3 scripts/ncu_step.py "$res/$name.csv" --min-period $period 2>&1 | tee -a "$res/summary.log"
       ;;
     sh:*)
       timeout "$(left)" bash -c "${step#sh:}" >>"$res/sh.log" 2>&1
