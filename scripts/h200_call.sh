@@ -27,6 +27,9 @@
 #                             value (an empty one is the defaults): a race shows as a failed canary or smoke
 #   ncu:D,D                   Nsight Compute on 24 GEMV launches of a 27B FP8 decode (un-captured), one run
 #                             per DELTASERVE_CUDA_DEFINES value: raw CSV + scripts/ncu_summary.py lines
+#   ncukernel:SHAPE:REGEX:FLAGS:D,D  the same on the first 24 launches of the kernels matching REGEX in a
+#                             short un-captured bench of SHAPE with FLAGS (e.g. MTP's verify lanes:
+#                             "ncukernel:qwen3.6-35b-a3b:gemv_bf16_lanes_t4:--speculative-num-steps 3:")
 #   ncustep:SHAPE:FLAGS:DEFS  Nsight Compute on every kernel of a short un-captured bench of the shape (prefill
 #                             8, 3 decode steps, bench FLAGS added, e.g. "--quantization fp8", under
 #                             DELTASERVE_CUDA_DEFINES=DEFS): raw CSV + scripts/ncu_step.py's table of the
@@ -158,17 +161,28 @@ for step in "$@"; do
         done
       done
       ;;
-    ncu:*)
-      IFS=, read -ra d <<<"${step#ncu:}"
+    ncu:* | ncukernel:*)
+      # ncu:D,D           24 GEMV launches of a 27B FP8 decode, one run per defines value;
+      # ncukernel:SHAPE:REGEX:FLAGS:D,D   the first 24 launches of the kernels matching REGEX in a
+      # short un-captured bench of SHAPE with FLAGS (e.g. a verify's lanes: "qwen3.6-35b-a3b:
+      # gemv_bf16_lanes_t4:--speculative-num-steps 3").
+      if [ "${step%%:*}" = ncu ]; then
+        shape=qwen3.6-27b regex=gemv skip=700 flags="--quantization fp8" defs=${step#ncu:}
+      else
+        IFS=: read -r _ shape regex flags defs <<<"$step"
+        skip=0
+      fi
+      IFS=, read -ra d <<<"$defs"
       [ ${#d[@]} -eq 0 ] && d=("")
       for defines in "${d[@]}"; do
-        name="ncu-${defines:-default}"
+        name="ncu-${shape}-${regex}-${defines:-default}"
         name=${name//[^A-Za-z0-9._-]/_}
+        # shellcheck disable=SC2086 # FLAGS are bench flags, split on purpose
         DELTASERVE_CUDA_DEFINES="$defines" timeout "$(($(left) < 200 ? $(left) : 200))" ncu --clock-control none \
-          -k regex:gemv --launch-skip 700 --launch-count 24 --csv --page raw --metrics \
+          -k "regex:$regex" --launch-skip "$skip" --launch-count 24 --csv --page raw --metrics \
           gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum,sm__warps_active.avg.per_cycle_active,smsp__issue_active.avg.per_cycle_active,launch__grid_size,launch__registers_per_thread,smsp__average_warp_latency_issue_stalled_long_scoreboard.ratio,sm__cycles_active.avg,gpc__cycles_elapsed.max \
-          "$bins/deltaserve" bench --backend cuda --model-path examples/qwen3.6-27b --load-format dummy \
-          --quantization fp8 --prefill-len 16 --decode-len 6 --disable-cuda-graph >"$res/$name.csv" 2>"$res/$name.err"
+          "$bins/deltaserve" bench --backend cuda --model-path "examples/$shape" --load-format dummy \
+          $flags --prefill-len 16 --decode-len 6 --disable-cuda-graph >"$res/$name.csv" 2>"$res/$name.err"
         log "== $name rc=$?"
         python3 scripts/ncu_summary.py "$res/$name.csv" | tee -a "$res/summary.log"
       done
