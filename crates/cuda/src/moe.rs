@@ -51,48 +51,50 @@ const TILE_ROWS: usize = 16;
 pub(crate) struct SlotShape {
     lane_warps: u32,
     lane_rows_per_block: usize,
-    down_rows_one_token: usize,
-    down_rows_multi: usize,
+    down_one_token: DownKernel,
+    down_multi: DownKernel,
 }
+
+/// One of the `moe_down_combine_r*` kernels: its name and its output rows a block.
+type DownKernel = (&'static str, usize);
+
+/// The rows a block that `moe_down_combine_r*` comes in.
+const DOWN_KERNELS: [DownKernel; 4] = [
+    ("moe_down_combine_r2", 2),
+    ("moe_down_combine_r4", 4),
+    ("moe_down_combine_r8", 8),
+    ("moe_down_combine_r16", 16),
+];
 
 impl SlotShape {
     pub(crate) fn from_options(options: &crate::options::CudaOptions) -> Self {
         let lane_warps = options.define("MOE_LANE_WARPS").unwrap_or(4);
-        let down_rows = |name: &str, default: usize| {
+        let down_kernel = |name: &str, default: usize| {
             let rows = options.define::<usize>(name).unwrap_or(default);
-            assert!(
-                DOWN_ROWS.contains(&rows),
-                "{name}={rows}: moe.cu has down kernels for {DOWN_ROWS:?} rows a block"
-            );
-            rows
+            let kernel = DOWN_KERNELS.iter().find(|(_, r)| *r == rows);
+            *kernel.unwrap_or_else(|| {
+                let offered: Vec<usize> = DOWN_KERNELS.iter().map(|(_, r)| *r).collect();
+                panic!("{name}={rows}: moe.cu has down kernels for {offered:?} rows a block")
+            })
         };
         Self {
             lane_warps,
             lane_rows_per_block: lane_warps as usize * options.define("MOE_LANE_ROWS").unwrap_or(1),
-            down_rows_one_token: down_rows("MOE_DOWN_ROWS_ONE_TOKEN", 4),
-            down_rows_multi: down_rows("MOE_DOWN_ROWS_MULTI", 16),
+            down_one_token: down_kernel("MOE_DOWN_ROWS_ONE_TOKEN", 4),
+            down_multi: down_kernel("MOE_DOWN_ROWS_MULTI", 16),
         }
     }
 
-    /// `moe_down_combine_r*` for `tokens`, with its rows a block.
-    fn down_kernel(&self, tokens: usize) -> (&'static str, usize) {
-        let rows = if tokens == 1 {
-            self.down_rows_one_token
+    /// The `moe_down_combine_r*` kernel for `tokens`.
+    fn down_kernel(&self, tokens: usize) -> DownKernel {
+        if tokens == 1 {
+            self.down_one_token
         } else {
-            self.down_rows_multi
-        };
-        let name = match rows {
-            2 => "moe_down_combine_r2",
-            4 => "moe_down_combine_r4",
-            8 => "moe_down_combine_r8",
-            _ => "moe_down_combine_r16",
-        };
-        (name, rows)
+            self.down_multi
+        }
     }
 }
 
-/// Rows a block that `moe_down_combine_r*` comes in.
-const DOWN_ROWS: [usize; 4] = [2, 4, 8, 16];
 /// Warps a block of `moe_down_combine_r*` has at most (one a rank; its launch bounds: 512 threads).
 const DOWN_MAX_WARPS: usize = 16;
 /// Up to this many tokens the by-slot kernels run (each slot reads its expert; with more tokens

@@ -199,9 +199,8 @@ fn draft<B: Backend>(m: &Model<B>, batch: usize) -> Vec<Vec<f32>> {
         |s: usize| -> Vec<u32> { ((s * per_seq) as u32..((s + 1) * per_seq) as u32).collect() };
     let (vocab, hidden) = (m.config.vocab_size, m.config.hidden_size);
     let mut next = prefill(m, &mut cache, &blocks, (3, 17));
-    // Each sequence's hidden rows for its next extend: made from its prompt's first token's
-    // embedding scale at first (any f32 rows of a hidden state's size run the same ops), then the
-    // head's own outputs.
+    // Each sequence's hidden rows for its next extend: a fixed pattern in [-1, 1] at first (any
+    // f32 rows of a hidden state's size run the same ops), then the head's own outputs.
     let mut rows_in: Vec<Vec<f32>> = (0..SEQS)
         .map(|s| {
             (0..VERIFY_TOKENS * hidden)

@@ -266,14 +266,6 @@ impl<B: Backend> Model<B> {
             recordings.shapes.clear();
             recordings.cache_id = cache.id;
         }
-        let of_kind = recordings
-            .shapes
-            .keys()
-            .filter(|k| k.kind == step.kind)
-            .count();
-        if of_kind >= MAX_RECORDINGS {
-            recordings.shapes.retain(|k, _| k.kind != step.kind);
-        }
         let key = ShapeKey {
             kind: step.kind,
             rows: step.tokens.len(),
@@ -291,6 +283,11 @@ impl<B: Backend> Model<B> {
             Some(Recording::Failed) => return None,
             Some(Recording::SeenOnce) => {}
             None => {
+                // Only a new shape can take a kind past its limit.
+                let of_kind = recordings.shapes.keys().filter(|k| k.kind == step.kind);
+                if of_kind.count() >= MAX_RECORDINGS {
+                    recordings.shapes.retain(|k, _| k.kind != step.kind);
+                }
                 recordings.shapes.insert(key, Recording::SeenOnce);
                 return None;
             }
