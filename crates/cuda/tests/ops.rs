@@ -22,7 +22,7 @@ mod common;
 
 use common::{
     check, cuda, cuda_chunked_gdn, cuda_chunked_gdn_sequential, cuda_prefill_without_shortcuts,
-    cuda_wide_lanes, group_products, Rng,
+    cuda_split_lanes, cuda_wide_lanes, group_products, Rng,
 };
 use deltaserve_cuda::{CudaBackend, CudaBuf, CudaOptions, GemmPrecision};
 use deltaserve_tensor::op_check::{self, AttentionPools, Operands, StatePools};
@@ -250,6 +250,64 @@ fn narrow_lane_kernels_equal_the_lane_kernels_bitwise() {
             let run = |be| group_products(be, &host, &x, tokens);
             assert_eq!(run(narrow), run(wide), "{rows:?} x {k}, {tokens} tokens");
         }
+    }
+}
+
+/// With each row's K split over four warps, a row's sum is still the same bits for one token as
+/// inside a batch of four (the split follows the group's shape, never the token count), the paired
+/// silu gate is still its two ops, and the sums differ from the whole-row kernels' only by f32
+/// reordering: within 2e-6 * k, about 8 f32 roundings of the sum of |w x| (k / 4 for these
+/// uniform inputs); a lost or doubled slice is off by the size of the outputs (~sqrt(k) / 3).
+/// Widths: slices of whole sweeps (5120, 2048), and 2056, whose last slice is empty.
+#[test]
+fn split_lane_kernels_sum_a_row_alike_for_every_token_count() {
+    let test = "split_lane_kernels_sum_a_row_alike_for_every_token_count";
+    let (Some(split), Some(whole)) = (cuda_split_lanes(test), cuda(GemmPrecision::Bf16, test))
+    else {
+        return;
+    };
+    let mut rng = Rng(26);
+    for (rows, k) in [
+        (vec![48, 48], 5120),
+        (vec![37, 1, 6], 2048),
+        (vec![300], 2056),
+    ] {
+        let host: Vec<HostTensor> = rows
+            .iter()
+            .map(|&n| HostTensor::from_f32_as_bf16("w", vec![n, k], &rng.vec(n * k, 1.0)))
+            .collect();
+        let x = rng.vec(4 * k, 1.0);
+        let batch = group_products(split, &host, &x, 4);
+        for tokens in 1..=4 {
+            let alone = group_products(split, &host, &x[..tokens * k], tokens);
+            let unsplit = group_products(whole, &host, &x[..tokens * k], tokens);
+            for (m, &n) in rows.iter().enumerate() {
+                assert_eq!(
+                    alone[m],
+                    batch[m][..tokens * n],
+                    "{rows:?} x {k}, matrix {m}: {tokens} tokens differ from the same rows of 4"
+                );
+                let worst = alone[m]
+                    .iter()
+                    .zip(&unsplit[m])
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0.0f32, f32::max);
+                assert!(
+                    worst <= 2e-6 * k as f32,
+                    "{rows:?} x {k}, matrix {m}, {tokens} tokens: split sums {worst} from whole rows"
+                );
+            }
+        }
+    }
+    for (rows, k) in [(37, 2048), (300, 5120)] {
+        let mut load = || {
+            let values = rng.vec(rows * k, 1.0);
+            split
+                .load_mat(&HostTensor::from_f32_as_bf16("w", vec![rows, k], &values))
+                .unwrap()
+        };
+        let (gate, up) = (load(), load());
+        common::assert_silu_gate_is_the_two_ops(split, &gate, &up, &mut rng, "bf16, split rows");
     }
 }
 
