@@ -56,6 +56,9 @@ pub struct CudaBackend {
     /// Whether the norms write a bf16 twin of outputs that go on to bf16 GEMMs (buffer.rs;
     /// `BF16_TWIN=0` turns it off, to measure).
     pub(crate) bf16_twins: bool,
+    /// Whether the twins are written for GEMV steps of 2-8 rows too (`GEMV_TWIN=1`), whose kernels
+    /// read bf16 activations: the twin replaces the cast launch before each matrix group.
+    pub(crate) gemv_twins: bool,
     /// Whether a prefill's gate and up GEMMs run as one batched cuBLAS GEMM (gemm.rs
     /// `silu_gate_of_bf16_products`; `GEMM_PAIRS=0` turns it off, to measure).
     pub(crate) gemm_pairs: bool,
@@ -246,6 +249,7 @@ impl CudaBackend {
             gated_norm_by_warp: options.define::<u32>("GATED_NORM_WARP").unwrap_or(1) != 0,
             bf16_act_mlp: options.define::<u32>("MLP_BF16_ACT").unwrap_or(1) != 0,
             bf16_twins: options.define::<u32>("BF16_TWIN").unwrap_or(1) != 0,
+            gemv_twins: options.define::<u32>("GEMV_TWIN").unwrap_or(0) != 0,
             gemm_pairs: options.define::<u32>("GEMM_PAIRS").unwrap_or(1) != 0,
             bf16_gate_up: options.define::<u32>("MLP_BF16_GATE_UP").unwrap_or(1) != 0,
             gdn_scan_pipeline: options.define::<u32>("GDN_SCAN_PIPELINE").unwrap_or(1) != 0,
@@ -380,11 +384,18 @@ impl CudaBackend {
     }
 
     /// Whether an op whose output goes on to GEMMs of `tokens` rows writes a bf16 twin: where those
-    /// are cuBLAS bf16 GEMMs, past the GEMV kernels' rows (a one-token decode never writes one).
+    /// are cuBLAS bf16 GEMMs, past the GEMV kernels' rows, and with `gemv_twins` where they are
+    /// GEMV kernels that read rounded activations (2 rows on; the one-token kernel rounds them
+    /// itself, so a one-token decode never writes one).
     pub(crate) fn wants_bf16_twin(&self, tokens: usize) -> bool {
+        let first_rows = if self.gemv_twins {
+            2
+        } else {
+            self.gemv_lane_shape.max_tokens(false) + 1
+        };
         self.bf16_twins
             && self.gemm_precision == GemmPrecision::Bf16
-            && tokens > self.gemv_lane_shape.max_tokens(false)
+            && tokens >= first_rows
             && !self.fp8_weights_loaded.load(Ordering::Relaxed)
     }
 

@@ -107,11 +107,13 @@ pub(crate) struct LaneShape {
 }
 
 /// What a GEMV launch reads as its activations.
-enum GemvInput {
+enum GemvInput<'a> {
     /// The f32 activations as they are (one bf16 token, the FP8 lane and tensor-core kernels).
     F32,
     /// Rounded to bf16 once for the group.
     Bf16(CudaSlice<u16>),
+    /// Rounded to bf16 by the op that wrote them (the activations' twin, buffer.rs).
+    Twin(&'a CudaSlice<u16>),
     /// Quantized to e4m3 per 128 columns (the W8A8 kernel).
     Fp8(Fp8Activations),
 }
@@ -417,14 +419,17 @@ impl CudaBackend {
     /// tensor-core kernel round them themselves the same way and so save the cast's launch (with
     /// 2-4 tokens on the CUDA cores the rounding costs more than the launch), and the FP8 lane
     /// kernels multiply them as they are; or quantized to FP8 once for the W8A8 kernel.
-    fn gemv_input(&self, x: &CudaBuf, ws: &[&CudaMat], tokens: usize) -> GemvInput {
+    fn gemv_input<'a>(&self, x: &'a CudaBuf, ws: &[&CudaMat], tokens: usize) -> GemvInput<'a> {
         let fp8 = matches!(ws[0].data, MatData::Fp8 { .. });
+        let len = tokens * ws[0].cols;
         if self.gemv_w8a8(ws, tokens) {
             GemvInput::Fp8(self.quantize_activations_fp8(x, tokens, ws[0].cols))
         } else if fp8 || tokens == 1 {
             GemvInput::F32
+        } else if let Some(twin) = x.bf16_twin(len) {
+            GemvInput::Twin(twin)
         } else {
-            GemvInput::Bf16(self.cast_to_bf16(x, tokens * ws[0].cols))
+            GemvInput::Bf16(self.cast_to_bf16(x, len))
         }
     }
 
@@ -541,6 +546,7 @@ impl CudaBackend {
         };
         match input {
             GemvInput::Bf16(xb) => launch!(self, kernel, cfg, &group, xb, &t32, &k32),
+            GemvInput::Twin(xb) => launch!(self, kernel, cfg, &group, *xb, &t32, &k32),
             GemvInput::F32 => launch!(self, kernel, cfg, &group, x.data(), &t32, &k32),
             GemvInput::Fp8(xq) => {
                 let rows32 = xq.rows as i32;

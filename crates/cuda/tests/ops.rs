@@ -21,8 +21,8 @@
 mod common;
 
 use common::{
-    check, cuda, cuda_chunked_gdn, cuda_chunked_gdn_sequential, cuda_prefill_without_shortcuts,
-    cuda_split_lanes, cuda_wide_lanes, group_products, Rng,
+    check, cuda, cuda_chunked_gdn, cuda_chunked_gdn_sequential, cuda_gemv_twins,
+    cuda_prefill_without_shortcuts, cuda_split_lanes, cuda_wide_lanes, group_products, Rng,
 };
 use deltaserve_cuda::{CudaBackend, CudaBuf, CudaOptions, GemmPrecision};
 use deltaserve_tensor::op_check::{self, AttentionPools, Operands, StatePools};
@@ -495,17 +495,23 @@ fn add_rms_norm_equals_add_then_norm_bitwise() {
     }
 }
 
-/// A norm's bf16 twin, which the bf16 GEMM then reads in place of its own cast, is that cast bit
-/// for bit: the product of the norm's output equals the product of a copy of it (no twin), with
-/// rows past the GEMV kernels (twin written) and within them (none).
+/// A norm's bf16 twin, which the bf16 GEMM or GEMV then reads in place of its own cast, is that
+/// cast bit for bit: the product of the norm's output equals the product of a copy of it (no twin),
+/// with rows past the GEMV kernels (twin written) and within them (written with `GEMV_TWIN=1`,
+/// the second backend: on the 2-4 row lane kernels and the 5-8 row tensor-core one).
 #[test]
 fn bf16_twins_of_norm_outputs_equal_the_gemm_cast_bitwise() {
-    let Some(be) = cuda(
-        GemmPrecision::Bf16,
-        "bf16_twins_of_norm_outputs_equal_the_gemm_cast_bitwise",
-    ) else {
+    let test = "bf16_twins_of_norm_outputs_equal_the_gemm_cast_bitwise";
+    let (Some(plain), Some(gemv_twins)) = (cuda(GemmPrecision::Bf16, test), cuda_gemv_twins(test))
+    else {
         return;
     };
+    for be in [plain, gemv_twins] {
+        norm_twins_equal_the_cast(be);
+    }
+}
+
+fn norm_twins_equal_the_cast(be: &CudaBackend) {
     let mut rng = Rng(29);
     let (dim, n) = (1024, 96);
     let w = be
@@ -520,7 +526,7 @@ fn bf16_twins_of_norm_outputs_equal_the_gemm_cast_bitwise() {
         be.matmul(x, &w, &mut out, tokens);
         be.to_host(&out)
     };
-    for tokens in [3, 200] {
+    for tokens in [2, 3, 4, 6, 200] {
         let len = tokens * dim;
         let scale = be.upload(&rng.vec(dim, 0.5));
         let mut acc = be.upload(&rng.vec(len, 2.0));

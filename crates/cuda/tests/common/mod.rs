@@ -24,6 +24,7 @@ static FP8_UNMIXED_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::ne
 static LANES_BOUNDED_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static BF16_WIDE_LANES_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static BF16_SPLIT_LANES_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
+static BF16_GEMV_TWINS_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static MLP_F32_ACT_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static PREFILL_WITHOUT_SHORTCUTS_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 
@@ -226,6 +227,12 @@ pub fn cuda_split_lanes(test: &str) -> Option<&'static CudaBackend> {
         ("GEMV_LANE_SPLIT_BELOW", "1000000"),
     ];
     backend_with_defines(&BF16_SPLIT_LANES_BACKEND, false, &defines, test)
+}
+
+/// The bf16 backend whose norms write bf16 twins for GEMV steps of 2-8 rows too (`GEMV_TWIN=1`),
+/// or `None` after printing why not.
+pub fn cuda_gemv_twins(test: &str) -> Option<&'static CudaBackend> {
+    backend_with_defines(&BF16_GEMV_TWINS_BACKEND, false, &[("GEMV_TWIN", "1")], test)
 }
 
 /// The backend `cell` holds for the whole test binary, made with `options` on first use.
