@@ -39,10 +39,6 @@ struct GemvGroup {
     // First global row of matrix m; first_row[count] is the total number of rows.
     int first_row[GEMV_MATRICES + 1];
     int count;
-    // Lane kernels: the warps that share a row, each summing one slice of its K (1, 2 or 4; divides
-    // GEMV_LANE_WARPS). The host picks it from the group's shape alone, never from the token count,
-    // so a one-token decode and a four-token verify still sum a row alike. Other kernels ignore it.
-    int k_split;
 };
 
 // The group's per-matrix fields are picked by compare-and-select over the GEMV_MATRICES constant
@@ -247,18 +243,6 @@ __device__ __forceinline__ void e4m3x4_to_f32(unsigned int word, float* out) {
 #endif
 }
 
-// Waits for the `threads` threads of a team of warps at its own named barrier (1 + team; 0 is
-// __syncthreads'). The ids are immediates: a register id makes ptxas reserve all 16 barriers.
-__device__ __forceinline__ void team_barrier(int team, int threads) {
-    static_assert(GEMV_LANE_WARPS / 2 <= 4, "a split of 2 or more leaves at most 4 teams");
-    switch (team) {
-        case 0: asm volatile("bar.sync 1, %0;" ::"r"(threads) : "memory"); break;
-        case 1: asm volatile("bar.sync 2, %0;" ::"r"(threads) : "memory"); break;
-        case 2: asm volatile("bar.sync 3, %0;" ::"r"(threads) : "memory"); break;
-        default: asm volatile("bar.sync 4, %0;" ::"r"(threads) : "memory"); break;
-    }
-}
-
 // PAIRED: the group is [gate, up] of equal shape and out[0] receives silu(x gate^T) * (x up^T). A
 // warp's first ROWS / 2 rows are gate rows and the others the up rows of the same indices, so the
 // activation is applied in the epilogue; each row's sum is the unpaired kernel's, bit for bit.
@@ -268,10 +252,8 @@ __device__ __forceinline__ void gemv_lanes(const GemvGroup& group, const void* _
     constexpr int ROW_BYTES_PER_VALUE = FORMAT == WEIGHTS_FP8 ? 1 : 2;
     constexpr int HALF = PAIRED ? ROWS / 2 : ROWS;
     static_assert(!PAIRED || ROWS % 2 == 0, "a paired warp holds as many up rows as gate rows");
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    // FP8 launches keep whole rows (the host never splits them), so their kernels compile without it.
-    const int split = FORMAT == WEIGHTS_FP8 ? 1 : group.k_split, slice = warp % split, team = warp / split;
-    const int first = (blockIdx.x * (GEMV_LANE_WARPS / split) + team) * HALF;
+    const int lane = threadIdx.x & 31;
+    const int first = (blockIdx.x * GEMV_LANE_WARPS + (threadIdx.x >> 5)) * HALF;
     const int scale_cols = (k + 127) / 128;
     int local[ROWS], mat[ROWS];
     const unsigned char* w[ROWS];
@@ -300,10 +282,7 @@ __device__ __forceinline__ void gemv_lanes(const GemvGroup& group, const void* _
     for (int r = 0; r < ROWS; ++r)
 #pragma unroll
         for (int t = 0; t < T; ++t) acc[r][t] = 0.0f;
-    // This warp's slice of the row's vectors: whole sweeps, the last slice takes what is left.
     const int vecs = k / VALUES;
-    const int slice_vecs = (vecs + 32 * split - 1) / (32 * split) * 32;
-    const int lo = slice * slice_vecs, hi = min(lo + slice_vecs, vecs);
     constexpr int STEP = 32 * UNROLL;
 
     // `checked`: vectors past the row's end and rows past the group's may occur (always a
@@ -314,7 +293,7 @@ __device__ __forceinline__ void gemv_lanes(const GemvGroup& group, const void* _
             const int v = base + 32 * u;
 #pragma unroll
             for (int r = 0; r < ROWS; ++r)
-                wv[r][u] = (!checked || (v < hi && w[r])) ? load_streaming((const bf16_bits*)(w[r] + 16 * v))
+                wv[r][u] = (!checked || (v < vecs && w[r])) ? load_streaming((const bf16_bits*)(w[r] + 16 * v))
                                                              : make_uint4(0u, 0u, 0u, 0u);
         }
     };
@@ -322,7 +301,7 @@ __device__ __forceinline__ void gemv_lanes(const GemvGroup& group, const void* _
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             const int v = base + 32 * u;
-            if (checked && v >= hi) continue;  // the weights there are zero: nothing to add
+            if (checked && v >= vecs) continue;  // the weights there are zero: nothing to add
             float xf[T][VALUES];
 #pragma unroll
             for (int t = 0; t < T; ++t) {
@@ -378,17 +357,17 @@ __device__ __forceinline__ void gemv_lanes(const GemvGroup& group, const void* _
     // The weights do not depend on earlier kernels: the first sweeps' loads are issued before the
     // wait, so they overlap the previous kernel's tail.
     uint4 wa[ROWS][UNROLL];
-    load(wa, lo + lane, true);
+    load(wa, lane, true);
     wait_for_previous_kernel();
     if (GEMV_LANE_PIPELINE) {
         uint4 wb[ROWS][UNROLL];
-        int base = lo + lane;
+        int base = lane;
 #if GEMV_LANE_UNCHECKED
         // A warp whose rows all exist runs its whole iterations (every lane's loads, the next
         // buffer's included, inside the row) without a bound on any load or product; the rest as
         // below. The same vectors in the same order: the same sums.
         if (mat[ROWS - 1] >= 0) {
-            for (; base - lane + 3 * STEP <= hi; base += 2 * STEP) {
+            for (; base - lane + 3 * STEP <= vecs; base += 2 * STEP) {
                 load(wb, base + STEP, false);
                 multiply(wa, base, false);
                 load(wa, base + 2 * STEP, false);
@@ -396,15 +375,15 @@ __device__ __forceinline__ void gemv_lanes(const GemvGroup& group, const void* _
             }
         }
 #endif
-        for (; base < hi; base += 2 * STEP) {
+        for (; base < vecs; base += 2 * STEP) {
             load(wb, base + STEP, true);
             multiply(wa, base, true);
             load(wa, base + 2 * STEP, true);
             multiply(wb, base + STEP, true);
         }
     } else {
-        for (int base = lo + lane; base < hi; base += STEP) {
-            if (base != lo + lane) load(wa, base, true);
+        for (int base = lane; base < vecs; base += STEP) {
+            if (base != lane) load(wa, base, true);
             multiply(wa, base, true);
         }
     }
@@ -415,33 +394,10 @@ __device__ __forceinline__ void gemv_lanes(const GemvGroup& group, const void* _
             float s = acc[r][t];
             for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
             acc[r][t] = s;
+            if (!PAIRED && lane == 0 && mat[r] >= 0) {
+                group_pick(group.out, mat[r])[(i64)t * group_rows(group, mat[r]) + local[r]] = s;
+            }
         }
-    }
-    if (split > 1) {
-        // The team's slices are added in slice order by its first warp. A team's warps share their
-        // rows, so they return early together and their named barrier (0 is __syncthreads') never
-        // waits for a warp that left.
-        __shared__ float slice_sums[GEMV_LANE_WARPS][ROWS][T];
-        if (lane == 0) {
-#pragma unroll
-            for (int r = 0; r < ROWS; ++r)
-#pragma unroll
-                for (int t = 0; t < T; ++t) slice_sums[warp][r][t] = acc[r][t];
-        }
-        team_barrier(team, 32 * split);
-        if (slice != 0) return;
-#pragma unroll
-        for (int r = 0; r < ROWS; ++r)
-#pragma unroll
-            for (int t = 0; t < T; ++t)
-                for (int other = 1; other < split; ++other) acc[r][t] += slice_sums[warp + other][r][t];
-    }
-    if (!PAIRED && lane == 0) {
-#pragma unroll
-        for (int r = 0; r < ROWS; ++r)
-#pragma unroll
-            for (int t = 0; t < T; ++t)
-                if (mat[r] >= 0) group_pick(group.out, mat[r])[(i64)t * group_rows(group, mat[r]) + local[r]] = acc[r][t];
     }
     if (PAIRED && lane == 0) {
         const int n = group.first_row[1];

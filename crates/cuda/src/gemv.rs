@@ -91,14 +91,6 @@ pub(crate) struct LaneShape {
     /// 455.7 against 456.1 tok/s with 2 in one call; the larger differences of earlier calls were
     /// the first bench of a call running slower).
     narrow_blocks_per_sm: usize,
-    /// Warps that share each row of a bf16 lane launch, each summing a slice of its K
-    /// (`GEMV_LANE_SPLIT`: 1, 2 or 4; default 1), for groups of fewer than
-    /// `split_below_rows_per_sm` rows a SM (`GEMV_LANE_SPLIT_BELOW`). Short, few rows (a 35B-A3B
-    /// verify's 2048 x 4096 output projections: 256 blocks of 2-row warps, 8 vectors a lane a row)
-    /// leave few loads in flight. Chosen from the group's shape alone, so every token count
-    /// sums a row alike.
-    k_split: usize,
-    split_below_rows_per_sm: usize,
     /// One token over a group of FP8 and bf16 matrices takes one launch (`gemv_mixed_lanes_t1`;
     /// `GEMV_MIXED=0`: one launch per format). H200, 27B FP8 decode (session 14): 100.7 tok/s
     /// against 96.4 with the GDN in_proj_a/b rows launched on their own.
@@ -142,11 +134,6 @@ impl LaneShape {
                 .clamp(MMA_TILE, W8A8_TOKENS),
             fp8_deep_below: options.define("GEMV_FP8_DEEP_BELOW").unwrap_or(16),
             narrow_blocks_per_sm: options.define("GEMV_LANE_NARROW").unwrap_or(1),
-            k_split: match options.define("GEMV_LANE_SPLIT").unwrap_or(1) {
-                split @ (1 | 2 | 4) => split,
-                _ => 1,
-            },
-            split_below_rows_per_sm: options.define("GEMV_LANE_SPLIT_BELOW").unwrap_or(0),
             mixed: options.define::<u32>("GEMV_MIXED").unwrap_or(1) != 0,
             sm_count,
         }
@@ -167,22 +154,6 @@ impl LaneShape {
             LANE_TOKENS
         };
         kernels.min(self.rows_to[usize::from(fp8)])
-    }
-
-    /// Warps that share a row of the bf16 lane kernels over `rows` rows of width `k`: the same
-    /// for every token count, and only where each warp keeps at least two sweeps of a row.
-    fn k_split(&self, rows: usize, k: usize) -> usize {
-        let vectors = k / 8;
-        if self.k_split > 1
-            && self.k_split <= self.warps
-            && self.warps.is_multiple_of(self.k_split)
-            && rows < self.split_below_rows_per_sm * self.sm_count
-            && vectors >= 64 * self.k_split
-        {
-            self.k_split
-        } else {
-            1
-        }
     }
 
     /// Rows a block covers for `tokens` tokens.
@@ -207,7 +178,6 @@ struct GemvGroup {
     scale: [u64; GEMV_MATRICES],
     first_row: [i32; GEMV_MATRICES + 1],
     count: i32,
-    k_split: i32,
 }
 
 // SAFETY: `GemvGroup` is `repr(C)` with the field types and order of the CUDA struct (8-byte
@@ -351,10 +321,7 @@ impl CudaBackend {
         &'a self,
         members: impl Iterator<Item = (&'a CudaMat, u64)>,
     ) -> (GemvGroup, usize, Vec<cudarc::driver::SyncOnDrop<'a>>) {
-        let mut group = GemvGroup {
-            k_split: 1,
-            ..GemvGroup::default()
-        };
+        let mut group = GemvGroup::default();
         let mut guards = Vec::new();
         let mut rows = 0usize;
         for (m, (w, out)) in members.enumerate() {
@@ -461,8 +428,7 @@ impl CudaBackend {
         let w8a8 = matches!(input, GemvInput::Fp8(_));
         let mma = w8a8 || shape.mma(fp8, tokens);
         let lanes = !mma && tokens <= LANE_TOKENS;
-        let (mut group, rows, guards) =
-            self.gemv_group(ws.iter().copied().zip(outs.iter().copied()));
+        let (group, rows, guards) = self.gemv_group(ws.iter().copied().zip(outs.iter().copied()));
         let (mut rows_per_block, warps) = if mma {
             (MMA_ROWS_PER_BLOCK, shape.mma_warps)
         } else if lanes {
@@ -477,10 +443,6 @@ impl CudaBackend {
         );
         if narrow {
             rows_per_block = warps;
-        }
-        if lanes && !fp8 {
-            group.k_split = shape.k_split(rows, k) as i32;
-            rows_per_block /= group.k_split as usize;
         }
         // A paired warp covers half as many gate rows as it holds rows.
         let (grid_rows, grid_rows_per_block) = if paired {

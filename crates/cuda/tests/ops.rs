@@ -21,8 +21,8 @@
 mod common;
 
 use common::{
-    check, cuda, cuda_chunked_gdn, cuda_chunked_gdn_sequential, cuda_gemv_twins,
-    cuda_prefill_without_shortcuts, cuda_split_lanes, cuda_wide_lanes, group_products, Rng,
+    check, cuda, cuda_chunked_gdn, cuda_chunked_gdn_sequential, cuda_prefill_without_shortcuts,
+    cuda_wide_lanes, cuda_without_gemv_twins, group_products, Rng,
 };
 use deltaserve_cuda::{CudaBackend, CudaBuf, CudaOptions, GemmPrecision};
 use deltaserve_tensor::op_check::{self, AttentionPools, Operands, StatePools};
@@ -253,64 +253,6 @@ fn narrow_lane_kernels_equal_the_lane_kernels_bitwise() {
     }
 }
 
-/// With each row's K split over four warps, a row's sum is still the same bits for one token as
-/// inside a batch of four (the split follows the group's shape, never the token count), the paired
-/// silu gate is still its two ops, and the sums differ from the whole-row kernels' only by f32
-/// reordering: within 2e-6 * k, about 8 f32 roundings of the sum of |w x| (k / 4 for these
-/// uniform inputs); a lost or doubled slice is off by the size of the outputs (~sqrt(k) / 3).
-/// Widths: slices of whole sweeps (5120, 2048), and 2056, whose last slice is empty.
-#[test]
-fn split_lane_kernels_sum_a_row_alike_for_every_token_count() {
-    let test = "split_lane_kernels_sum_a_row_alike_for_every_token_count";
-    let (Some(split), Some(whole)) = (cuda_split_lanes(test), cuda(GemmPrecision::Bf16, test))
-    else {
-        return;
-    };
-    let mut rng = Rng(26);
-    for (rows, k) in [
-        (vec![48, 48], 5120),
-        (vec![37, 1, 6], 2048),
-        (vec![300], 2056),
-    ] {
-        let host: Vec<HostTensor> = rows
-            .iter()
-            .map(|&n| HostTensor::from_f32_as_bf16("w", vec![n, k], &rng.vec(n * k, 1.0)))
-            .collect();
-        let x = rng.vec(4 * k, 1.0);
-        let batch = group_products(split, &host, &x, 4);
-        for tokens in 1..=4 {
-            let alone = group_products(split, &host, &x[..tokens * k], tokens);
-            let unsplit = group_products(whole, &host, &x[..tokens * k], tokens);
-            for (m, &n) in rows.iter().enumerate() {
-                assert_eq!(
-                    alone[m],
-                    batch[m][..tokens * n],
-                    "{rows:?} x {k}, matrix {m}: {tokens} tokens differ from the same rows of 4"
-                );
-                let worst = alone[m]
-                    .iter()
-                    .zip(&unsplit[m])
-                    .map(|(a, b)| (a - b).abs())
-                    .fold(0.0f32, f32::max);
-                assert!(
-                    worst <= 2e-6 * k as f32,
-                    "{rows:?} x {k}, matrix {m}, {tokens} tokens: split sums {worst} from whole rows"
-                );
-            }
-        }
-    }
-    for (rows, k) in [(37, 2048), (300, 5120)] {
-        let mut load = || {
-            let values = rng.vec(rows * k, 1.0);
-            split
-                .load_mat(&HostTensor::from_f32_as_bf16("w", vec![rows, k], &values))
-                .unwrap()
-        };
-        let (gate, up) = (load(), load());
-        common::assert_silu_gate_is_the_two_ops(split, &gate, &up, &mut rng, "bf16, split rows");
-    }
-}
-
 /// The gated MLP's fused first half is bit for bit its two ops, for row counts that leave a
 /// paired warp's or block's rows partly past the end (1, 37, 300) and widths up to the 27B shape's.
 #[test]
@@ -497,16 +439,19 @@ fn add_rms_norm_equals_add_then_norm_bitwise() {
 
 /// A norm's bf16 twin, which the bf16 GEMM or GEMV then reads in place of its own cast, is that
 /// cast bit for bit: the product of the norm's output equals the product of a copy of it (no twin),
-/// with rows past the GEMV kernels (twin written) and within them (written with `GEMV_TWIN=1`,
-/// the second backend: on the 2-4 row lane kernels and the 5-8 row tensor-core one).
+/// with rows past the GEMV kernels (twin written) and within them (written by default, read by
+/// the 2-4 row lane kernels and the 5-8 row tensor-core one; none with `GEMV_TWIN=0`, the second
+/// backend).
 #[test]
 fn bf16_twins_of_norm_outputs_equal_the_gemm_cast_bitwise() {
     let test = "bf16_twins_of_norm_outputs_equal_the_gemm_cast_bitwise";
-    let (Some(plain), Some(gemv_twins)) = (cuda(GemmPrecision::Bf16, test), cuda_gemv_twins(test))
-    else {
+    let (Some(default), Some(gemm_twins_only)) = (
+        cuda(GemmPrecision::Bf16, test),
+        cuda_without_gemv_twins(test),
+    ) else {
         return;
     };
-    for be in [plain, gemv_twins] {
+    for be in [default, gemm_twins_only] {
         norm_twins_equal_the_cast(be);
     }
 }

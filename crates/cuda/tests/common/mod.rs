@@ -23,8 +23,7 @@ static FP8_DEEP_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new()
 static FP8_UNMIXED_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static LANES_BOUNDED_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static BF16_WIDE_LANES_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
-static BF16_SPLIT_LANES_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
-static BF16_GEMV_TWINS_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
+static BF16_NO_GEMV_TWINS_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static MLP_F32_ACT_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static PREFILL_WITHOUT_SHORTCUTS_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 
@@ -218,21 +217,16 @@ pub fn cuda_wide_lanes(test: &str) -> Option<&'static CudaBackend> {
     backend_with_defines(&BF16_WIDE_LANES_BACKEND, false, &defines, test)
 }
 
-/// The bf16 backend whose lane kernels give every row to four warps, each summing a quarter of its
-/// K, whatever the group's size (`GEMV_LANE_SPLIT=4`, `GEMV_LANE_SPLIT_BELOW` past any group; rows
-/// are whole by default), or `None` after printing why not.
-pub fn cuda_split_lanes(test: &str) -> Option<&'static CudaBackend> {
-    let defines = [
-        ("GEMV_LANE_SPLIT", "4"),
-        ("GEMV_LANE_SPLIT_BELOW", "1000000"),
-    ];
-    backend_with_defines(&BF16_SPLIT_LANES_BACKEND, false, &defines, test)
-}
-
-/// The bf16 backend whose norms write bf16 twins for GEMV steps of 2-8 rows too (`GEMV_TWIN=1`),
-/// or `None` after printing why not.
-pub fn cuda_gemv_twins(test: &str) -> Option<&'static CudaBackend> {
-    backend_with_defines(&BF16_GEMV_TWINS_BACKEND, false, &[("GEMV_TWIN", "1")], test)
+/// The bf16 backend whose norms write bf16 twins only for cuBLAS GEMMs, past the GEMV kernels'
+/// rows (`GEMV_TWIN=0`; for GEMV steps of 2-8 rows too by default), or `None` after printing why
+/// not.
+pub fn cuda_without_gemv_twins(test: &str) -> Option<&'static CudaBackend> {
+    backend_with_defines(
+        &BF16_NO_GEMV_TWINS_BACKEND,
+        false,
+        &[("GEMV_TWIN", "0")],
+        test,
+    )
 }
 
 /// The backend `cell` holds for the whole test binary, made with `options` on first use.
