@@ -388,12 +388,6 @@ MOE_GROUPED_KERNELS(4)
 #ifndef MOE_LANE_UNROLL
 #define MOE_LANE_UNROLL 8
 #endif
-// With MOE_SHARED_EARLY the shared expert's gate/up blocks, whose weights depend on no earlier
-// kernel (unlike a routed rank's, picked by the routing kernel), issue their first sweeps before
-// waiting for it, so they overlap the routing kernel under early launch (PDL).
-#ifndef MOE_SHARED_EARLY
-#define MOE_SHARED_EARLY 0
-#endif
 
 __device__ __forceinline__ float dot8(const uint4 w, const float* x, float acc) {
     float wf[8];
@@ -452,16 +446,12 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_LANE_WARPS)
     moe_gate_up_slots(const bf16_bits* __restrict__ gate_up, int im, int h, const float* __restrict__ x, int top_k,
                       int ranks, const int* __restrict__ ids, const MoeShared shared, bf16_bits* __restrict__ act,
                       int act_stride) {
+    AFTER_PREVIOUS_KERNEL();
     const int slot = blockIdx.y, lane = threadIdx.x & 31;
-    const int t = slot / ranks, rank = slot % ranks;
-    const bool early = MOE_SHARED_EARLY && rank >= top_k;
-    if (!early) AFTER_PREVIOUS_KERNEL();
-    const MoeSlotWeights sw = moe_slot_weights(gate_up, nullptr, im, h, ids, top_k, shared, t, rank);
+    const int t = slot / ranks;
+    const MoeSlotWeights sw = moe_slot_weights(gate_up, nullptr, im, h, ids, top_k, shared, t, slot % ranks);
     const int row0 = (blockIdx.x * MOE_LANE_WARPS + (threadIdx.x >> 5)) * MOE_LANE_ROWS;
-    if (row0 >= sw.rows) {
-        if (early) AFTER_PREVIOUS_KERNEL();
-        return;
-    }
+    if (row0 >= sw.rows) return;
     const float* xr = x + (i64)t * h;
     const bf16_bits* wr[2][MOE_LANE_ROWS];
 #pragma unroll
@@ -473,8 +463,8 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_LANE_WARPS)
     float acc[2][MOE_LANE_ROWS] = {};
     const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
     const int vecs = h / 8;
-    uint4 wv[2][MOE_LANE_ROWS][MOE_LANE_UNROLL];
-    auto load = [&](int v0) {
+    for (int v0 = lane; v0 < vecs; v0 += 32 * MOE_LANE_UNROLL) {
+        uint4 wv[2][MOE_LANE_ROWS][MOE_LANE_UNROLL];
 #pragma unroll
         for (int u = 0; u < MOE_LANE_UNROLL; ++u) {
             const int v = v0 + 32 * u;
@@ -484,11 +474,6 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_LANE_WARPS)
                 for (int r = 0; r < MOE_LANE_ROWS; ++r)
                     wv[s][r][u] = (v < vecs && wr[s][r]) ? load_streaming(wr[s][r] + 8 * v) : zero;
         }
-    };
-    load(lane);
-    if (early) AFTER_PREVIOUS_KERNEL();
-    for (int v0 = lane; v0 < vecs; v0 += 32 * MOE_LANE_UNROLL) {
-        if (v0 != lane) load(v0);
 #pragma unroll
         for (int u = 0; u < MOE_LANE_UNROLL; ++u) {
             const int v = v0 + 32 * u;
