@@ -381,7 +381,8 @@ impl CudaBackend {
         drop(out_guard);
     }
 
-    /// The activations rounded to bf16 once for a whole group (as the cuBLAS path does), except
+    /// The activations rounded to bf16 once for a whole group (as the cuBLAS path does; the twin
+    /// the op that wrote them left, where there is one, so no cast is launched), except
     /// for the kernels that read the f32 values: the one-token bf16 lane kernel and the FP8
     /// tensor-core kernel round them themselves the same way and so save the cast's launch (with
     /// 2-4 tokens on the CUDA cores the rounding costs more than the launch), and the FP8 lane
