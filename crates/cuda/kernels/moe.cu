@@ -388,6 +388,10 @@ MOE_GROUPED_KERNELS(4)
 #ifndef MOE_LANE_UNROLL
 #define MOE_LANE_UNROLL 8
 #endif
+// moe_gate_up_slots' block order: rank-major (1) or token-major (0).
+#ifndef MOE_SLOTS_RANK_MAJOR
+#define MOE_SLOTS_RANK_MAJOR 1
+#endif
 
 __device__ __forceinline__ float dot8(const uint4 w, const float* x, float acc) {
     float wf[8];
@@ -447,9 +451,18 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_LANE_WARPS)
                       int ranks, const int* __restrict__ ids, const MoeShared shared, bf16_bits* __restrict__ act,
                       int act_stride) {
     AFTER_PREVIOUS_KERNEL();
-    const int slot = blockIdx.y, lane = threadIdx.x & 31;
-    const int t = slot / ranks;
-    const MoeSlotWeights sw = moe_slot_weights(gate_up, nullptr, im, h, ids, top_k, shared, t, slot % ranks);
+    const int lane = threadIdx.x & 31;
+#if MOE_SLOTS_RANK_MAJOR
+    // Blocks go out rank by rank, so the tokens' blocks of one rank run side by side: the shared
+    // expert's rows (the last rank, the same for every token) come from DRAM once and from L2 for
+    // the other tokens, where token-major order read them once a token.
+    const int tokens = gridDim.y / ranks;
+    const int t = blockIdx.y % tokens, rank = blockIdx.y / tokens;
+#else
+    const int t = blockIdx.y / ranks, rank = blockIdx.y % ranks;
+#endif
+    const int slot = t * ranks + rank;
+    const MoeSlotWeights sw = moe_slot_weights(gate_up, nullptr, im, h, ids, top_k, shared, t, rank);
     const int row0 = (blockIdx.x * MOE_LANE_WARPS + (threadIdx.x >> 5)) * MOE_LANE_ROWS;
     if (row0 >= sw.rows) return;
     const float* xr = x + (i64)t * h;
