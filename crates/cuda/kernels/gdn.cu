@@ -303,6 +303,203 @@ __device__ void delta_rule_rows(const float* mixed, const GdnGates& gates, float
     }
 }
 
+// The same recurrence with state columns in registers, for decode and verify steps: the block is one
+// warp, and each value column belongs to GDN_COLUMN_LANES adjacent lanes, lane q of them holding key
+// rows q * KD / L .. (q + 1) * KD / L - 1, so a column needs no other warp and no barrier. The sums
+// keep the row kernel's order: KD / ROW_WARPS rows a partial, each summed by the lane that holds
+// them, the 8 partials gathered by shuffles and added in order (k.q the same way), so the results
+// are bit for bit delta_rule_rows'. Tokens are staged COLUMN_TOKENS at a time: their q and k
+// normalised in shared memory, their values there too, lane u's gates and k.q for token u, none of
+// which depends on the state, so only the update itself stays sequential. The value dim is compiled
+// in (the state's row stride: with it a lane's addresses are one base and constant offsets).
+// Grid: (value head, sequence, group of 32 / L value columns); 32 threads; KD % ROW_WARPS == 0.
+#define COLUMN_TOKENS 8
+#ifndef GDN_COLUMN_LANES
+#define GDN_COLUMN_LANES 4
+#endif
+
+__device__ __forceinline__ void copy16_async(float* dst, const float* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(shared_address(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void copy4_async(float* dst, const float* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(shared_address(dst)), "l"(src) : "memory");
+}
+
+// The sum of the 8 partials in order, partial w held as part[w % G] by lane w / G of the column's L
+// lanes (G = ROW_WARPS / L).
+template <int L>
+__device__ __forceinline__ float sum_partials_in_order(const float* part, int first_lane) {
+    constexpr int G = ROW_WARPS / L;
+    float total = 0.0f;
+#pragma unroll
+    for (int j = 0; j < L; ++j)
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+            const float p = L == 1 ? part[g] : __shfl_sync(0xffffffffu, part[g], first_lane + j);
+            total = j == 0 && g == 0 ? p : total + p;
+        }
+    return total;
+}
+
+template <int KD, int VD>
+__device__ void delta_rule_columns(const float* mixed, const GdnGates& gates, float* ssm, float* out,
+                                   const int* seqs, const int* snaps, int key_heads, int value_heads) {
+    constexpr int L = GDN_COLUMN_LANES;
+    static_assert(ROW_WARPS % L == 0 && 32 % L == 0, "a column's lanes split the partials evenly");
+    constexpr int value_dim = VD;
+    constexpr int R = KD / ROW_WARPS;   // rows a partial
+    constexpr int G = ROW_WARPS / L;    // partials a lane
+    constexpr int ROWS = KD / L;        // rows a lane
+    constexpr int E = (KD + 31) / 32;
+    __shared__ __align__(16) float qs[COLUMN_TOKENS][KD], ks[COLUMN_TOKENS][KD], vs[COLUMN_TOKENS][32];
+    const int h = blockIdx.x;
+    const int* seq = seqs + 4 * blockIdx.y;
+    const int start = seq[0], len = seq[1], slot = seq[2], snap = seq[3];
+    const int kh = h / (value_heads / key_heads);
+    const int conv_dim = 2 * key_heads * KD + value_heads * value_dim;
+    const i64 head_state = (i64)KD * value_dim;
+    float* S = ssm + ((i64)slot * value_heads + h) * head_state;
+    const int lane = threadIdx.x & 31;
+    const int part = lane % L, first_lane = lane - part;
+    const int col = blockIdx.z * (32 / L) + lane / L;
+    const int row0 = part * ROWS;
+    const bool owns = col < value_dim;
+    float s[ROWS];
+    if (owns) {
+        const float* column = S + (i64)row0 * value_dim + col;
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) s[r] = column[(i64)r * value_dim];
+    } else {
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) s[r] = 0.0f;
+    }
+    for (int i0 = 0; i0 < len; i0 += COLUMN_TOKENS) {
+        const int n = min(COLUMN_TOKENS, len - i0);
+        __syncwarp();  // the previous tokens' reads of qs / ks / vs are done
+        // The tokens' q, k and v are copied to shared memory without passing through registers
+        // (the state holds many of them), all in flight at once.
+#pragma unroll 1
+        for (int u = 0; u < n; ++u) {
+            const float* qkv = mixed + (start + i0 + u) * (i64)conv_dim;
+            for (int c = lane; c < KD / 4; c += 32) {
+                copy16_async(&qs[u][4 * c], qkv + kh * KD + 4 * c);
+                copy16_async(&ks[u][4 * c], qkv + key_heads * KD + kh * KD + 4 * c);
+            }
+            if (owns)
+                copy4_async(&vs[u][lane], qkv + 2 * key_heads * KD + h * value_dim + col);
+            else
+                vs[u][lane] = 0.0f;
+        }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+        float my_g = 0.0f, my_beta = 0.0f;
+        if (lane < n) {
+            const i64 at = (start + i0 + lane) * (i64)value_heads + h;
+            if (gates.a) {
+                my_g = gdn_decay_gate(gates.a[at], gates.a_log[h], gates.dt_bias[h]);
+                my_beta = gdn_beta_gate(gates.b[at]);
+            } else {
+                my_g = gates.g[at];
+                my_beta = gates.beta[at];
+            }
+        }
+        asm volatile("cp.async.wait_group 0;" ::: "memory");
+        __syncwarp();
+        // Normalise q and k in place; each lane rewrites only the elements it read.
+#pragma unroll 2
+        for (int u = 0; u < n; ++u) {
+            float qv[E], kv[E];
+            float qss = 0.0f, kss = 0.0f;
+#pragma unroll
+            for (int e = 0; e < E; ++e) {
+                const int x = lane + 32 * e;
+                qv[e] = x < KD ? qs[u][x] : 0.0f;
+                kv[e] = x < KD ? ks[u][x] : 0.0f;
+                qss += qv[e] * qv[e];
+                kss += kv[e] * kv[e];
+            }
+            qss = warp_sum(qss);
+            kss = warp_sum(kss);
+            const float qn = rsqrtf(qss + 1e-6f) * rsqrtf((float)KD), kn = rsqrtf(kss + 1e-6f);
+#pragma unroll
+            for (int e = 0; e < E; ++e) {
+                const int x = lane + 32 * e;
+                if (x < KD) {
+                    qs[u][x] = qv[e] * qn;
+                    ks[u][x] = kv[e] * kn;
+                }
+            }
+        }
+        __syncwarp();
+        float my_kq = 0.0f;
+        if (lane < n) {
+            float partial[ROW_WARPS];
+#pragma unroll
+            for (int w = 0; w < ROW_WARPS; ++w) {
+                partial[w] = 0.0f;
+#pragma unroll
+                for (int r = 0; r < R; ++r) partial[w] = fmaf(ks[lane][w * R + r], qs[lane][w * R + r], partial[w]);
+            }
+            my_kq = partial[0];
+#pragma unroll
+            for (int w = 1; w < ROW_WARPS; ++w) my_kq += partial[w];
+        }
+#pragma unroll 1
+        for (int u = 0; u < n; ++u) {
+            const int i = i0 + u;
+            const float decay = expf(__shfl_sync(0xffffffffu, my_g, u));
+            const float b = __shfl_sync(0xffffffffu, my_beta, u);
+            const float kq_total = __shfl_sync(0xffffffffu, my_kq, u);
+            const float* k_rows = &ks[u][row0];
+            const float* q_rows = &qs[u][row0];
+            float pk[G], pq[G];
+#pragma unroll
+            for (int g = 0; g < G; ++g) {
+                pk[g] = 0.0f;
+                pq[g] = 0.0f;
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    pk[g] = fmaf(s[g * R + r], k_rows[g * R + r], pk[g]);
+                    pq[g] = fmaf(s[g * R + r], q_rows[g * R + r], pq[g]);
+                }
+                // One partial's k and q at a time in registers, beside the state.
+                asm volatile("" ::: "memory");
+            }
+            const float tk = sum_partials_in_order<L>(pk, first_lane);
+            const float tq = sum_partials_in_order<L>(pq, first_lane);
+            const float delta = b * (vs[u][lane] - decay * tk);
+            const float o = fmaf(decay, tq, delta * kq_total);
+            const i64 row = start + i;
+            if (owns && part == 0) out[(row * value_heads + h) * value_dim + col] = o;
+            // k is read from shared memory again rather than kept from the sums above: held, it
+            // and the state would not fit the registers at KD = 128 with one lane a column.
+            asm volatile("" ::: "memory");
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r) s[r] = fmaf(decay, s[r], k_rows[r] * delta);
+            if (snap >= 0 && owns) {
+                float* D = ssm + ((i64)snaps[snap + i] * value_heads + h) * head_state + (i64)row0 * value_dim + col;
+#pragma unroll
+                for (int r = 0; r < ROWS; ++r) D[(i64)r * value_dim] = s[r];
+            }
+        }
+    }
+    if (owns) {
+        float* column = S + (i64)row0 * value_dim + col;
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) column[(i64)r * value_dim] = s[r];
+    }
+}
+
+#define DELTA_RULE_COLUMNS(KD, VD)                                                                           \
+    extern "C" __global__ void __launch_bounds__(32) gated_delta_rule_cols_k##KD##_v##VD(                    \
+        const float* mixed, const GdnGates gates, float* ssm, float* out, const int* seqs,                   \
+        const int* snaps, int key_heads, int value_heads, int value_dim) { AFTER_PREVIOUS_KERNEL();         \
+        delta_rule_columns<KD, VD>(mixed, gates, ssm, out, seqs, snaps, key_heads, value_heads);            \
+    }
+DELTA_RULE_COLUMNS(16, 16)
+DELTA_RULE_COLUMNS(32, 32)
+DELTA_RULE_COLUMNS(64, 64)
+DELTA_RULE_COLUMNS(128, 128)
+
 #define DELTA_RULE_ROWS(KD, C)                                                                               \
     extern "C" __global__ void __launch_bounds__(ROW_WARPS * 32, 2) gated_delta_rule_rows_k##KD##_c##C(      \
         const float* mixed, const GdnGates gates, float* ssm, float* out, const int* seqs,                   \
