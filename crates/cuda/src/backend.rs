@@ -71,14 +71,6 @@ pub struct CudaBackend {
     /// Whether the chunked delta rule's scan loads the next chunk while it computes one
     /// (gdn_chunked.cu `GDN_SCAN_PIPELINE`; on by default since session 21, `=0` turns it off).
     pub(crate) gdn_scan_pipeline: bool,
-    /// Steps whose longest sequence has at most this many new tokens run the delta rule over
-    /// state columns in registers (gdn.cu `delta_rule_columns`, bit for bit the row kernel's).
-    /// 0 by default (the row kernel for every step) until measured faster: with one lane a column
-    /// it was slower on an H100 (session 25, docs/benchmarks.md).
-    pub(crate) gdn_columns_max_tokens: usize,
-    /// Lanes that share a state column in that kernel (`GDN_COLUMN_LANES`, 1, 2, 4 or 8; the
-    /// kernel reads the same define), each holding an equal slice of its key rows.
-    pub(crate) gdn_column_lanes: usize,
     /// Whether the flash kernel's tiles launch heaviest first (flash.rs `heaviest_first`;
     /// `FLASH_HEAVY_FIRST`; on by default since session 21, `=0` turns it off).
     pub(crate) flash_heavy_first: bool,
@@ -263,8 +255,6 @@ impl CudaBackend {
             gemm_pairs: options.define::<u32>("GEMM_PAIRS").unwrap_or(1) != 0,
             bf16_gate_up: options.define::<u32>("MLP_BF16_GATE_UP").unwrap_or(1) != 0,
             gdn_scan_pipeline: options.define::<u32>("GDN_SCAN_PIPELINE").unwrap_or(1) != 0,
-            gdn_columns_max_tokens: options.define("GDN_COLUMNS_MAX_TOKENS").unwrap_or(0),
-            gdn_column_lanes: options.define("GDN_COLUMN_LANES").unwrap_or(4),
             flash_heavy_first: options.define::<u32>("FLASH_HEAVY_FIRST").unwrap_or(1) != 0,
             flash_kv_pipeline: options.define::<u32>("FLASH_KV_PIPELINE").unwrap_or(1) != 0,
             fp8_weights_loaded: Arc::new(AtomicBool::new(false)),

@@ -79,20 +79,6 @@ fn row_kernel(key_dim: usize, value_dim: usize, columns: usize) -> Option<&'stat
     })
 }
 
-/// The delta-rule kernel that keeps state columns in registers, each split over a few lanes of one
-/// warp (one warp a block), compiled
-/// for these (key dim, value dim) pairs (key dims a multiple of the row kernel's 8 warps, whose
-/// summation order it keeps).
-fn column_kernel(key_dim: usize, value_dim: usize) -> Option<&'static str> {
-    Some(match (key_dim, value_dim) {
-        (16, 16) => "gated_delta_rule_cols_k16_v16",
-        (32, 32) => "gated_delta_rule_cols_k32_v32",
-        (64, 64) => "gated_delta_rule_cols_k64_v64",
-        (128, 128) => "gated_delta_rule_cols_k128_v128",
-        _ => return None,
-    })
-}
-
 impl CudaBackend {
     pub(crate) fn causal_conv1d_op(
         &self,
@@ -329,14 +315,8 @@ impl CudaBackend {
             } else {
                 1
             };
-        let longest = batch.seqs.iter().map(|s| s.len).max().unwrap_or(0);
-        let fast = column_kernel(key_dim, value_dim)
-            .filter(|_| longest <= self.gdn_columns_max_tokens)
-            .map(|kernel| (kernel, grid(32 / self.gdn_column_lanes), 32))
-            .or_else(|| {
-                row_kernel(key_dim, value_dim, columns)
-                    .map(|kernel| (kernel, grid(32 * columns), ROW_THREADS))
-            });
+        let fast = row_kernel(key_dim, value_dim, columns)
+            .map(|kernel| (kernel, grid(32 * columns), ROW_THREADS));
         if let GateSource::Raw(raw) = gates {
             if chunked || fast.is_none() {
                 // Only the row kernel computes gates itself.

@@ -133,10 +133,6 @@ pub const FILES: [KernelFile; 14] = [
             "gated_delta_rule_rows_k64_c4",
             "gated_delta_rule_rows_k128_c4",
             "gated_delta_rule_rows_k256_c4",
-            "gated_delta_rule_cols_k16_v16",
-            "gated_delta_rule_cols_k32_v32",
-            "gated_delta_rule_cols_k64_v64",
-            "gated_delta_rule_cols_k128_v128",
         ],
     },
     KernelFile {

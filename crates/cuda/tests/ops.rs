@@ -21,8 +21,8 @@
 mod common;
 
 use common::{
-    check, cuda, cuda_chunked_gdn, cuda_chunked_gdn_sequential, cuda_delta_rule_columns_up_to,
-    cuda_prefill_without_shortcuts, cuda_wide_lanes, cuda_without_gemv_twins, group_products, Rng,
+    check, cuda, cuda_chunked_gdn, cuda_chunked_gdn_sequential, cuda_prefill_without_shortcuts,
+    cuda_wide_lanes, cuda_without_gemv_twins, group_products, Rng,
 };
 use deltaserve_cuda::{CudaBackend, CudaBuf, CudaOptions, GemmPrecision};
 use deltaserve_tensor::op_check::{self, AttentionPools, Operands, StatePools};
@@ -1269,55 +1269,6 @@ fn gates_and_delta_rule_equal_gates_then_rule_bitwise() {
             let (fused, separate) = (run(true), run(false));
             assert_eq!(fused.0, separate.0, "outputs {shape:?} lens {lens:?}");
             assert_eq!(fused.1, separate.1, "states {shape:?} lens {lens:?}");
-        }
-    }
-}
-
-/// The delta rule over state columns in registers (`GDN_COLUMNS_MAX_TOKENS`, `GDN_COLUMN_LANES`
-/// lanes a column) gives bit for bit the row kernel's outputs and states, snapshots included, on
-/// every shape and batch of `gdn_shapes` (1 to 2100 tokens a sequence, so its 8-token staging ends
-/// mid-way and on a boundary), with the gates computed inside the kernel and given to it.
-#[test]
-fn delta_rule_by_columns_equals_the_row_kernel_bitwise() {
-    let test = "delta_rule_by_columns_equals_the_row_kernel_bitwise";
-    let (Some(rows), Some(columns)) = (
-        cuda_delta_rule_columns_up_to(0, test),
-        cuda_delta_rule_columns_up_to(usize::MAX, test),
-    ) else {
-        return;
-    };
-    let mut rng = Rng(14);
-    for (shape, lens) in gdn_shapes() {
-        let (batch, slots) = gdn_batch(lens);
-        let (t, hv) = (batch.total_tokens(), shape.value_heads);
-        let pool_seed = 300 + t as u64;
-        let mixed = rng.vec(t * shape.conv_dim(), 1.0);
-        let (a, b) = (rng.vec(t * hv, 25.0), rng.vec(t * hv, 6.0));
-        let (a_log, dt_bias) = (rng.vec(hv, 1.0), rng.vec(hv, 1.0));
-        for fused in [true, false] {
-            let run = |be: &CudaBackend| {
-                let (mixed, a, b) = (be.upload(&mixed), be.upload(&a), be.upload(&b));
-                let (a_log, dt_bias) = (be.upload(&a_log), be.upload(&dt_bias));
-                delta_rule_from_seeded_pools(be, shape, slots, pool_seed, t, |pools, out| {
-                    if fused {
-                        let gates = GdnGateInputs {
-                            a: &a,
-                            b: &b,
-                            a_log: &a_log,
-                            dt_bias: &dt_bias,
-                        };
-                        be.gdn_gates_and_delta_rule(&mixed, gates, pools, &batch, shape, out);
-                    } else {
-                        let (mut g, mut beta) = (be.zeros(t * hv), be.zeros(t * hv));
-                        be.gdn_gates(&a, &b, &a_log, &dt_bias, &mut g, &mut beta);
-                        be.gated_delta_rule(&mixed, &g, &beta, pools, &batch, shape, out);
-                    }
-                })
-            };
-            let (want, got) = (run(rows), run(columns));
-            let label = format!("{shape:?} lens {lens:?} gates inside: {fused}");
-            assert_eq!(got.0, want.0, "outputs {label}");
-            assert_eq!(got.1, want.1, "states {label}");
         }
     }
 }

@@ -26,8 +26,6 @@ static BF16_WIDE_LANES_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock
 static BF16_NO_GEMV_TWINS_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static MLP_F32_ACT_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static PREFILL_WITHOUT_SHORTCUTS_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
-static DELTA_RULE_ROWS_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
-static DELTA_RULE_COLUMNS_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 
 /// The bf16 backend that keeps block-FP8 weights as FP8, or `None` after printing why not.
 pub fn cuda_fp8(test: &str) -> Option<&'static CudaBackend> {
@@ -229,29 +227,6 @@ pub fn cuda_without_gemv_twins(test: &str) -> Option<&'static CudaBackend> {
         &[("GEMV_TWIN", "0")],
         test,
     )
-}
-
-/// The f32 backend (recurrent delta rule for every sequence) that runs the delta rule with
-/// `columns_up_to` as `GDN_COLUMNS_MAX_TOKENS`: 0 keeps the row kernel for every step, a large
-/// value gives every step the column kernel. `None` after printing why not.
-pub fn cuda_delta_rule_columns_up_to(
-    columns_up_to: usize,
-    test: &str,
-) -> Option<&'static CudaBackend> {
-    let cell = if columns_up_to == 0 {
-        &DELTA_RULE_ROWS_BACKEND
-    } else {
-        &DELTA_RULE_COLUMNS_BACKEND
-    };
-    let options = CudaOptions {
-        gemm_precision: GemmPrecision::F32,
-        defines: vec![(
-            "GDN_COLUMNS_MAX_TOKENS".to_string(),
-            columns_up_to.to_string(),
-        )],
-        ..CudaOptions::default()
-    };
-    shared_backend(cell, options, test)
 }
 
 /// The backend `cell` holds for the whole test binary, made with `options` on first use.
