@@ -243,6 +243,61 @@ __device__ __forceinline__ void e4m3x4_to_f32(unsigned int word, float* out) {
 #endif
 }
 
+// With GEMV_FP8_DIAG the one-token FP8 lane kernels multiply on the tensor cores, in the lane
+// kernels' own 512-byte sweeps. The CUDA-core form issues ~3.8 instructions a weight (widening each
+// code to f32 takes 1.5, its multiply-add 1) and is issue-bound at 2.8-3.5 TB/s where the bf16 lane
+// kernels stream at 3.7-4.1. Here a warp's rows go in pairs through `mma.m16n8k16` (f16 in, f32
+// out): lane (g = lane / 4, c = lane % 4) puts 4 codes of its vector of the pair's first row in the
+// A operand's row g and the same columns of the second row in row g + 8, and the 4 activations of
+// those columns in the B operand's column g, so entries (g, g) and (g + 8, g) of the product are
+// quad g's 64-column pieces of the two rows' dot products (the other entries are cross products
+// nobody reads). Those pieces lie in one 128-column block, so the quad's owner lane (c = g / 2,
+// which holds both entries) scales them by their blocks and keeps the sums; the butterfly at the
+// end adds the 8 owners' sums. Four instructions a 16-byte vector instead of 36: a conversion per
+// two codes and one mma per four codes of a row pair. The activations are rounded to f16 after a
+// factor 2^-GEMV_FP8_DIAG_X_SHIFT (exact; put back with the block scale) so that values up to
+// 2^(16 + shift) stay finite: f16 keeps 11 significant bits against bf16's 8, and values below
+// 2^(shift - 14) become f16 subnormals with an absolute step of 2^(shift - 24).
+#ifndef GEMV_FP8_DIAG
+#define GEMV_FP8_DIAG 0
+#endif
+#if GEMV_FP8_DIAG && __CUDA_ARCH__ < 890  // no e4m3 conversion unit: the CUDA-core form
+#undef GEMV_FP8_DIAG
+#define GEMV_FP8_DIAG 0
+#endif
+#ifndef GEMV_FP8_DIAG_X_SHIFT
+#define GEMV_FP8_DIAG_X_SHIFT 4
+#endif
+
+// d (16 x 8) += a (16 x 16) * b (16 x 8), f16 in, f32 accumulate; fragments as in mma_bf16.
+__device__ __forceinline__ void mma_f16(float* d, unsigned int a0, unsigned int a1, unsigned int a2, unsigned int a3,
+                                        unsigned int b0, unsigned int b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Codes 0, 1 (`lo`) and 2, 3 (`hi`) of a word of e4m3 codes as f16 pairs, the first code of a pair
+// in the low half: exact (every e4m3 value is an f16 value).
+__device__ __forceinline__ void e4m3x4_to_f16x2(unsigned int word, unsigned int* lo, unsigned int* hi) {
+#if __CUDA_ARCH__ >= 890
+    asm("{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, %2;\n\tcvt.rn.f16x2.e4m3x2 %0, l;\n\tcvt.rn.f16x2.e4m3x2 %1, h;\n\t}"
+        : "=r"(*lo), "=r"(*hi)
+        : "r"(word));
+#else
+    __trap();  // the launcher's defines take this path only from compute capability 8.9 on
+#endif
+}
+
+// f16(lo) in the low half and f16(hi) in the high half, rounded to nearest even.
+__device__ __forceinline__ unsigned int pack_f16(float lo, float hi) {
+    unsigned int d;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+}
+
 // PAIRED: the group is [gate, up] of equal shape and out[0] receives silu(x gate^T) * (x up^T). A
 // warp's first ROWS / 2 rows are gate rows and the others the up rows of the same indices, so the
 // activation is applied in the epilogue; each row's sum is the unpaired kernel's, bit for bit.
@@ -252,6 +307,8 @@ __device__ __forceinline__ void gemv_lanes(const GemvGroup& group, const void* _
     constexpr int ROW_BYTES_PER_VALUE = FORMAT == WEIGHTS_FP8 ? 1 : 2;
     constexpr int HALF = PAIRED ? ROWS / 2 : ROWS;
     static_assert(!PAIRED || ROWS % 2 == 0, "a paired warp holds as many up rows as gate rows");
+    constexpr bool DIAG = GEMV_FP8_DIAG && FORMAT == WEIGHTS_FP8 && T == 1;
+    static_assert(!DIAG || ROWS % 2 == 0, "the tensor-core form takes a warp's rows in pairs");
     const int lane = threadIdx.x & 31;
     const int first = (blockIdx.x * GEMV_LANE_WARPS + (threadIdx.x >> 5)) * HALF;
     const int scale_cols = (k + 127) / 128;
@@ -297,7 +354,59 @@ __device__ __forceinline__ void gemv_lanes(const GemvGroup& group, const void* _
                                                              : make_uint4(0u, 0u, 0u, 0u);
         }
     };
+    // GEMV_FP8_DIAG's multiply (above gemv_lanes). Every lane of the warp runs it (the mma is
+    // warp-wide): vectors past the row's end have zero weights (load) and zero activations here.
+    const int quad = lane >> 2;
+    const bool owner = (lane & 3) == quad >> 1;
+    auto multiply_diag = [&](const uint4 (&wv)[ROWS][UNROLL], int base, bool checked) {
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const int v = base + 32 * u;
+            const bool in = !checked || v < vecs;
+            unsigned int xh[8];
+#pragma unroll
+            for (int h = 0; h < 4; ++h) {
+                const float4 a = in ? *(const float4*)(static_cast<const float*>(x) + (i64)VALUES * v + 4 * h)
+                                    : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                constexpr float down = 1.0f / (1 << GEMV_FP8_DIAG_X_SHIFT);
+                xh[2 * h] = pack_f16(a.x * down, a.y * down);
+                xh[2 * h + 1] = pack_f16(a.z * down, a.w * down);
+            }
+#pragma unroll
+            for (int p = 0; p < ROWS / 2; ++p) {
+                float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                const unsigned int first[4] = {wv[2 * p][u].x, wv[2 * p][u].y, wv[2 * p][u].z, wv[2 * p][u].w};
+                const unsigned int second[4] = {wv[2 * p + 1][u].x, wv[2 * p + 1][u].y, wv[2 * p + 1][u].z,
+                                                wv[2 * p + 1][u].w};
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    unsigned int a0, a2, a1, a3;
+                    e4m3x4_to_f16x2(first[j], &a0, &a2);
+                    e4m3x4_to_f16x2(second[j], &a1, &a3);
+                    mma_f16(d, a0, a1, a2, a3, xh[2 * j], xh[2 * j + 1]);
+                }
+                if (owner) {
+                    constexpr float up = (float)(1 << GEMV_FP8_DIAG_X_SHIFT);
+                    const int block = (VALUES * v) / 128;
+#pragma unroll
+                    for (int q = 0; q < 2; ++q) {
+                        const int r = 2 * p + q;
+                        // A quad's block exists when any of its vectors does (the others add
+                        // zero products); rows past the group's end have no scales.
+                        const float scale =
+                            (!checked || (block < scale_cols && w[r])) ? scale_row[r][block] : 0.0f;
+                        const float piece = (quad & 1) ? d[2 * q + 1] : d[2 * q];
+                        acc[r][0] = fmaf(piece, scale * up, acc[r][0]);
+                    }
+                }
+            }
+        }
+    };
     auto multiply = [&](const uint4 (&wv)[ROWS][UNROLL], int base, bool checked) {
+        if constexpr (DIAG) {
+            multiply_diag(wv, base, checked);
+            return;
+        }
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             const int v = base + 32 * u;
@@ -375,14 +484,15 @@ __device__ __forceinline__ void gemv_lanes(const GemvGroup& group, const void* _
             }
         }
 #endif
-        for (; base < vecs; base += 2 * STEP) {
+        // The tensor-core form's warp runs its iterations together (lane-uniform bound).
+        for (; (DIAG ? base - lane : base) < vecs; base += 2 * STEP) {
             load(wb, base + STEP, true);
             multiply(wa, base, true);
             load(wa, base + 2 * STEP, true);
             multiply(wb, base + STEP, true);
         }
     } else {
-        for (int base = lane; base < vecs; base += STEP) {
+        for (int base = lane; (DIAG ? base - lane : base) < vecs; base += STEP) {
             if (base != lane) load(wa, base, true);
             multiply(wa, base, true);
         }

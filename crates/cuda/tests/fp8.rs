@@ -19,8 +19,9 @@
 mod common;
 
 use common::{
-    cuda, cuda_fp8, cuda_fp8_deep, cuda_fp8_gemm_bf16_out, cuda_fp8_tiles, cuda_fp8_unmixed,
-    cuda_fp8_w8a16, cuda_fp8_w8a8, cuda_lanes_bounded, group_products,
+    cuda, cuda_fp8, cuda_fp8_deep, cuda_fp8_diag, cuda_fp8_diag_deep, cuda_fp8_gemm_bf16_out,
+    cuda_fp8_tiles, cuda_fp8_unmixed, cuda_fp8_w8a16, cuda_fp8_w8a8, cuda_lanes_bounded,
+    group_products,
 };
 use deltaserve_cuda::GemmPrecision;
 use deltaserve_model::dummy::DummySource;
@@ -322,6 +323,122 @@ fn fp8_mixed_group_is_one_launch_per_format_bitwise() {
     }
 }
 
+/// `x` as the one-token lane kernels' tensor-core form (`GEMV_FP8_DIAG`) multiplies it: divided by
+/// 2^GEMV_FP8_DIAG_X_SHIFT (16), rounded to f16 (nearest even; subnormals below 2^-14 in steps of
+/// 2^-24), multiplied back.
+fn as_diag_activation(x: f32) -> f32 {
+    let y = x / 16.0;
+    if y == 0.0 {
+        return x;
+    }
+    let exponent = ((y.to_bits() >> 23) & 0xff) as i32 - 127;
+    let step = 2f32.powi(exponent.max(-14) - 10);
+    (y / step).round_ties_even() * step * 16.0
+}
+
+/// The one-token FP8 lane kernels on the tensor cores (`GEMV_FP8_DIAG=1`: the plain, the
+/// deeper-buffered and the mixed-format launch, and the fused silu gate) against the reference on
+/// the activations as that form rounds them, within the FP8 GEMV's tolerance (exact products, f32
+/// sums of 64-column pieces); the deeper-buffered kernel bit for bit the plain one; the mixed
+/// launch's bf16 rows bit for bit the CUDA-core form's. Shapes with rows past the group's end in
+/// the last warp and rows whose last 16-code vectors end inside a quad (144 = 9 vectors).
+#[test]
+fn fp8_one_token_on_the_tensor_cores_matches_reference() {
+    let test = "fp8_one_token_on_the_tensor_cores_matches_reference";
+    let (Some(diag), Some(deep), Some(lanes)) = (
+        cuda_fp8_diag(test),
+        cuda_fp8_diag_deep(test),
+        cuda_fp8_w8a16(test),
+    ) else {
+        return;
+    };
+    let mut rng = Rng(39);
+    for (rows, cols) in [
+        (37, 144),
+        (300, 144),
+        (1030, 5120),
+        (64, 17408),
+        (130, 2064),
+    ] {
+        let gate = random_fp8(&mut rng, rows, cols);
+        let up = random_fp8(&mut rng, rows, cols);
+        let mut x = rng.vec(cols, 1.0);
+        // An f16 subnormal after the shift; once (it then dominates every output), a value past
+        // f16's range before it.
+        x[0] = 3.0e-5;
+        if (rows, cols) == (300, 144) {
+            x[1] = -2.0e5;
+        }
+        let x_seen: Vec<f32> = x.iter().map(|&v| as_diag_activation(v)).collect();
+        let reference = |w: &HostTensor| {
+            let w = ReferenceBackend.load_mat(w).unwrap();
+            let mut out = ReferenceBackend.zeros(rows);
+            ReferenceBackend.matmul(&ReferenceBackend.upload(&x_seen), &w, &mut out, 1);
+            ReferenceBackend.to_host(&out)
+        };
+        let (want_gate, want_up) = (reference(&gate), reference(&up));
+        let run = |be: &deltaserve_cuda::CudaBackend| {
+            let (g, u) = (be.load_mat(&gate).unwrap(), be.load_mat(&up).unwrap());
+            let x = be.upload(&x);
+            let (mut product, mut fused) = (be.zeros(rows), be.zeros(rows));
+            be.matmul(&x, &g, &mut product, 1);
+            be.matmul_silu_gate(&x, &g, &u, &mut fused, 1);
+            (be.to_host(&product), be.to_host(&fused))
+        };
+        let (product, fused) = run(diag);
+        check(
+            &format!("fp8 tensor-core one token [{rows}x{cols}]"),
+            &product,
+            &want_gate,
+            TOL_FP8_GEMV,
+        );
+        let silu = |v: f32| v / (1.0 + (-v).exp());
+        let want_fused: Vec<f32> = want_gate
+            .iter()
+            .zip(&want_up)
+            .map(|(&g, &u)| silu(g) * u)
+            .collect();
+        check(
+            &format!("fp8 tensor-core one token silu gate [{rows}x{cols}]"),
+            &fused,
+            &want_fused,
+            TOL_FP8_GEMV,
+        );
+        assert_eq!(
+            (product, fused),
+            run(deep),
+            "fp8 tensor-core one token [{rows}x{cols}]: the deeper-buffered kernel"
+        );
+    }
+    let cols = 1024;
+    let host: Vec<HostTensor> = vec![
+        random_fp8(&mut rng, 296, cols),
+        random_fp8(&mut rng, 128, cols),
+        HostTensor::from_f32_as_bf16("a", vec![48, cols], &rng.vec(48 * cols, 1.0)),
+        HostTensor::from_f32_as_bf16("b", vec![44, cols], &rng.vec(44 * cols, 1.0)),
+    ];
+    let x = rng.vec(cols, 1.0);
+    let x_seen: Vec<f32> = x.iter().map(|&v| as_diag_activation(v)).collect();
+    let got = group_products(diag, &host, &x, 1);
+    let on_lanes = group_products(lanes, &host, &x, 1);
+    for (m, t) in host.iter().enumerate().take(2) {
+        let w = ReferenceBackend.load_mat(t).unwrap();
+        let mut want = ReferenceBackend.zeros(t.shape[0]);
+        ReferenceBackend.matmul(&ReferenceBackend.upload(&x_seen), &w, &mut want, 1);
+        check(
+            &format!("fp8 tensor-core mixed group matrix {m}"),
+            &got[m],
+            &ReferenceBackend.to_host(&want),
+            TOL_FP8_GEMV,
+        );
+    }
+    assert_eq!(
+        got[2..],
+        on_lanes[2..],
+        "the mixed launch's bf16 rows with the FP8 rows on the tensor cores"
+    );
+}
+
 /// The lane kernels with their whole iterations unbounded (the default) give the bounded kernels'
 /// (`GEMV_LANE_UNCHECKED=0`) rows bit for bit: FP8 for one token, bf16 for 1-4, on groups whose matrices end
 /// inside a warp and whose last warp runs past the group (where the bounded loop must run).
@@ -404,8 +521,9 @@ fn fp8_group_matches_reference_on(be: &deltaserve_cuda::CudaBackend, token_count
 }
 
 /// The fused silu gate on FP8 weights (the paired FP8 kernels: the plain and the deeper-buffered
-/// lane kernel for one row, the widening tensor-core kernel with one tile and four, the W8A8 one
-/// with one and two where k is whole 128-column blocks) is bit for bit its two ops.
+/// lane kernel for one row, on the CUDA cores and on the tensor cores, the widening tensor-core
+/// kernel with one tile and four, the W8A8 one with one and two where k is whole 128-column blocks)
+/// is bit for bit its two ops.
 #[test]
 fn fp8_matmul_silu_gate_equals_group_then_silu_mul_bitwise() {
     let test = "fp8_matmul_silu_gate_equals_group_then_silu_mul_bitwise";
@@ -414,6 +532,8 @@ fn fp8_matmul_silu_gate_equals_group_then_silu_mul_bitwise() {
         cuda_fp8_w8a16(test),
         cuda_fp8_tiles(test),
         cuda_fp8_w8a8(test),
+        cuda_fp8_diag(test),
+        cuda_fp8_diag_deep(test),
     ];
     for be in backends.into_iter().flatten() {
         let mut rng = Rng(32);

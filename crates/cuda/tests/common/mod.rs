@@ -21,6 +21,8 @@ static FP8_W8A8_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new()
 static FP8_GEMM_BF16_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static FP8_DEEP_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static FP8_UNMIXED_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
+static FP8_DIAG_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
+static FP8_DIAG_DEEP_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static LANES_BOUNDED_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static BF16_WIDE_LANES_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static BF16_NO_GEMV_TWINS_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
@@ -94,6 +96,23 @@ pub fn cuda_fp8_deep(test: &str) -> Option<&'static CudaBackend> {
         &[("GEMV_FP8_DEEP_BELOW", "1000000")],
         test,
     )
+}
+
+/// `cuda_fp8_w8a16` with the one-token FP8 lane kernels on the tensor cores (`GEMV_FP8_DIAG=1`),
+/// or `None` after printing why not.
+pub fn cuda_fp8_diag(test: &str) -> Option<&'static CudaBackend> {
+    let defines = [W8A16_DEFINES[0], W8A16_DEFINES[1], ("GEMV_FP8_DIAG", "1")];
+    fp8_backend(&FP8_DIAG_BACKEND, &defines, test)
+}
+
+/// `cuda_fp8_diag` with every one-token FP8 launch on the deeper-buffered kernel.
+pub fn cuda_fp8_diag_deep(test: &str) -> Option<&'static CudaBackend> {
+    let defines = [
+        W8A16_DEFINES[0],
+        ("GEMV_FP8_DIAG", "1"),
+        ("GEMV_FP8_DEEP_BELOW", "1000000"),
+    ];
+    fp8_backend(&FP8_DIAG_DEEP_BACKEND, &defines, test)
 }
 
 /// The default backend with a prefill's dense MLP activation kept in f32 until the down GEMM's
