@@ -265,6 +265,17 @@ __device__ __forceinline__ void e4m3x4_to_f32(unsigned int word, float* out) {
 #undef GEMV_FP8_DIAG
 #define GEMV_FP8_DIAG 0
 #endif
+// GEMV_BF16_DIAG: the bf16 lane kernels (1-4 tokens, all row counts, the narrow and the paired
+// forms alike, so that a one-token decode and a four-token verify still compute a row bit for bit
+// alike) in the same arrangement: the weights go to the mma as they are (bf16 pairs) and the
+// activations as the bf16 pairs the kernels read or round them to, one mma a token per 8 weights of
+// a row pair, instead of ~3 instructions a weight and token on the CUDA cores. A quad's pieces are
+// its 32 columns of a sweep, added to the owner's f32 sums sweep by sweep. A different summation
+// order than the CUDA-core form (a row's value moves within f32 rounding), the same for every
+// token count.
+#ifndef GEMV_BF16_DIAG
+#define GEMV_BF16_DIAG 0
+#endif
 #ifndef GEMV_FP8_DIAG_X_SHIFT
 #define GEMV_FP8_DIAG_X_SHIFT 4
 #endif
@@ -291,6 +302,13 @@ __device__ __forceinline__ void e4m3x4_to_f16x2(unsigned int word, unsigned int*
 #endif
 }
 
+// bf16(lo) in the low half and bf16(hi) in the high half, rounded to nearest even.
+__device__ __forceinline__ unsigned int pack_bf16(float lo, float hi) {
+    unsigned int d;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+}
+
 // f16(lo) in the low half and f16(hi) in the high half, rounded to nearest even.
 __device__ __forceinline__ unsigned int pack_f16(float lo, float hi) {
     unsigned int d;
@@ -309,6 +327,9 @@ __device__ __forceinline__ void gemv_lanes(const GemvGroup& group, const void* _
     static_assert(!PAIRED || ROWS % 2 == 0, "a paired warp holds as many up rows as gate rows");
     constexpr bool DIAG = GEMV_FP8_DIAG && FORMAT == WEIGHTS_FP8 && T == 1;
     static_assert(!DIAG || ROWS % 2 == 0, "the tensor-core form takes a warp's rows in pairs");
+    constexpr bool BF16_DIAG = GEMV_BF16_DIAG && FORMAT == WEIGHTS_BF16;
+    // The tensor-core forms run a warp's iterations together (the mma is warp-wide).
+    constexpr bool WARP_UNIFORM = DIAG || BF16_DIAG;
     const int lane = threadIdx.x & 31;
     const int first = (blockIdx.x * GEMV_LANE_WARPS + (threadIdx.x >> 5)) * HALF;
     const int scale_cols = (k + 127) / 128;
@@ -402,9 +423,53 @@ __device__ __forceinline__ void gemv_lanes(const GemvGroup& group, const void* _
             }
         }
     };
+    // GEMV_BF16_DIAG's multiply: rows in pairs (a lone last row with a zero partner), a token's
+    // 8 activations of the lane's vector as 4 bf16 pairs.
+    auto multiply_bf16_diag = [&](const uint4 (&wv)[ROWS][UNROLL], int base, bool checked) {
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const int v = base + 32 * u;
+            const bool in = !checked || v < vecs;
+            unsigned int xw[T][4];
+#pragma unroll
+            for (int t = 0; t < T; ++t) {
+                const i64 at = (i64)t * k + 8 * (i64)v;
+                if (ROUNDED_X) {
+                    const uint4 q = in ? *reinterpret_cast<const uint4*>(static_cast<const bf16_bits*>(x) + at)
+                                       : make_uint4(0u, 0u, 0u, 0u);
+                    xw[t][0] = q.x; xw[t][1] = q.y; xw[t][2] = q.z; xw[t][3] = q.w;
+                } else {
+                    const float* xf = static_cast<const float*>(x) + at;
+                    const float4 a = in ? *(const float4*)xf : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                    const float4 b = in ? *(const float4*)(xf + 4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                    xw[t][0] = pack_bf16(a.x, a.y); xw[t][1] = pack_bf16(a.z, a.w);
+                    xw[t][2] = pack_bf16(b.x, b.y); xw[t][3] = pack_bf16(b.z, b.w);
+                }
+            }
+#pragma unroll
+            for (int p = 0; p < (ROWS + 1) / 2; ++p) {
+                const uint4 first = wv[2 * p][u];
+                const uint4 second = 2 * p + 1 < ROWS ? wv[(2 * p + 1) % ROWS][u] : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+                for (int t = 0; t < T; ++t) {
+                    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    mma_bf16(d, first.x, second.x, first.y, second.y, xw[t][0], xw[t][1]);
+                    mma_bf16(d, first.z, second.z, first.w, second.w, xw[t][2], xw[t][3]);
+                    if (owner) {
+                        acc[2 * p][t] += (quad & 1) ? d[1] : d[0];
+                        if (2 * p + 1 < ROWS) acc[(2 * p + 1) % ROWS][t] += (quad & 1) ? d[3] : d[2];
+                    }
+                }
+            }
+        }
+    };
     auto multiply = [&](const uint4 (&wv)[ROWS][UNROLL], int base, bool checked) {
         if constexpr (DIAG) {
             multiply_diag(wv, base, checked);
+            return;
+        }
+        if constexpr (BF16_DIAG) {
+            multiply_bf16_diag(wv, base, checked);
             return;
         }
 #pragma unroll
@@ -484,15 +549,14 @@ __device__ __forceinline__ void gemv_lanes(const GemvGroup& group, const void* _
             }
         }
 #endif
-        // The tensor-core form's warp runs its iterations together (lane-uniform bound).
-        for (; (DIAG ? base - lane : base) < vecs; base += 2 * STEP) {
+        for (; (WARP_UNIFORM ? base - lane : base) < vecs; base += 2 * STEP) {
             load(wb, base + STEP, true);
             multiply(wa, base, true);
             load(wa, base + 2 * STEP, true);
             multiply(wb, base + STEP, true);
         }
     } else {
-        for (int base = lane; (DIAG ? base - lane : base) < vecs; base += STEP) {
+        for (int base = lane; (WARP_UNIFORM ? base - lane : base) < vecs; base += STEP) {
             if (base != lane) load(wa, base, true);
             multiply(wa, base, true);
         }
@@ -672,13 +736,6 @@ __device__ __forceinline__ unsigned int e4m3_pair_odd(unsigned int word) {
 }
 __device__ __forceinline__ unsigned int e4m3_pair_even(unsigned int word) {
     return ((word << 8) & 0x80008000u) | ((word << 4) & 0x07f007f0u);
-}
-
-// bf16(lo) in the low half and bf16(hi) in the high half, rounded to nearest even.
-__device__ __forceinline__ unsigned int pack_bf16(float lo, float hi) {
-    unsigned int d;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
-    return d;
 }
 
 // d (16 x 8) += a (16 x 32) * b (32 x 8), e4m3 in, f32 accumulate (sm_89 on). Fragments: thread

@@ -21,8 +21,9 @@
 mod common;
 
 use common::{
-    check, cuda, cuda_chunked_gdn, cuda_chunked_gdn_sequential, cuda_prefill_without_shortcuts,
-    cuda_wide_lanes, cuda_without_gemv_twins, group_products, Rng,
+    check, cuda, cuda_bf16_diag, cuda_bf16_diag_wide, cuda_chunked_gdn,
+    cuda_chunked_gdn_sequential, cuda_prefill_without_shortcuts, cuda_wide_lanes,
+    cuda_without_gemv_twins, group_products, Rng,
 };
 use deltaserve_cuda::{CudaBackend, CudaBuf, CudaOptions, GemmPrecision};
 use deltaserve_tensor::op_check::{self, AttentionPools, Operands, StatePools};
@@ -250,6 +251,73 @@ fn narrow_lane_kernels_equal_the_lane_kernels_bitwise() {
             let run = |be| group_products(be, &host, &x, tokens);
             assert_eq!(run(narrow), run(wide), "{rows:?} x {k}, {tokens} tokens");
         }
+    }
+}
+
+/// The bf16 lane kernels on the tensor cores (`GEMV_BF16_DIAG=1`): every matrix of a group against
+/// the reference on bf16-rounded inputs for 1-4 tokens (widths of one 16-byte vector, of vectors
+/// that end inside a quad, and the 27B shape's); a row's product the same bits for 1-4 tokens, in
+/// the narrow (one row a warp) and the usual kernels alike; the fused silu gate its two ops.
+#[test]
+fn bf16_lane_kernels_on_the_tensor_cores_match_reference_and_each_other() {
+    let test = "bf16_lane_kernels_on_the_tensor_cores_match_reference_and_each_other";
+    let (Some(be), Some(wide)) = (cuda_bf16_diag(test), cuda_bf16_diag_wide(test)) else {
+        return;
+    };
+    let mut rng = Rng(25);
+    for k in [8, 1000, 5120] {
+        let rows = [37, 1, 300, 8];
+        let host: Vec<HostTensor> = rows
+            .iter()
+            .map(|&n| HostTensor::from_f32_as_bf16("w", vec![n, k], &rng.vec(n * k, 1.0)))
+            .collect();
+        let ws: Vec<_> = host.iter().map(|t| be.load_mat(t).unwrap()).collect();
+        let w_refs: Vec<_> = host
+            .iter()
+            .map(|t| ReferenceBackend.load_mat(t).unwrap())
+            .collect();
+        let x = rng.vec(4 * k, 1.0);
+        let widest = group_products(be, &host, &x, 4);
+        for tokens in 1..=4 {
+            let w_list: Vec<_> = ws.iter().collect();
+            let w_ref_list: Vec<_> = w_refs.iter().collect();
+            let outputs = op_check::matmul_group(
+                be,
+                &w_list,
+                &w_ref_list,
+                &x[..tokens * k],
+                tokens,
+                Operands::Bf16,
+            );
+            for (m, (&n, (got, want))) in rows.iter().zip(&outputs).enumerate() {
+                check(
+                    &format!("tensor-core lanes matrix {m} [{tokens}x{k}] @ [{n}x{k}]^T"),
+                    got,
+                    want,
+                    TOL_MATMUL,
+                );
+                assert_eq!(
+                    got[..],
+                    widest[m][..tokens * n],
+                    "tensor-core lanes matrix {m} [{n}x{k}]: {tokens} tokens against 4"
+                );
+            }
+            let run = |be| group_products(be, &host, &x[..tokens * k], tokens);
+            assert_eq!(
+                run(be),
+                run(wide),
+                "narrow against usual, {tokens} tokens, k {k}"
+            );
+        }
+    }
+    for (rows, k) in [(1, 8), (37, 1000), (300, 5120)] {
+        let mut load = || {
+            let values = rng.vec(rows * k, 1.0);
+            be.load_mat(&HostTensor::from_f32_as_bf16("w", vec![rows, k], &values))
+                .unwrap()
+        };
+        let (gate, up) = (load(), load());
+        common::assert_silu_gate_is_the_two_ops(be, &gate, &up, &mut rng, "bf16 tensor-core lanes");
     }
 }
 

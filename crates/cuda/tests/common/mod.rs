@@ -22,6 +22,8 @@ static FP8_GEMM_BF16_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::
 static FP8_DEEP_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static FP8_UNMIXED_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static FP8_DIAG_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
+static BF16_DIAG_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
+static BF16_DIAG_WIDE_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static FP8_DIAG_DEEP_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static LANES_BOUNDED_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static BF16_WIDE_LANES_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
@@ -234,6 +236,19 @@ pub fn cuda_kv(
 pub fn cuda_wide_lanes(test: &str) -> Option<&'static CudaBackend> {
     let defines = [("GEMV_LANE_NARROW", "0")];
     backend_with_defines(&BF16_WIDE_LANES_BACKEND, false, &defines, test)
+}
+
+/// The bf16 backend with the lane kernels on the tensor cores (`GEMV_BF16_DIAG=1`), and the same
+/// with small launches kept on the usual rows a warp (`GEMV_LANE_NARROW=0`), or `None` after
+/// printing why not.
+pub fn cuda_bf16_diag(test: &str) -> Option<&'static CudaBackend> {
+    let defines = [("GEMV_BF16_DIAG", "1")];
+    backend_with_defines(&BF16_DIAG_BACKEND, false, &defines, test)
+}
+
+pub fn cuda_bf16_diag_wide(test: &str) -> Option<&'static CudaBackend> {
+    let defines = [("GEMV_BF16_DIAG", "1"), ("GEMV_LANE_NARROW", "0")];
+    backend_with_defines(&BF16_DIAG_WIDE_BACKEND, false, &defines, test)
 }
 
 /// The bf16 backend whose norms write bf16 twins only for cuBLAS GEMMs, past the GEMV kernels'
