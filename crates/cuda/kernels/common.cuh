@@ -179,6 +179,13 @@ __device__ __forceinline__ void mma_bf16(float* d, unsigned int a0, unsigned int
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// bf16(lo) in the low half and bf16(hi) in the high half, rounded to nearest even.
+__device__ __forceinline__ unsigned int pack_bf16(float lo, float hi) {
+    unsigned int d;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+}
+
 __device__ __forceinline__ void bf16x8_to_f32(const uint4 v, float* f) {
     const unsigned int parts[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll

@@ -302,13 +302,6 @@ __device__ __forceinline__ void e4m3x4_to_f16x2(unsigned int word, unsigned int*
 #endif
 }
 
-// bf16(lo) in the low half and bf16(hi) in the high half, rounded to nearest even.
-__device__ __forceinline__ unsigned int pack_bf16(float lo, float hi) {
-    unsigned int d;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
-    return d;
-}
-
 // f16(lo) in the low half and f16(hi) in the high half, rounded to nearest even.
 __device__ __forceinline__ unsigned int pack_f16(float lo, float hi) {
     unsigned int d;

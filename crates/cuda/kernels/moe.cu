@@ -388,6 +388,11 @@ MOE_GROUPED_KERNELS(4)
 #ifndef MOE_LANE_UNROLL
 #define MOE_LANE_UNROLL 8
 #endif
+// MOE_DIAG=1: moe_gate_up_slots multiplies on the tensor cores as gemv.cu's GEMV_BF16_DIAG lanes
+// do (opt-in; a different summation order than dot8's, the same for every slot).
+#ifndef MOE_DIAG
+#define MOE_DIAG 0
+#endif
 // moe_gate_up_slots' block order: rank-major (1) or token-major (0).
 #ifndef MOE_SLOTS_RANK_MAJOR
 #define MOE_SLOTS_RANK_MAJOR 1
@@ -476,7 +481,15 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_LANE_WARPS)
     float acc[2][MOE_LANE_ROWS] = {};
     const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
     const int vecs = h / 8;
+#if MOE_DIAG
+    // gemv.cu's GEMV_BF16_DIAG arrangement: a (gate, up) row pair through mma.m16n8k16, entries
+    // (g, g) and (g + 8, g) of the product quad g's pieces, kept by its owner lane.
+    const int quad = lane >> 2;
+    const bool owner = (lane & 3) == quad >> 1;
+    for (int v0 = lane; v0 - lane < vecs; v0 += 32 * MOE_LANE_UNROLL) {
+#else
     for (int v0 = lane; v0 < vecs; v0 += 32 * MOE_LANE_UNROLL) {
+#endif
         uint4 wv[2][MOE_LANE_ROWS][MOE_LANE_UNROLL];
 #pragma unroll
         for (int u = 0; u < MOE_LANE_UNROLL; ++u) {
@@ -490,6 +503,24 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_LANE_WARPS)
 #pragma unroll
         for (int u = 0; u < MOE_LANE_UNROLL; ++u) {
             const int v = v0 + 32 * u;
+#if MOE_DIAG
+            const bool in = v < vecs;
+            const float4 a = in ? *(const float4*)(xr + 8 * v) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            const float4 b = in ? *(const float4*)(xr + 8 * v + 4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            const unsigned int xw[4] = {pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(b.x, b.y),
+                                        pack_bf16(b.z, b.w)};
+#pragma unroll
+            for (int r = 0; r < MOE_LANE_ROWS; ++r) {
+                const uint4 g = wv[0][r][u], up = wv[1][r][u];
+                float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                mma_bf16(d, g.x, up.x, g.y, up.y, xw[0], xw[1]);
+                mma_bf16(d, g.z, up.z, g.w, up.w, xw[2], xw[3]);
+                if (owner) {
+                    acc[0][r] += (quad & 1) ? d[1] : d[0];
+                    acc[1][r] += (quad & 1) ? d[3] : d[2];
+                }
+            }
+#else
             if (v >= vecs) continue;
             float xf[8];
             load_rounded8(xr + 8 * v, xf);
@@ -497,6 +528,7 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_LANE_WARPS)
             for (int s = 0; s < 2; ++s)
 #pragma unroll
                 for (int r = 0; r < MOE_LANE_ROWS; ++r) acc[s][r] = dot8(wv[s][r][u], xf, acc[s][r]);
+#endif
         }
     }
 #pragma unroll
