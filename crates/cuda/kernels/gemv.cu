@@ -243,25 +243,25 @@ __device__ __forceinline__ void e4m3x4_to_f32(unsigned int word, float* out) {
 #endif
 }
 
-// With GEMV_FP8_DIAG the one-token FP8 lane kernels multiply on the tensor cores, in the lane
-// kernels' own 512-byte sweeps. The CUDA-core form issues ~3.8 instructions a weight (widening each
-// code to f32 takes 1.5, its multiply-add 1) and is issue-bound at 2.8-3.5 TB/s where the bf16 lane
-// kernels stream at 3.7-4.1. Here a warp's rows go in pairs through `mma.m16n8k16` (f16 in, f32
-// out): lane (g = lane / 4, c = lane % 4) puts 4 codes of its vector of the pair's first row in the
-// A operand's row g and the same columns of the second row in row g + 8, and the 4 activations of
-// those columns in the B operand's column g, so entries (g, g) and (g + 8, g) of the product are
-// quad g's 64-column pieces of the two rows' dot products (the other entries are cross products
-// nobody reads). Those pieces lie in one 128-column block, so the quad's owner lane (c = g / 2,
-// which holds both entries) scales them by their blocks and keeps the sums; the butterfly at the
-// end adds the 8 owners' sums. Four instructions a 16-byte vector instead of 36: a conversion per
-// two codes and one mma per four codes of a row pair. The activations are rounded to f16 after a
-// factor 2^-GEMV_FP8_DIAG_X_SHIFT (exact; put back with the block scale) so that values up to
-// 2^(16 + shift) stay finite: f16 keeps 11 significant bits against bf16's 8, and values below
-// 2^(shift - 14) become f16 subnormals with an absolute step of 2^(shift - 24).
+// With GEMV_FP8_DIAG the one-token FP8 lane kernels multiply on the FP8 tensor cores, in the
+// lane kernels' own 512-byte sweeps, with the activations quantized in the kernel as the W8A8
+// kernels' are (1 x 128 groups, scale amax / 448, here codes of x times the scale's reciprocal).
+// The CUDA-core form issues ~3.8 instructions a weight and is issue-bound at 2.8-3.5 TB/s where the
+// bf16 lane kernels stream at 3.7-4.1. A warp's rows go in pairs through `mma.m16n8k32` (e4m3 in,
+// f32 out): lane (g = lane / 4, c = lane % 4) puts 8 codes of its vector of the pair's first row in
+// the A operand's row g and the same columns of the second row in row g + 8, and its 8 activation
+// codes of those columns in the B operand's column g, so entries (g, g) and (g + 8, g) of the product
+// are quad g's 64-column pieces of the two rows' dot products (the other entries are cross products
+// nobody reads). Those pieces lie in one 128-column block of the weights' and the activations'
+// scales, so the quad's owner lane (c = g / 2, which holds both entries) scales them and keeps the
+// sums; the butterfly at the end adds the 8 owners' sums. A lane's 16 activations share their
+// group with the 7 lanes beside it (8 lanes cover 128 columns), so the group's amax takes three
+// shuffles. (A first form widened the codes to f16 for `mma.m16n8k16`: four mma a vector and row
+// pair, 27B FP8 decode 82.5-82.7 against 85.3 tok/s on an H100, session 26.)
 #ifndef GEMV_FP8_DIAG
 #define GEMV_FP8_DIAG 0
 #endif
-#if GEMV_FP8_DIAG && __CUDA_ARCH__ < 890  // no e4m3 conversion unit: the CUDA-core form
+#if GEMV_FP8_DIAG && __CUDA_ARCH__ < 890  // no FP8 tensor cores: the CUDA-core form
 #undef GEMV_FP8_DIAG
 #define GEMV_FP8_DIAG 0
 #endif
@@ -276,37 +276,35 @@ __device__ __forceinline__ void e4m3x4_to_f32(unsigned int word, float* out) {
 #ifndef GEMV_BF16_DIAG
 #define GEMV_BF16_DIAG 0
 #endif
-#ifndef GEMV_FP8_DIAG_X_SHIFT
-#define GEMV_FP8_DIAG_X_SHIFT 4
-#endif
 
-// d (16 x 8) += a (16 x 16) * b (16 x 8), f16 in, f32 accumulate; fragments as in mma_bf16.
-__device__ __forceinline__ void mma_f16(float* d, unsigned int a0, unsigned int a1, unsigned int a2, unsigned int a3,
-                                        unsigned int b0, unsigned int b1) {
+// d (16 x 8) += a (16 x 32) * b (32 x 8), e4m3 in, f32 accumulate (sm_89 on). Fragments: thread
+// (g = lane / 4, c = lane % 4) holds four codes a word: a0 / a1 rows g / g + 8 at k 4c .. 4c + 3, a2 /
+// a3 the same rows at k 16 + 4c ..; b0 / b1 column g at k 4c .. and 16 + 4c ..; d as in mma_bf16.
+__device__ __forceinline__ void mma_e4m3(float* d, unsigned int a0, unsigned int a1, unsigned int a2, unsigned int a3,
+                                         unsigned int b0, unsigned int b1) {
+#if __CUDA_ARCH__ >= 890
     asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
         "{%0, %1, %2, %3};"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// Codes 0, 1 (`lo`) and 2, 3 (`hi`) of a word of e4m3 codes as f16 pairs, the first code of a pair
-// in the low half: exact (every e4m3 value is an f16 value).
-__device__ __forceinline__ void e4m3x4_to_f16x2(unsigned int word, unsigned int* lo, unsigned int* hi) {
-#if __CUDA_ARCH__ >= 890
-    asm("{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, %2;\n\tcvt.rn.f16x2.e4m3x2 %0, l;\n\tcvt.rn.f16x2.e4m3x2 %1, h;\n\t}"
-        : "=r"(*lo), "=r"(*hi)
-        : "r"(word));
 #else
-    __trap();  // the launcher's defines take this path only from compute capability 8.9 on
+    __trap();  // the launcher takes this path only from compute capability 8.9 on
 #endif
 }
 
-// f16(lo) in the low half and f16(hi) in the high half, rounded to nearest even.
-__device__ __forceinline__ unsigned int pack_f16(float lo, float hi) {
-    unsigned int d;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
-    return d;
+// Four f32 values as e4m3 codes (nearest even, saturated to +-448), the first in the lowest byte.
+__device__ __forceinline__ unsigned int e4m3x4_from_f32(float x0, float x1, float x2, float x3) {
+    unsigned int r = 0;
+#if __CUDA_ARCH__ >= 890
+    asm("{\n\t.reg .b16 lo, hi;\n\tcvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n\t"
+        "cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n\tmov.b32 %0, {lo, hi};\n\t}"
+        : "=r"(r)
+        : "f"(x0), "f"(x1), "f"(x2), "f"(x3));
+#else
+    __trap();
+#endif
+    return r;
 }
 
 // PAIRED: the group is [gate, up] of equal shape and out[0] receives silu(x gate^T) * (x up^T). A
@@ -377,30 +375,31 @@ __device__ __forceinline__ void gemv_lanes(const GemvGroup& group, const void* _
         for (int u = 0; u < UNROLL; ++u) {
             const int v = base + 32 * u;
             const bool in = !checked || v < vecs;
-            unsigned int xh[8];
+            float4 a[4];
+            float amax = 0.0f;
 #pragma unroll
             for (int h = 0; h < 4; ++h) {
-                const float4 a = in ? *(const float4*)(static_cast<const float*>(x) + (i64)VALUES * v + 4 * h)
-                                    : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                constexpr float down = 1.0f / (1 << GEMV_FP8_DIAG_X_SHIFT);
-                xh[2 * h] = pack_f16(a.x * down, a.y * down);
-                xh[2 * h + 1] = pack_f16(a.z * down, a.w * down);
+                a[h] = in ? *(const float4*)(static_cast<const float*>(x) + (i64)VALUES * v + 4 * h)
+                          : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                amax = fmaxf(amax, fmaxf(fmaxf(fabsf(a[h].x), fabsf(a[h].y)), fmaxf(fabsf(a[h].z), fabsf(a[h].w))));
             }
+            // The 8 lanes of this 128-column group (lanes 8j .. 8j + 7).
+#pragma unroll
+            for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+            const float x_scale = amax > 0.0f ? __fdiv_rn(amax, 448.0f) : 1.0f;
+            const float inv = __frcp_rn(x_scale);
+            unsigned int xq[4];
+#pragma unroll
+            for (int h = 0; h < 4; ++h)
+                xq[h] = e4m3x4_from_f32(__fmul_rn(a[h].x, inv), __fmul_rn(a[h].y, inv), __fmul_rn(a[h].z, inv),
+                                        __fmul_rn(a[h].w, inv));
 #pragma unroll
             for (int p = 0; p < ROWS / 2; ++p) {
+                const uint4 first = wv[2 * p][u], second = wv[2 * p + 1][u];
                 float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                const unsigned int first[4] = {wv[2 * p][u].x, wv[2 * p][u].y, wv[2 * p][u].z, wv[2 * p][u].w};
-                const unsigned int second[4] = {wv[2 * p + 1][u].x, wv[2 * p + 1][u].y, wv[2 * p + 1][u].z,
-                                                wv[2 * p + 1][u].w};
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    unsigned int a0, a2, a1, a3;
-                    e4m3x4_to_f16x2(first[j], &a0, &a2);
-                    e4m3x4_to_f16x2(second[j], &a1, &a3);
-                    mma_f16(d, a0, a1, a2, a3, xh[2 * j], xh[2 * j + 1]);
-                }
+                mma_e4m3(d, first.x, second.x, first.y, second.y, xq[0], xq[1]);
+                mma_e4m3(d, first.z, second.z, first.w, second.w, xq[2], xq[3]);
                 if (owner) {
-                    constexpr float up = (float)(1 << GEMV_FP8_DIAG_X_SHIFT);
                     const int block = (VALUES * v) / 128;
 #pragma unroll
                     for (int q = 0; q < 2; ++q) {
@@ -410,7 +409,7 @@ __device__ __forceinline__ void gemv_lanes(const GemvGroup& group, const void* _
                         const float scale =
                             (!checked || (block < scale_cols && w[r])) ? scale_row[r][block] : 0.0f;
                         const float piece = (quad & 1) ? d[2 * q + 1] : d[2 * q];
-                        acc[r][0] = fmaf(piece, scale * up, acc[r][0]);
+                        acc[r][0] = fmaf(piece, scale * x_scale, acc[r][0]);
                     }
                 }
             }
@@ -729,22 +728,6 @@ __device__ __forceinline__ unsigned int e4m3_pair_odd(unsigned int word) {
 }
 __device__ __forceinline__ unsigned int e4m3_pair_even(unsigned int word) {
     return ((word << 8) & 0x80008000u) | ((word << 4) & 0x07f007f0u);
-}
-
-// d (16 x 8) += a (16 x 32) * b (32 x 8), e4m3 in, f32 accumulate (sm_89 on). Fragments: thread
-// (g = lane / 4, c = lane % 4) holds four codes a word: a0 / a1 rows g / g + 8 at k 4c .. 4c + 3, a2 /
-// a3 the same rows at k 16 + 4c ..; b0 / b1 column g at k 4c .. and 16 + 4c ..; d as in mma_bf16.
-__device__ __forceinline__ void mma_e4m3(float* d, unsigned int a0, unsigned int a1, unsigned int a2, unsigned int a3,
-                                         unsigned int b0, unsigned int b1) {
-#if __CUDA_ARCH__ >= 890
-    asm volatile(
-        "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-#else
-    __trap();  // the launcher takes this path only from compute capability 8.9 on
-#endif
 }
 
 // Loads of what the previous kernel wrote, as inline asm. Under
