@@ -247,6 +247,22 @@ fn fp8_w8a8_gemv_matches_reference_on_quantized_activations() {
     }
 }
 
+/// One token's `x @ gate^T` and `silu(x @ gate^T) * (x @ up^T)` (the fused op) on `be`.
+fn one_token_products(
+    be: &deltaserve_cuda::CudaBackend,
+    gate: &HostTensor,
+    up: &HostTensor,
+    x: &[f32],
+) -> (Vec<f32>, Vec<f32>) {
+    let rows = gate.shape[0];
+    let (g, u) = (be.load_mat(gate).unwrap(), be.load_mat(up).unwrap());
+    let x = be.upload(x);
+    let (mut product, mut fused) = (be.zeros(rows), be.zeros(rows));
+    be.matmul(&x, &g, &mut product, 1);
+    be.matmul_silu_gate(&x, &g, &u, &mut fused, 1);
+    (be.to_host(&product), be.to_host(&fused))
+}
+
 /// The deeper-buffered one-token lane kernel (`GEMV_FP8_DEEP_BELOW`) gives the lane kernel's rows
 /// bit for bit, plain and as the fused silu gate: the same vectors a lane, in the same order.
 #[test]
@@ -260,14 +276,7 @@ fn fp8_deep_lane_kernel_is_the_lane_kernel_bitwise() {
         let gate = random_fp8(&mut rng, rows, cols);
         let up = random_fp8(&mut rng, rows, cols);
         let x = rng.vec(cols, 1.0);
-        let run = |be: &deltaserve_cuda::CudaBackend| {
-            let (g, u) = (be.load_mat(&gate).unwrap(), be.load_mat(&up).unwrap());
-            let x = be.upload(&x);
-            let (mut product, mut fused) = (be.zeros(rows), be.zeros(rows));
-            be.matmul(&x, &g, &mut product, 1);
-            be.matmul_silu_gate(&x, &g, &u, &mut fused, 1);
-            (be.to_host(&product), be.to_host(&fused))
-        };
+        let run = |be| one_token_products(be, &gate, &up, &x);
         assert_eq!(run(plain), run(deep), "fp8 [{rows}x{cols}], one token");
     }
 }
@@ -383,14 +392,7 @@ fn fp8_one_token_on_the_tensor_cores_matches_reference() {
             ReferenceBackend.to_host(&out)
         };
         let (want_gate, want_up) = (reference(&gate), reference(&up));
-        let run = |be: &deltaserve_cuda::CudaBackend| {
-            let (g, u) = (be.load_mat(&gate).unwrap(), be.load_mat(&up).unwrap());
-            let x = be.upload(&x);
-            let (mut product, mut fused) = (be.zeros(rows), be.zeros(rows));
-            be.matmul(&x, &g, &mut product, 1);
-            be.matmul_silu_gate(&x, &g, &u, &mut fused, 1);
-            (be.to_host(&product), be.to_host(&fused))
-        };
+        let run = |be| one_token_products(be, &gate, &up, &x);
         let (product, fused) = run(diag);
         check(
             &format!("fp8 tensor-core one token [{rows}x{cols}]"),

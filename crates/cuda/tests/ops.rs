@@ -143,6 +143,29 @@ fn matmul_bf16_is_the_exact_product_of_bf16_rounded_inputs() {
     );
 }
 
+/// Random bf16 matrices `[rows[i], k]` as host tensors, loaded on `be` and on the reference.
+fn random_bf16_group(
+    be: &CudaBackend,
+    rng: &mut Rng,
+    rows: &[usize],
+    k: usize,
+) -> (
+    Vec<HostTensor>,
+    Vec<deltaserve_cuda::CudaMat>,
+    Vec<<ReferenceBackend as Backend>::Mat>,
+) {
+    let host: Vec<HostTensor> = rows
+        .iter()
+        .map(|&n| HostTensor::from_f32_as_bf16("w", vec![n, k], &rng.vec(n * k, 1.0)))
+        .collect();
+    let ws = host.iter().map(|t| be.load_mat(t).unwrap()).collect();
+    let w_refs = host
+        .iter()
+        .map(|t| ReferenceBackend.load_mat(t).unwrap())
+        .collect();
+    (host, ws, w_refs)
+}
+
 /// The grouped matmul (the GEMV kernel for up to 8 rows, cuBLAS beyond) equals the reference on
 /// bf16-rounded inputs for every matrix of the group: 5 matrices (more than one launch holds),
 /// row counts that are not multiples of a warp's 16 rows, every token count from 1 to 9 and the
@@ -159,15 +182,7 @@ fn matmul_group_equals_the_reference_for_each_matrix() {
     let mut rng = Rng(21);
     for k in [8, 1000, 5120] {
         let rows = [37, 1, 300, 8, 129];
-        let host: Vec<HostTensor> = rows
-            .iter()
-            .map(|&n| HostTensor::from_f32_as_bf16("w", vec![n, k], &rng.vec(n * k, 1.0)))
-            .collect();
-        let ws: Vec<_> = host.iter().map(|t| be.load_mat(t).unwrap()).collect();
-        let w_refs: Vec<_> = host
-            .iter()
-            .map(|t| ReferenceBackend.load_mat(t).unwrap())
-            .collect();
+        let (_, ws, w_refs) = random_bf16_group(be, &mut rng, &rows, k);
         let w_list: Vec<_> = ws.iter().collect();
         let w_ref_list: Vec<_> = w_refs.iter().collect();
         for tokens in (1..=9).chain([16, 17, 32, 33, 48, 64, 65]) {
@@ -267,15 +282,7 @@ fn bf16_lane_kernels_on_the_tensor_cores_match_reference_and_each_other() {
     let mut rng = Rng(25);
     for k in [8, 1000, 5120] {
         let rows = [37, 1, 300, 8];
-        let host: Vec<HostTensor> = rows
-            .iter()
-            .map(|&n| HostTensor::from_f32_as_bf16("w", vec![n, k], &rng.vec(n * k, 1.0)))
-            .collect();
-        let ws: Vec<_> = host.iter().map(|t| be.load_mat(t).unwrap()).collect();
-        let w_refs: Vec<_> = host
-            .iter()
-            .map(|t| ReferenceBackend.load_mat(t).unwrap())
-            .collect();
+        let (host, ws, w_refs) = random_bf16_group(be, &mut rng, &rows, k);
         let x = rng.vec(4 * k, 1.0);
         let widest = group_products(be, &host, &x, 4);
         for tokens in 1..=4 {
