@@ -186,6 +186,36 @@ __device__ __forceinline__ unsigned int pack_bf16(float lo, float hi) {
     return d;
 }
 
+// The diagonal row-pair mma of the lane kernels' tensor-core forms (gemv.cu's GEMV_*_DIAG, moe.cu's
+// MOE_DIAG): lane (g = lane / 4, c = lane % 4) gives two rows' values of its own columns as rows g
+// and g + 8 of A and the activations of those columns as column g of B, so entries (g, g) and
+// (g + 8, g) of the product are quad g's pieces of the two rows' dot products. Lane c = g / 2 holds
+// both: diag_owner says whether this lane is it, diag_piece reads its first (g, g) or second
+// (g + 8, g) entry from d.
+__device__ __forceinline__ bool diag_owner(int lane) { return (lane & 3) == (lane >> 3); }
+__device__ __forceinline__ float diag_piece(const float* d, int lane, bool second) {
+    const bool odd_quad = (lane >> 2) & 1;
+    return second ? (odd_quad ? d[3] : d[2]) : (odd_quad ? d[1] : d[0]);
+}
+
+// d += the diagonal row-pair products of one 16-byte bf16 vector of two rows (`first`, `second`)
+// with the 8 activations of its columns as 4 bf16 pairs `x`.
+__device__ __forceinline__ void mma_bf16_row_pair(float* d, const uint4 first, const uint4 second,
+                                                  const unsigned int* x) {
+    mma_bf16(d, first.x, second.x, first.y, second.y, x[0], x[1]);
+    mma_bf16(d, first.z, second.z, first.w, second.w, x[2], x[3]);
+}
+
+// The 8 f32 values at p (zeros where !in) as 4 bf16 pairs, nearest even.
+__device__ __forceinline__ void load_bf16_pairs8(const float* p, bool in, unsigned int* out) {
+    const float4 a = in ? *(const float4*)p : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const float4 b = in ? *(const float4*)(p + 4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    out[0] = pack_bf16(a.x, a.y);
+    out[1] = pack_bf16(a.z, a.w);
+    out[2] = pack_bf16(b.x, b.y);
+    out[3] = pack_bf16(b.z, b.w);
+}
+
 __device__ __forceinline__ void bf16x8_to_f32(const uint4 v, float* f) {
     const unsigned int parts[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll

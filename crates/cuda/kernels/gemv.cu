@@ -368,8 +368,7 @@ __device__ __forceinline__ void gemv_lanes(const GemvGroup& group, const void* _
     };
     // GEMV_FP8_DIAG's multiply (above gemv_lanes). Every lane of the warp runs it (the mma is
     // warp-wide): vectors past the row's end have zero weights (load) and zero activations here.
-    const int quad = lane >> 2;
-    const bool owner = (lane & 3) == quad >> 1;
+    const bool owner = diag_owner(lane);
     auto multiply_diag = [&](const uint4 (&wv)[ROWS][UNROLL], int base, bool checked) {
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
@@ -408,8 +407,7 @@ __device__ __forceinline__ void gemv_lanes(const GemvGroup& group, const void* _
                         // zero products); rows past the group's end have no scales.
                         const float scale =
                             (!checked || (block < scale_cols && w[r])) ? scale_row[r][block] : 0.0f;
-                        const float piece = (quad & 1) ? d[2 * q + 1] : d[2 * q];
-                        acc[r][0] = fmaf(piece, scale * x_scale, acc[r][0]);
+                        acc[r][0] = fmaf(diag_piece(d, lane, q == 1), scale * x_scale, acc[r][0]);
                     }
                 }
             }
@@ -431,11 +429,7 @@ __device__ __forceinline__ void gemv_lanes(const GemvGroup& group, const void* _
                                        : make_uint4(0u, 0u, 0u, 0u);
                     xw[t][0] = q.x; xw[t][1] = q.y; xw[t][2] = q.z; xw[t][3] = q.w;
                 } else {
-                    const float* xf = static_cast<const float*>(x) + at;
-                    const float4 a = in ? *(const float4*)xf : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                    const float4 b = in ? *(const float4*)(xf + 4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                    xw[t][0] = pack_bf16(a.x, a.y); xw[t][1] = pack_bf16(a.z, a.w);
-                    xw[t][2] = pack_bf16(b.x, b.y); xw[t][3] = pack_bf16(b.z, b.w);
+                    load_bf16_pairs8(static_cast<const float*>(x) + at, in, xw[t]);
                 }
             }
 #pragma unroll
@@ -445,11 +439,10 @@ __device__ __forceinline__ void gemv_lanes(const GemvGroup& group, const void* _
 #pragma unroll
                 for (int t = 0; t < T; ++t) {
                     float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                    mma_bf16(d, first.x, second.x, first.y, second.y, xw[t][0], xw[t][1]);
-                    mma_bf16(d, first.z, second.z, first.w, second.w, xw[t][2], xw[t][3]);
+                    mma_bf16_row_pair(d, first, second, xw[t]);
                     if (owner) {
-                        acc[2 * p][t] += (quad & 1) ? d[1] : d[0];
-                        if (2 * p + 1 < ROWS) acc[(2 * p + 1) % ROWS][t] += (quad & 1) ? d[3] : d[2];
+                        acc[2 * p][t] += diag_piece(d, lane, false);
+                        if (2 * p + 1 < ROWS) acc[(2 * p + 1) % ROWS][t] += diag_piece(d, lane, true);
                     }
                 }
             }

@@ -482,10 +482,9 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_LANE_WARPS)
     const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
     const int vecs = h / 8;
 #if MOE_DIAG
-    // gemv.cu's GEMV_BF16_DIAG arrangement: a (gate, up) row pair through mma.m16n8k16, entries
-    // (g, g) and (g + 8, g) of the product quad g's pieces, kept by its owner lane.
-    const int quad = lane >> 2;
-    const bool owner = (lane & 3) == quad >> 1;
+    // The diagonal row-pair mma (common.cuh) on the (gate, up) row pair, as gemv.cu's
+    // GEMV_BF16_DIAG lanes.
+    const bool owner = diag_owner(lane);
     for (int v0 = lane; v0 - lane < vecs; v0 += 32 * MOE_LANE_UNROLL) {
 #else
     for (int v0 = lane; v0 < vecs; v0 += 32 * MOE_LANE_UNROLL) {
@@ -504,20 +503,15 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_LANE_WARPS)
         for (int u = 0; u < MOE_LANE_UNROLL; ++u) {
             const int v = v0 + 32 * u;
 #if MOE_DIAG
-            const bool in = v < vecs;
-            const float4 a = in ? *(const float4*)(xr + 8 * v) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            const float4 b = in ? *(const float4*)(xr + 8 * v + 4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            const unsigned int xw[4] = {pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(b.x, b.y),
-                                        pack_bf16(b.z, b.w)};
+            unsigned int xw[4];
+            load_bf16_pairs8(xr + 8 * v, v < vecs, xw);
 #pragma unroll
             for (int r = 0; r < MOE_LANE_ROWS; ++r) {
-                const uint4 g = wv[0][r][u], up = wv[1][r][u];
                 float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                mma_bf16(d, g.x, up.x, g.y, up.y, xw[0], xw[1]);
-                mma_bf16(d, g.z, up.z, g.w, up.w, xw[2], xw[3]);
+                mma_bf16_row_pair(d, wv[0][r][u], wv[1][r][u], xw);
                 if (owner) {
-                    acc[0][r] += (quad & 1) ? d[1] : d[0];
-                    acc[1][r] += (quad & 1) ? d[3] : d[2];
+                    acc[0][r] += diag_piece(d, lane, false);
+                    acc[1][r] += diag_piece(d, lane, true);
                 }
             }
 #else
