@@ -307,11 +307,165 @@ __device__ __forceinline__ unsigned int e4m3x4_from_f32(float x0, float x1, floa
     return r;
 }
 
+// GEMV_BF16_SETS: the bf16 lane kernels (1-4 tokens, narrow, plain and paired alike) with every mma
+// serving up to four tokens. GEMV_BF16_DIAG's diagonal uses one eighth of each mma: quad g's
+// activations can only meet quad g's own weights, since every quad holds other columns. Here the
+// 8 quads of a warp form two sets of 4 (quads 0-3, 4-7) whose quads hold the same columns of
+// different rows, and quad m of a set carries token m's activations of those columns as its B
+// column: entry (g, 4s + t) of the product is row g's piece for token t, for every quad g of set s,
+// so one mma gives the pieces of up to 4 tokens. A set covers 64 bytes of a row a sweep, so the
+// block's warps split the row's vectors between them (lane c of set s of warp w takes the vectors
+// 8w + 4s + c + 32i, the lane kernels' 512-byte sweeps over the block), and every warp holds all of
+// the block's rows: quad m of each set the rows m, m + 4, m + 8, ... (as mma row pairs). The grid
+// and the rows a block covers are the lane kernels'. A row's piece for token t sits in the same mma
+// column and is summed in the same order (the two sets' sums, then the warps' in order through
+// shared memory) for every token count and block size: a decode and a verify compute a row alike.
+#ifndef GEMV_BF16_SETS
+#define GEMV_BF16_SETS 0
+#endif
+
+template <int T, bool ROUNDED_X, int ROWS, int UNROLL, bool PAIRED>
+__device__ __forceinline__ void gemv_bf16_sets(const GemvGroup& group, const void* __restrict__ x, int k) {
+    constexpr int WARPS = GEMV_LANE_WARPS;
+    constexpr int BLOCK_ROWS = ROWS * WARPS;
+    static_assert(BLOCK_ROWS % 4 == 0, "each quad of a set holds as many rows as the others");
+    constexpr int QUAD_ROWS = BLOCK_ROWS / 4;
+    constexpr int HALF = BLOCK_ROWS / 2;  // PAIRED: gate rows, then the up rows of the same indices
+    constexpr int ROW_LANES = 8 * WARPS;  // lanes of the block that split a row's vectors
+    constexpr int STEP = ROW_LANES * UNROLL;
+    __shared__ float partial[WARPS][BLOCK_ROWS][T];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int c = lane & 3, set = lane >> 4, member = (lane >> 2) & 3;
+    const int row_lane = 8 * warp + 4 * set + c;
+    const int first = blockIdx.x * (PAIRED ? HALF : BLOCK_ROWS);
+    auto locate = [&](int b, int* local) {
+        if (PAIRED) {
+            *local = first + b % HALF;
+            return *local < group.first_row[1] ? b / HALF : -1;
+        }
+        return group_row(group, first + b, local);
+    };
+    int local[QUAD_ROWS], mat[QUAD_ROWS];
+    const unsigned char* w[QUAD_ROWS];
+#pragma unroll
+    for (int r = 0; r < QUAD_ROWS; ++r) {
+        mat[r] = locate(member + 4 * r, &local[r]);
+        w[r] = mat[r] >= 0 ? (const unsigned char*)group_pick(group.w, mat[r]) + (i64)local[r] * k * 2 : nullptr;
+    }
+    int last_local;
+    const bool whole_block = locate(BLOCK_ROWS - 1, &last_local) >= 0;
+    let_next_kernel_start();
+    float acc[QUAD_ROWS][2];
+#pragma unroll
+    for (int r = 0; r < QUAD_ROWS; ++r) acc[r][0] = acc[r][1] = 0.0f;
+    const int vecs = k / 8;
+    const bool carries = member < T;  // this quad's B column is token `member`'s
+
+    auto load = [&](uint4 (&wv)[QUAD_ROWS][UNROLL], int base, bool checked) {
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const int v = base + ROW_LANES * u;
+#pragma unroll
+            for (int r = 0; r < QUAD_ROWS; ++r)
+                wv[r][u] = (!checked || (v < vecs && w[r])) ? load_streaming((const bf16_bits*)(w[r] + 16 * v))
+                                                             : make_uint4(0u, 0u, 0u, 0u);
+        }
+    };
+    // Lane c of quad g holds entries (g, 2c), (g, 2c + 1), (g + 8, 2c), (g + 8, 2c + 1): in set s,
+    // lanes c = 2s and 2s + 1 hold tokens 2(c - 2s) and 2(c - 2s) + 1 of the quad's row pair. Every
+    // lane adds its entries (the others' sums are never read).
+    auto multiply = [&](const uint4 (&wv)[QUAD_ROWS][UNROLL], int base, bool checked) {
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const int v = base + ROW_LANES * u;
+            const bool in = (!checked || v < vecs) && carries;
+            unsigned int xw[4];
+            if (ROUNDED_X) {
+                const uint4 q = in ? *reinterpret_cast<const uint4*>(static_cast<const bf16_bits*>(x) +
+                                                                     (i64)member * k + 8 * (i64)v)
+                                   : make_uint4(0u, 0u, 0u, 0u);
+                xw[0] = q.x; xw[1] = q.y; xw[2] = q.z; xw[3] = q.w;
+            } else {
+                load_bf16_pairs8(static_cast<const float*>(x) + 8 * (i64)v, in, xw);
+            }
+#pragma unroll
+            for (int p = 0; p < (QUAD_ROWS + 1) / 2; ++p) {
+                const bool partner = 2 * p + 1 < QUAD_ROWS;
+                const uint4 second = partner ? wv[(2 * p + 1) % QUAD_ROWS][u] : make_uint4(0u, 0u, 0u, 0u);
+                float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                mma_bf16_row_pair(d, wv[2 * p][u], second, xw);
+                acc[2 * p][0] += d[0];
+                if (T > 1) acc[2 * p][1] += d[1];
+                if (partner) {
+                    acc[(2 * p + 1) % QUAD_ROWS][0] += d[2];
+                    if (T > 1) acc[(2 * p + 1) % QUAD_ROWS][1] += d[3];
+                }
+            }
+        }
+    };
+
+    uint4 wa[QUAD_ROWS][UNROLL], wb[QUAD_ROWS][UNROLL];
+    load(wa, row_lane, true);
+    wait_for_previous_kernel();
+    int base = row_lane;
+    // The sweep's first vector (base - row_lane) is the same for the whole block, so every warp
+    // runs whole iterations together (the mma is warp-wide).
+    if (GEMV_LANE_UNCHECKED && whole_block) {
+        for (; base - row_lane + 3 * STEP <= vecs; base += 2 * STEP) {
+            load(wb, base + STEP, false);
+            multiply(wa, base, false);
+            load(wa, base + 2 * STEP, false);
+            multiply(wb, base + STEP, false);
+        }
+    }
+    for (; base - row_lane < vecs; base += 2 * STEP) {
+        load(wb, base + STEP, true);
+        multiply(wa, base, true);
+        load(wa, base + 2 * STEP, true);
+        multiply(wb, base + STEP, true);
+    }
+    // Set 1's holder of a row and token is set 0's lane + 18 (quad + 4, c + 2).
+    const bool holder = set == 0 && c < 2;
+#pragma unroll
+    for (int r = 0; r < QUAD_ROWS; ++r) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const float sum = acc[r][e] + __shfl_down_sync(0xffffffffu, acc[r][e], 18);
+            const int t = 2 * c + e;
+            if (holder && t < T) partial[warp][member + 4 * r][t] = sum;
+        }
+    }
+    __syncthreads();
+    const int id = threadIdx.x;
+    if (id >= (PAIRED ? HALF : BLOCK_ROWS) * T) return;
+    const int b = id / T, t = id % T;
+    auto warps_sum = [&](int row) {
+        float s = partial[0][row][t];
+#pragma unroll
+        for (int v = 1; v < WARPS; ++v) s += partial[v][row][t];
+        return s;
+    };
+    int out_local;
+    const int m = locate(b, &out_local);
+    if (m < 0) return;
+    if (PAIRED) {
+        group.out[0][(i64)t * group.first_row[1] + out_local] = silu_f(warps_sum(b)) * warps_sum(b + HALF);
+    } else {
+        group_pick(group.out, m)[(i64)t * group_rows(group, m) + out_local] = warps_sum(b);
+    }
+}
+
 // PAIRED: the group is [gate, up] of equal shape and out[0] receives silu(x gate^T) * (x up^T). A
 // warp's first ROWS / 2 rows are gate rows and the others the up rows of the same indices, so the
 // activation is applied in the epilogue; each row's sum is the unpaired kernel's, bit for bit.
-template <int T, bool ROUNDED_X, int ROWS, int FORMAT, int UNROLL, bool PAIRED>
+// SETS: whether bf16 weights take GEMV_BF16_SETS's form when it is on (not in the mixed-format
+// kernel, whose warps branch by format: that form shares a block's rows between its warps).
+template <int T, bool ROUNDED_X, int ROWS, int FORMAT, int UNROLL, bool PAIRED, bool SETS = true>
 __device__ __forceinline__ void gemv_lanes(const GemvGroup& group, const void* __restrict__ x, int k) {
+    if constexpr (GEMV_BF16_SETS && SETS && FORMAT == WEIGHTS_BF16) {
+        gemv_bf16_sets<T, ROUNDED_X, ROWS, UNROLL, PAIRED>(group, x, k);
+        return;
+    }
     constexpr int VALUES = FORMAT == WEIGHTS_FP8 ? 16 : 8;  // weights per 16-byte vector
     constexpr int ROW_BYTES_PER_VALUE = FORMAT == WEIGHTS_FP8 ? 1 : 2;
     constexpr int HALF = PAIRED ? ROWS / 2 : ROWS;
@@ -662,7 +816,7 @@ extern "C" __global__ void __launch_bounds__(32 * GEMV_LANE_WARPS, 5)
     const int first = (blockIdx.x * GEMV_LANE_WARPS + (threadIdx.x >> 5)) * GEMV_FP8_ROWS;
     const int m = group_row(group, first, &local);
     if (m >= 0 && group_pick(group.scale, m) == nullptr) {
-        gemv_lanes<1, false, GEMV_FP8_ROWS, WEIGHTS_BF16, 1, false>(group, x, k);
+        gemv_lanes<1, false, GEMV_FP8_ROWS, WEIGHTS_BF16, 1, false, false>(group, x, k);
     } else {
         gemv_lanes<1, false, GEMV_FP8_ROWS, WEIGHTS_FP8, GEMV_FP8_UNROLL, false>(group, x, k);
     }

@@ -21,8 +21,8 @@
 mod common;
 
 use common::{
-    check, cuda, cuda_bf16_diag, cuda_bf16_diag_wide, cuda_chunked_gdn,
-    cuda_chunked_gdn_sequential, cuda_prefill_without_shortcuts, cuda_wide_lanes,
+    check, cuda, cuda_bf16_diag, cuda_bf16_diag_wide, cuda_bf16_sets, cuda_bf16_sets_wide,
+    cuda_chunked_gdn, cuda_chunked_gdn_sequential, cuda_prefill_without_shortcuts, cuda_wide_lanes,
     cuda_without_gemv_twins, group_products, Rng,
 };
 use deltaserve_cuda::{CudaBackend, CudaBuf, CudaOptions, GemmPrecision};
@@ -279,6 +279,23 @@ fn bf16_lane_kernels_on_the_tensor_cores_match_reference_and_each_other() {
     let (Some(be), Some(wide)) = (cuda_bf16_diag(test), cuda_bf16_diag_wide(test)) else {
         return;
     };
+    check_tensor_core_lanes(be, wide, "diagonal");
+}
+
+/// The same for the form whose mma serve up to four tokens (`GEMV_BF16_SETS`).
+#[test]
+fn bf16_lane_kernels_four_tokens_an_mma_match_reference_and_each_other() {
+    let test = "bf16_lane_kernels_four_tokens_an_mma_match_reference_and_each_other";
+    let (Some(be), Some(wide)) = (cuda_bf16_sets(test), cuda_bf16_sets_wide(test)) else {
+        return;
+    };
+    check_tensor_core_lanes(be, wide, "sets");
+}
+
+/// Each of 1-4 tokens against the reference and bit for bit the 4-token launch's rows, the narrow
+/// kernels (`be`) bit for bit the usual ones (`wide`), and the paired gate/up form bit for bit its
+/// two ops, over row counts that leave blocks partly past a matrix's end.
+fn check_tensor_core_lanes(be: &CudaBackend, wide: &CudaBackend, form: &str) {
     let mut rng = Rng(25);
     for k in [8, 1000, 5120] {
         let rows = [37, 1, 300, 8];
@@ -298,7 +315,7 @@ fn bf16_lane_kernels_on_the_tensor_cores_match_reference_and_each_other() {
             );
             for (m, (&n, (got, want))) in rows.iter().zip(&outputs).enumerate() {
                 check(
-                    &format!("tensor-core lanes matrix {m} [{tokens}x{k}] @ [{n}x{k}]^T"),
+                    &format!("{form} tensor-core lanes matrix {m} [{tokens}x{k}] @ [{n}x{k}]^T"),
                     got,
                     want,
                     TOL_MATMUL,
@@ -306,14 +323,14 @@ fn bf16_lane_kernels_on_the_tensor_cores_match_reference_and_each_other() {
                 assert_eq!(
                     got[..],
                     widest[m][..tokens * n],
-                    "tensor-core lanes matrix {m} [{n}x{k}]: {tokens} tokens against 4"
+                    "{form} tensor-core lanes matrix {m} [{n}x{k}]: {tokens} tokens against 4"
                 );
             }
             let run = |be| group_products(be, &host, &x[..tokens * k], tokens);
             assert_eq!(
                 run(be),
                 run(wide),
-                "narrow against usual, {tokens} tokens, k {k}"
+                "{form}: narrow against usual, {tokens} tokens, k {k}"
             );
         }
     }
@@ -324,7 +341,8 @@ fn bf16_lane_kernels_on_the_tensor_cores_match_reference_and_each_other() {
                 .unwrap()
         };
         let (gate, up) = (load(), load());
-        common::assert_silu_gate_is_the_two_ops(be, &gate, &up, &mut rng, "bf16 tensor-core lanes");
+        let label = format!("bf16 {form} tensor-core lanes");
+        common::assert_silu_gate_is_the_two_ops(be, &gate, &up, &mut rng, &label);
     }
 }
 
