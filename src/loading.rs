@@ -8,6 +8,7 @@ use anyhow::{bail, Context, Result};
 use deltaserve_cuda::{CudaBackend, CudaOptions, GemmPrecision, NcclCommunicator};
 use deltaserve_model::config::ModelConfig;
 use deltaserve_model::draft_fp8::DraftFp8Source;
+use deltaserve_model::draft_vocab::{read_token_map, TokenMapSource};
 use deltaserve_model::dummy::DummySource;
 use deltaserve_model::online_fp8::Fp8QuantizingSource;
 use deltaserve_model::quantization::Fp8Quantization;
@@ -33,6 +34,8 @@ pub struct ModelSettings {
     pub quantization: Option<Quantization>,
     /// `--speculative-draft-model-quantization`: the MTP head's format (crate::draft_fp8).
     pub draft_quantization: Option<Quantization>,
+    /// `--speculative-token-map`: the token ids the draft head keeps (crate::draft_vocab).
+    pub draft_token_map: Option<PathBuf>,
     /// CPU threads of the cpu backend; 0 = all cores.
     pub threads: usize,
     pub cpu_matmul_precision: MatmulPrecision,
@@ -100,7 +103,7 @@ pub fn open_source(args: &ModelSettings) -> Result<(ModelConfig, Box<dyn TensorS
     if !dir.is_dir() {
         bail!("--model-path {}: not a directory", dir.display());
     }
-    let config = ModelConfig::from_dir(dir)?;
+    let mut config = ModelConfig::from_dir(dir)?;
     let source: Box<dyn TensorSource> = match args.load_format {
         LoadFormat::Auto => Box::new(SafetensorsSource::open(dir)?),
         LoadFormat::Dummy => Box::new(
@@ -123,6 +126,15 @@ pub fn open_source(args: &ModelSettings) -> Result<(ModelConfig, Box<dyn TensorS
             dir.display()
         );
     }
+    let source = match &args.draft_token_map {
+        Some(path) => {
+            let ids = draft_token_ids(args, &config, path)?;
+            config.draft_vocab = Some(ids.clone());
+            let (vocab, tied) = (config.vocab_size, config.tie_word_embeddings);
+            Box::new(TokenMapSource::new(source, ids, vocab, tied)) as Box<dyn TensorSource>
+        }
+        None => source,
+    };
     let source = match args.draft_quantization {
         Some(Quantization::Fp8) => {
             let scheme = config
@@ -135,6 +147,29 @@ pub fn open_source(args: &ModelSettings) -> Result<(ModelConfig, Box<dyn TensorS
         None => source,
     };
     Ok((config, source))
+}
+
+/// The token map's ids, checked against the model and the tensor-parallel split.
+fn draft_token_ids(args: &ModelSettings, config: &ModelConfig, path: &Path) -> Result<Vec<u32>> {
+    if config.mtp_num_hidden_layers == 0 {
+        bail!(
+            "--speculative-token-map: {} has no MTP head (mtp_num_hidden_layers is 0 in \
+             config.json), so there is no draft model whose head it could limit",
+            args.model_path.display()
+        );
+    }
+    let ids = read_token_map(path, config.vocab_size)?;
+    if !ids.len().is_multiple_of(args.tp_size.max(1)) {
+        bail!(
+            "--speculative-token-map {}: {} token ids do not split evenly over --tp-size {} \
+             (the draft head's rows are divided among the ranks); list a multiple of {}",
+            path.display(),
+            ids.len(),
+            args.tp_size,
+            args.tp_size
+        );
+    }
+    Ok(ids)
 }
 
 impl ModelSettings {

@@ -45,6 +45,12 @@ pub struct ModelFlags {
     /// text stay the trunk's, only the acceptance can change (docs/fp8.md).
     #[arg(long, value_enum, value_name = "QUANTIZATION")]
     pub speculative_draft_model_quantization: Option<Quantization>,
+    /// A JSON array of token ids (SGLang's flag, FR-Spec): the draft model's output head keeps
+    /// only these rows of the trunk's, so drafting reads a fraction of its bytes (the 27B's
+    /// 248k-row head is 2.5 GB of bf16). Drafts can only be listed tokens; verification and the
+    /// text stay the trunk's (docs/serving.md). `scripts/make_token_map.py` writes one.
+    #[arg(long, value_name = "FILE")]
+    pub speculative_token_map: Option<PathBuf>,
     /// CPU threads for the cpu backend (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -212,6 +218,7 @@ impl ModelFlags {
             load_format: self.load_format,
             quantization: self.quantization,
             draft_quantization: self.speculative_draft_model_quantization,
+            draft_token_map: self.speculative_token_map.clone(),
             threads: self.threads.unwrap_or(0),
             cpu_matmul_precision: match self.cpu_matmul_precision {
                 MatmulPrecisionFlag::F32 => MatmulPrecision::F32,

@@ -249,6 +249,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     // What the loaded matrices occupy as stored (FP8 codes and scales where they were kept).
     let weight_bytes = with_model!(&model, m => m.decode_weight_bytes());
     let mtp_bytes = with_model!(&model, m => m.mtp_forward_weight_bytes()).unwrap_or(0);
+    let draft_vocab_size = with_model!(&model, m => m.draft_vocab_size());
     drop(model);
     let backend = measured.backend;
     let threads = if settings.threads == 0 {
@@ -358,6 +359,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
         "draft_model_quantization": settings
             .draft_quantization
             .map(|q| format!("{q:?}").to_lowercase()),
+        "speculative_token_map": settings.draft_token_map,
+        "draft_vocab_size": draft_vocab_size,
         "kernel_overrides": kernel_overrides(),
         "threads": threads,
         "load_seconds": load_s,

@@ -39,7 +39,18 @@ impl Picker {
     /// The token of each of `rows` logits rows: on the device when the backend samples there
     /// (only the ids come back), else from the logits copied to the host.
     pub fn pick<B: Backend>(&self, m: &Model<B>, logits: &B::Buf, rows: usize) -> Vec<u32> {
-        let vocab = m.config.vocab_size;
+        self.pick_columns(m, logits, rows, m.config.vocab_size)
+    }
+
+    /// `pick` over rows of `vocab` logits each (an MTP step's: the draft head's rows), giving
+    /// the picked column of each row.
+    pub fn pick_columns<B: Backend>(
+        &self,
+        m: &Model<B>,
+        logits: &B::Buf,
+        rows: usize,
+        vocab: usize,
+    ) -> Vec<u32> {
         let greedy = is_greedy(&self.params);
         let mut rng = self.rng.borrow_mut();
         let requests: Vec<RowSampling> = (0..rows as u32)

@@ -107,6 +107,13 @@ fn greedy_rows<B: Backend>(m: &Model<B>, logits: &B::Buf, rows: usize) -> Vec<u3
     Picker::greedy().pick(m, logits, rows)
 }
 
+/// The greedy draft of each of `rows` MTP logits rows, as token ids (the draft head may keep only
+/// `--speculative-token-map`'s rows).
+fn greedy_drafts<B: Backend>(m: &Model<B>, logits: &B::Buf, rows: usize) -> Vec<u32> {
+    let columns = Picker::greedy().pick_columns(m, logits, rows, m.draft_vocab_size());
+    columns.into_iter().map(|c| m.draft_token(c)).collect()
+}
+
 /// Prefill of `prefill_len` tokens then `decode_len` single-token steps, each picking its token
 /// with `sampling` as `serve` does (`Picker`).
 pub fn plain_run<B: Backend>(
@@ -279,7 +286,7 @@ impl<B: Backend> SpecSequence<B> {
             },
             &mut self.cache,
         )?;
-        let mut drafts = vec![greedy_rows(m, &out.logits, 1)[0]];
+        let mut drafts = vec![greedy_drafts(m, &out.logits, 1)[0]];
         let mut step_hidden = m.backend.to_host(&out.hidden);
         let computed = pos + pairs;
         for step in 2..=self.k {
@@ -297,7 +304,7 @@ impl<B: Backend> SpecSequence<B> {
                 },
                 &mut self.cache,
             )?;
-            drafts.push(greedy_rows(m, &out.logits, 1)[0]);
+            drafts.push(greedy_drafts(m, &out.logits, 1)[0]);
             step_hidden = m.backend.to_host(&out.hidden);
         }
         Ok(drafts)

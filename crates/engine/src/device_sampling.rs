@@ -126,6 +126,12 @@ impl<B: Backend> Worker<B> {
         let rows: Vec<RowSampling> = (0..drafters.len() as u32)
             .map(RowSampling::greedy)
             .collect();
-        backend.sample_rows(logits, self.model.config.vocab_size, &rows)
+        let columns = backend.sample_rows(logits, self.model.draft_vocab_size(), &rows)?;
+        Some(
+            columns
+                .into_iter()
+                .map(|c| self.model.draft_token(c))
+                .collect(),
+        )
     }
 }

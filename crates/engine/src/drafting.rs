@@ -165,6 +165,8 @@ impl<B: Backend> Worker<B> {
     /// settings (penalties see the drafts before it).
     fn take_drafts(&mut self, drafters: &[usize], logits: &DraftLogits) {
         let vocab = self.model.config.vocab_size;
+        let draft_vocab = self.model.draft_vocab_size();
+        let draft_ids = self.model.config.draft_vocab.as_deref();
         let fault = self
             .speculative
             .as_ref()
@@ -179,7 +181,9 @@ impl<B: Backend> Worker<B> {
             let (mut token, mut dist) = match logits {
                 DraftLogits::Argmaxes(ids) => (ids[row], vec![(ids[row], 1.0)]),
                 DraftLogits::Host(logits) => {
-                    let row = &logits[row * vocab..(row + 1) * vocab];
+                    let columns = &logits[row * draft_vocab..(row + 1) * draft_vocab];
+                    let whole_row = draft_row_over_vocabulary(columns, draft_ids, vocab);
+                    let row = &whole_row[..];
                     let sampling = &seq.request.sampling;
                     match seq.constraint.as_deref_mut() {
                         Some(constraint) => constrained_draft(
@@ -215,6 +219,29 @@ impl<B: Backend> Worker<B> {
     }
 }
 
+/// What an unlisted token's logit reads as when the draft head covers only the token map's ids:
+/// finite, so that a row whose allowed tokens are all unlisted (a grammar's mask) still has a
+/// distribution to draw from (even over them) instead of a division of infinities; any listed
+/// token outweighs it completely.
+const UNLISTED_LOGIT: f32 = -1.0e30;
+
+/// An MTP logits row as a row over the whole vocabulary: as it is without a token map, else each
+/// listed token's logit at its id and `UNLISTED_LOGIT` elsewhere.
+fn draft_row_over_vocabulary<'a>(
+    columns: &'a [f32],
+    draft_ids: Option<&[u32]>,
+    vocab: usize,
+) -> std::borrow::Cow<'a, [f32]> {
+    let Some(ids) = draft_ids else {
+        return std::borrow::Cow::Borrowed(columns);
+    };
+    let mut row = vec![UNLISTED_LOGIT; vocab];
+    for (&id, &logit) in ids.iter().zip(columns) {
+        row[id as usize] = logit;
+    }
+    std::borrow::Cow::Owned(row)
+}
+
 /// A draft that the request's grammar allows after its earlier drafts, so verification does not
 /// spend a position rejecting it. A greedy drafter checks its argmax alone (cheap) and computes the
 /// grammar's mask only when the argmax is forbidden; a sampling drafter always draws from the masked
@@ -242,4 +269,55 @@ fn constrained_draft(
     };
     let dist = processed_distribution(masked.as_deref().unwrap_or(row), sampling, history);
     (draw(&dist, rng), dist)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sampler::PenaltyHistory;
+
+    #[test]
+    fn a_token_map_row_puts_each_logit_at_its_id_and_keeps_unlisted_ids_out() {
+        let whole = draft_row_over_vocabulary(&[0.5, -1.0], None, 2);
+        assert_eq!(whole[..], [0.5, -1.0]);
+        let row = draft_row_over_vocabulary(&[0.5, 2.0, -3.0], Some(&[4, 0, 2]), 6);
+        assert_eq!(
+            row[..],
+            [
+                2.0,
+                UNLISTED_LOGIT,
+                -3.0,
+                UNLISTED_LOGIT,
+                0.5,
+                UNLISTED_LOGIT
+            ]
+        );
+        let sampling = SamplingParams {
+            temperature: 1.0,
+            ..SamplingParams::default()
+        };
+        let dist = processed_distribution(&row, &sampling, &PenaltyHistory::new(&[]));
+        let unlisted: f32 = dist
+            .iter()
+            .filter(|(id, _)| ![0, 2, 4].contains(id))
+            .map(|&(_, p)| p)
+            .sum();
+        assert_eq!(unlisted, 0.0, "{dist:?}");
+        // A grammar that allows only unlisted ids still leaves a distribution to draw from.
+        let only_unlisted: Vec<f32> = row
+            .iter()
+            .enumerate()
+            .map(|(id, &l)| {
+                if id == 3 || id == 5 {
+                    l
+                } else {
+                    f32::NEG_INFINITY
+                }
+            })
+            .collect();
+        let dist = processed_distribution(&only_unlisted, &sampling, &PenaltyHistory::new(&[]));
+        assert!(dist.iter().all(|&(_, p)| p.is_finite()), "{dist:?}");
+        let total: f32 = dist.iter().map(|&(_, p)| p).sum();
+        assert!((total - 1.0).abs() < 1e-6, "{dist:?}");
+    }
 }

@@ -8,8 +8,8 @@ mod demo_eval;
 use deltaserve_engine::*;
 use deltaserve_tensor::cpu::CpuBackend;
 use demo_eval::{
-    accept_length, assert_fp8_keeps_accuracy_and_acceptance, ids, load, mtp_k3, run, score, Scores,
-    Weighting,
+    accept_length, assert_fp8_keeps_accuracy_and_acceptance, ids, load, load_with_token_map,
+    mtp_k3, run, score, Scores, Weighting,
 };
 use serde_json::Value;
 
@@ -147,6 +147,50 @@ fn demo_model_draft_in_fp8_keeps_greedy_text_and_acceptance() {
     assert!(
         fp8_accept >= bf16_accept * 0.95,
         "FP8 draft accept length {fp8_accept:.3} is more than 5 % below bf16's {bf16_accept:.3}"
+    );
+}
+
+/// `--speculative-token-map` on the demo model, with a map of every id in reverse order but the
+/// plain replies' most frequent token: greedy text equals plain greedy (verification runs the
+/// trunk's whole head), and the drafts are still accepted at least half as often as the whole
+/// head's (a draft head whose rows went back to the wrong ids would almost never be).
+#[test]
+fn demo_model_token_map_keeps_greedy_text() {
+    let (greedy, plain, _) = plain_run();
+    let (_, _, whole_usage) = speculative_run();
+    let mut counts = std::collections::HashMap::<u32, usize>::new();
+    for &id in plain.iter().flatten() {
+        *counts.entry(id).or_default() += 1;
+    }
+    let (&left_out, &times) = counts
+        .iter()
+        .max_by_key(|&(&id, &n)| (n, std::cmp::Reverse(id)))
+        .unwrap();
+    let backend = CpuBackend::new(0);
+    let vocab =
+        deltaserve_model::config::ModelConfig::from_dir(&demo_eval::root().join("models/demo"))
+            .unwrap()
+            .vocab_size as u32;
+    let map: Vec<u32> = (0..vocab).rev().filter(|&id| id != left_out).collect();
+    let (_, spec, usage) = run(load_with_token_map(backend, map), Some(mtp_k3()));
+    let differing: Vec<_> = greedy
+        .iter()
+        .zip(plain.iter().zip(&spec))
+        .filter(|(_, (a, b))| a != b)
+        .map(|(g, _)| g["id"].clone())
+        .collect();
+    let (whole, mapped) = (accept_length(whole_usage), accept_length(&usage));
+    println!(
+        "MTP k=3 accept length: whole head {whole:.3}, map without token {left_out} \
+         ({times} of the replies' tokens) {mapped:.3}"
+    );
+    assert!(
+        differing.is_empty(),
+        "speculative greedy with a token map differs from plain greedy on {differing:?}"
+    );
+    assert!(
+        mapped >= whole * 0.5,
+        "accept length {mapped:.3} with the token map is under half the whole head's {whole:.3}"
     );
 }
 

@@ -85,6 +85,9 @@ pub struct ModelConfig {
     pub dtype: Option<DType>,
     /// `quantization_config` of a block-FP8 checkpoint; `None` for an unquantized one.
     pub quantization: Option<Fp8Quantization>,
+    /// Not from config.json: the token ids the draft model's head rows stand for, in order
+    /// (`--speculative-token-map`, crate::draft_vocab); `None`: the whole vocabulary.
+    pub draft_vocab: Option<Vec<u32>>,
 }
 
 /// HF defaults (transformers `Qwen3_5TextConfig`, `Qwen3_5MoeTextConfig`, `Qwen3NextConfig`).
@@ -591,6 +594,7 @@ fn parse(top: &Section, nested: Option<&Section>) -> Result<ModelConfig, LoadErr
         eos_token_ids,
         dtype,
         quantization,
+        draft_vocab: None,
     })
 }
 

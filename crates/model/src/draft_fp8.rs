@@ -56,9 +56,10 @@ impl DraftFp8Source {
             && !self.scheme.keeps_unconverted(name)
     }
 
-    /// `name` as the inner source knows it.
+    /// `name` as the inner source knows it: the draft head is the trunk head's values, unless the
+    /// inner source has a draft head of its own (`--speculative-token-map`'s listed rows).
     fn source_name<'a>(&self, name: &'a str) -> &'a str {
-        if name == DRAFT_HEAD {
+        if name == DRAFT_HEAD && !self.inner.contains(DRAFT_HEAD) {
             self.trunk_head
         } else {
             name

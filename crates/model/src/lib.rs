@@ -6,6 +6,7 @@ pub mod block_fp8;
 pub mod cache;
 pub mod config;
 pub mod draft_fp8;
+pub mod draft_vocab;
 pub mod dummy;
 pub mod error;
 pub mod forward;

@@ -564,7 +564,8 @@ impl<B: Backend> Weights<B> {
                 layer: b.layer("mtp.layers.0", LayerKind::FullAttention, moe)?,
                 norm: b.vec("mtp.norm.weight", &[h])?,
                 draft_head: if source.contains(DRAFT_HEAD) {
-                    Some(b.mat_rows(DRAFT_HEAD, [v, h], &[shard.range(v)])?)
+                    let rows = config.draft_vocab.as_ref().map_or(v, Vec::len);
+                    Some(b.mat_rows(DRAFT_HEAD, [rows, h], &[shard.range(rows)])?)
                 } else {
                     None
                 },
