@@ -216,20 +216,28 @@ fn print_summary(
     } else {
         eprintln!("  prefix cache     off (--disable-radix-cache)");
     }
-    let draft_format = if args.model.speculative_draft_model_quantization.is_some() {
+    let fp8_draft = if args.model.speculative_draft_model_quantization.is_some() {
         "; the draft model (MTP layer and its own head) in block FP8 \
          (--speculative-draft-model-quantization)"
     } else {
         ""
     };
+    let token_map = match &args.model.speculative_token_map {
+        Some(path) => format!(
+            "; the draft head keeps the token ids listed in {} (--speculative-token-map)",
+            path.display()
+        ),
+        None => String::new(),
+    };
+    let draft_format = format!("{fp8_draft}{token_map}");
     match spec {
         Some(s) => eprintln!(
             "  speculative      NEXTN (MTP), {} draft steps, {} snapshot slots per running request{draft_format}",
             s.num_steps, plan.snapshot_slots_per_sequence
         ),
         None if !draft_format.is_empty() => eprintln!(
-            "  speculative      off (--speculative-draft-model-quantization does nothing without \
-             --speculative-algorithm)"
+            "  speculative      off (--speculative-draft-model-quantization and \
+             --speculative-token-map do nothing without --speculative-algorithm)"
         ),
         None => eprintln!("  speculative      off"),
     }
