@@ -53,6 +53,16 @@ fn speculative_run() -> &'static (Vec<Value>, Vec<Vec<u32>>, Usage) {
     SPEC.get_or_init(|| run(load(CpuBackend::new(0), Weighting::Bf16), Some(mtp_k3())))
 }
 
+/// The ids of the prompts whose replies differ between two runs.
+fn differing_prompts(greedy: &[Value], one: &[Vec<u32>], other: &[Vec<u32>]) -> Vec<Value> {
+    greedy
+        .iter()
+        .zip(one.iter().zip(other))
+        .filter(|(_, (a, b))| a != b)
+        .map(|(g, _)| g["id"].clone())
+        .collect()
+}
+
 #[test]
 fn demo_model_matches_transformers_and_meets_its_targets() {
     let (greedy, replies, _) = plain_run();
@@ -100,12 +110,7 @@ fn demo_model_matches_transformers_and_meets_its_targets() {
 fn demo_model_speculative_greedy_equals_plain_greedy() {
     let (greedy, plain, _) = plain_run();
     let (_, spec, usage) = speculative_run();
-    let differing: Vec<_> = greedy
-        .iter()
-        .zip(plain.iter().zip(spec))
-        .filter(|(_, (a, b))| a != b)
-        .map(|(g, _)| g["id"].clone())
-        .collect();
+    let differing = differing_prompts(greedy, plain, spec);
     let accept_len = accept_length(usage);
     println!(
         "MTP k=3: {} drafted, {} accepted, accept length {accept_len:.2}",
@@ -132,12 +137,7 @@ fn demo_model_draft_in_fp8_keeps_greedy_text_and_acceptance() {
         load(CpuBackend::new(0), Weighting::DraftFp8),
         Some(mtp_k3()),
     );
-    let differing: Vec<_> = greedy
-        .iter()
-        .zip(plain.iter().zip(&spec))
-        .filter(|(_, (a, b))| a != b)
-        .map(|(g, _)| g["id"].clone())
-        .collect();
+    let differing = differing_prompts(greedy, plain, &spec);
     let (bf16_accept, fp8_accept) = (accept_length(bf16_usage), accept_length(&usage));
     println!("MTP k=3 accept length: bf16 draft {bf16_accept:.3}, FP8 draft {fp8_accept:.3}");
     assert!(
@@ -173,12 +173,7 @@ fn demo_model_token_map_keeps_greedy_text() {
             .vocab_size as u32;
     let map: Vec<u32> = (0..vocab).rev().filter(|&id| id != left_out).collect();
     let (_, spec, usage) = run(load_with_token_map(backend, map), Some(mtp_k3()));
-    let differing: Vec<_> = greedy
-        .iter()
-        .zip(plain.iter().zip(&spec))
-        .filter(|(_, (a, b))| a != b)
-        .map(|(g, _)| g["id"].clone())
-        .collect();
+    let differing = differing_prompts(greedy, plain, &spec);
     let (whole, mapped) = (accept_length(whole_usage), accept_length(&usage));
     println!(
         "MTP k=3 accept length: whole head {whole:.3}, map without token {left_out} \

@@ -21,6 +21,16 @@ pub const DRAFT_HEAD: &str = "mtp.draft_head.weight";
 /// Where the draft model's weights live in the canonical names.
 const DRAFT_LAYERS: &str = "mtp.layers.";
 
+/// The trunk's output head: `lm_head.weight`, or `embed_tokens.weight` when the embeddings are
+/// tied.
+pub(crate) fn trunk_head_name(tied_embeddings: bool) -> &'static str {
+    if tied_embeddings {
+        "embed_tokens.weight"
+    } else {
+        "lm_head.weight"
+    }
+}
+
 pub struct DraftFp8Source {
     inner: Box<dyn TensorSource>,
     scheme: Fp8Quantization,
@@ -35,15 +45,10 @@ impl DraftFp8Source {
         scheme: Fp8Quantization,
         tied_embeddings: bool,
     ) -> Self {
-        let trunk_head = if tied_embeddings {
-            "embed_tokens.weight"
-        } else {
-            "lm_head.weight"
-        };
         Self {
             inner,
             scheme,
-            trunk_head,
+            trunk_head: trunk_head_name(tied_embeddings),
         }
     }
 

@@ -7,7 +7,7 @@
 //! The file is a JSON array of token ids (`scripts/make_token_map.py` writes one from text, or
 //! converts SGLang's `.pt` maps). Row i of the draft head is the trunk head's row `ids[i]`.
 
-use crate::draft_fp8::DRAFT_HEAD;
+use crate::draft_fp8::{trunk_head_name, DRAFT_HEAD};
 use crate::error::LoadError;
 use crate::source::TensorSource;
 use deltaserve_tensor::HostTensor;
@@ -73,7 +73,6 @@ pub struct TokenMapSource {
     inner: Box<dyn TensorSource>,
     ids: Vec<u32>,
     vocab_size: usize,
-    /// The trunk's head: `lm_head.weight`, or `embed_tokens.weight` when the embeddings are tied.
     trunk_head: &'static str,
 }
 
@@ -84,16 +83,11 @@ impl TokenMapSource {
         vocab_size: usize,
         tied_embeddings: bool,
     ) -> Self {
-        let trunk_head = if tied_embeddings {
-            "embed_tokens.weight"
-        } else {
-            "lm_head.weight"
-        };
         Self {
             inner,
             ids,
             vocab_size,
-            trunk_head,
+            trunk_head: trunk_head_name(tied_embeddings),
         }
     }
 
