@@ -307,19 +307,24 @@ __device__ __forceinline__ unsigned int e4m3x4_from_f32(float x0, float x1, floa
     return r;
 }
 
-// GEMV_BF16_SETS: the bf16 lane kernels (1-4 tokens, narrow, plain and paired alike) with every mma
-// serving up to four tokens. GEMV_BF16_DIAG's diagonal uses one eighth of each mma: quad g's
-// activations can only meet quad g's own weights, since every quad holds other columns. Here the
-// 8 quads of a warp form two sets of 4 (quads 0-3, 4-7) whose quads hold the same columns of
-// different rows, and quad m of a set carries token m's activations of those columns as its B
-// column: entry (g, 4s + t) of the product is row g's piece for token t, for every quad g of set s,
-// so one mma gives the pieces of up to 4 tokens. A set covers 64 bytes of a row a sweep, so the
-// block's warps split the row's vectors between them (lane c of set s of warp w takes the vectors
-// 8w + 4s + c + 32i, the lane kernels' 512-byte sweeps over the block), and every warp holds all of
-// the block's rows: quad m of each set the rows m, m + 4, m + 8, ... (as mma row pairs). The grid
-// and the rows a block covers are the lane kernels'. A row's piece for token t sits in the same mma
-// column and is summed in the same order (the two sets' sums, then the warps' in order through
-// shared memory) for every token count and block size: a decode and a verify compute a row alike.
+// GEMV_BF16_SETS: the bf16 lane kernels of 2-4 tokens (narrow, plain and paired alike) with every
+// mma serving up to four tokens; one token takes GEMV_BF16_DIAG's form, whose sums these equal bit
+// for bit. The diagonal form uses one eighth of each mma: quad g's activations can only meet quad
+// g's own weights, since every quad holds other columns. Here the 8 quads of a warp form two sets
+// of 4 (quads 0-3, 4-7) whose quads hold the same columns of different rows, and quad m of a set
+// carries token m's activations of those columns as its B column: entry (g, 4s + t) of the product
+// is row g's piece for token t, for every quad g of set s, so one mma gives the pieces of up to 4
+// tokens. A set covers 64 bytes of a row a sweep, so the block's warps split the row's vectors
+// between them (lane c of set s of warp w takes the vectors 8w + 4s + c + 32i: the columns of the
+// diagonal form's quad 2w + s, the same 512-byte sweeps over the block), and every warp holds all
+// of the block's rows: quad m of each set the rows m, m + 4, m + 8, ... (as mma row pairs). The grid
+// and the rows a block covers are the lane kernels'. Each piece is the diagonal form's (the same
+// 16 products in the same mma k positions, added to f32 sums sweep by sweep), and the pieces are
+// added in its butterfly's order (below), so a row's value does not depend on the token count or
+// on the launch being narrow: a one-token decode and a four-token verify compute it alike. Measured
+// on an H100 (session 27, this form for 1-4 tokens): 27B MTP k=3 +2.8 %, 35B-A3B +4.4 %, 9B +3 %,
+// but one-token decode 1.4-3 % slower than the CUDA cores, where the diagonal form was 2.4-3.3 %
+// faster; hence the diagonal form for one token.
 #ifndef GEMV_BF16_SETS
 #define GEMV_BF16_SETS 0
 #endif
@@ -327,6 +332,7 @@ __device__ __forceinline__ unsigned int e4m3x4_from_f32(float x0, float x1, floa
 template <int T, bool ROUNDED_X, int ROWS, int UNROLL, bool PAIRED>
 __device__ __forceinline__ void gemv_bf16_sets(const GemvGroup& group, const void* __restrict__ x, int k) {
     constexpr int WARPS = GEMV_LANE_WARPS;
+    static_assert(WARPS == 4, "the sums equal the diagonal form's for 4 warps (8 quads) a block");
     constexpr int BLOCK_ROWS = ROWS * WARPS;
     static_assert(BLOCK_ROWS % 4 == 0, "each quad of a set holds as many rows as the others");
     constexpr int QUAD_ROWS = BLOCK_ROWS / 4;
@@ -439,11 +445,11 @@ __device__ __forceinline__ void gemv_bf16_sets(const GemvGroup& group, const voi
     const int id = threadIdx.x;
     if (id >= (PAIRED ? HALF : BLOCK_ROWS) * T) return;
     const int b = id / T, t = id % T;
+    // The diagonal form's butterfly adds its 8 quads' sums as ((q0 + q1) + (q4 + q5)) + ((q2 + q3)
+    // + (q6 + q7)); quad q's columns are set q % 2 of warp q / 2 here, so warp w's sum is
+    // q(2w) + q(2w + 1) and the same order is (W0 + W2) + (W1 + W3).
     auto warps_sum = [&](int row) {
-        float s = partial[0][row][t];
-#pragma unroll
-        for (int v = 1; v < WARPS; ++v) s += partial[v][row][t];
-        return s;
+        return (partial[0][row][t] + partial[2][row][t]) + (partial[1][row][t] + partial[3][row][t]);
     };
     int out_local;
     const int m = locate(b, &out_local);
@@ -458,11 +464,9 @@ __device__ __forceinline__ void gemv_bf16_sets(const GemvGroup& group, const voi
 // PAIRED: the group is [gate, up] of equal shape and out[0] receives silu(x gate^T) * (x up^T). A
 // warp's first ROWS / 2 rows are gate rows and the others the up rows of the same indices, so the
 // activation is applied in the epilogue; each row's sum is the unpaired kernel's, bit for bit.
-// SETS: whether bf16 weights take GEMV_BF16_SETS's form when it is on (not in the mixed-format
-// kernel, whose warps branch by format: that form shares a block's rows between its warps).
-template <int T, bool ROUNDED_X, int ROWS, int FORMAT, int UNROLL, bool PAIRED, bool SETS = true>
+template <int T, bool ROUNDED_X, int ROWS, int FORMAT, int UNROLL, bool PAIRED>
 __device__ __forceinline__ void gemv_lanes(const GemvGroup& group, const void* __restrict__ x, int k) {
-    if constexpr (GEMV_BF16_SETS && SETS && FORMAT == WEIGHTS_BF16) {
+    if constexpr (GEMV_BF16_SETS && FORMAT == WEIGHTS_BF16 && T > 1) {
         gemv_bf16_sets<T, ROUNDED_X, ROWS, UNROLL, PAIRED>(group, x, k);
         return;
     }
@@ -472,7 +476,7 @@ __device__ __forceinline__ void gemv_lanes(const GemvGroup& group, const void* _
     static_assert(!PAIRED || ROWS % 2 == 0, "a paired warp holds as many up rows as gate rows");
     constexpr bool DIAG = GEMV_FP8_DIAG && FORMAT == WEIGHTS_FP8 && T == 1;
     static_assert(!DIAG || ROWS % 2 == 0, "the tensor-core form takes a warp's rows in pairs");
-    constexpr bool BF16_DIAG = GEMV_BF16_DIAG && FORMAT == WEIGHTS_BF16;
+    constexpr bool BF16_DIAG = (GEMV_BF16_DIAG || (GEMV_BF16_SETS && T == 1)) && FORMAT == WEIGHTS_BF16;
     // The tensor-core forms run a warp's iterations together (the mma is warp-wide).
     constexpr bool WARP_UNIFORM = DIAG || BF16_DIAG;
     const int lane = threadIdx.x & 31;
@@ -816,7 +820,7 @@ extern "C" __global__ void __launch_bounds__(32 * GEMV_LANE_WARPS, 5)
     const int first = (blockIdx.x * GEMV_LANE_WARPS + (threadIdx.x >> 5)) * GEMV_FP8_ROWS;
     const int m = group_row(group, first, &local);
     if (m >= 0 && group_pick(group.scale, m) == nullptr) {
-        gemv_lanes<1, false, GEMV_FP8_ROWS, WEIGHTS_BF16, 1, false, false>(group, x, k);
+        gemv_lanes<1, false, GEMV_FP8_ROWS, WEIGHTS_BF16, 1, false>(group, x, k);
     } else {
         gemv_lanes<1, false, GEMV_FP8_ROWS, WEIGHTS_FP8, GEMV_FP8_UNROLL, false>(group, x, k);
     }

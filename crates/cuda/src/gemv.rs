@@ -134,11 +134,7 @@ impl LaneShape {
                 .clamp(MMA_TILE, W8A8_TOKENS),
             fp8_deep_below: options.define("GEMV_FP8_DEEP_BELOW").unwrap_or(16),
             narrow_blocks_per_sm: options.define("GEMV_LANE_NARROW").unwrap_or(1),
-            // GEMV_BF16_SETS changes the bf16 lane kernels' sums but not the mixed kernel's (its
-            // warps cannot share a block's rows): its bf16 rows then take their own launch, so a
-            // row sums alike in a decode and a verify.
-            mixed: options.define::<u32>("GEMV_MIXED").unwrap_or(1) != 0
-                && options.define::<u32>("GEMV_BF16_SETS").unwrap_or(0) == 0,
+            mixed: options.define::<u32>("GEMV_MIXED").unwrap_or(1) != 0,
             sm_count,
         }
     }

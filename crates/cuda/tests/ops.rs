@@ -282,14 +282,31 @@ fn bf16_lane_kernels_on_the_tensor_cores_match_reference_and_each_other() {
     check_tensor_core_lanes(be, wide, "diagonal");
 }
 
-/// The same for the form whose mma serve up to four tokens (`GEMV_BF16_SETS`).
+/// The same for the form whose mma serve up to four tokens (`GEMV_BF16_SETS`, the diagonal form
+/// for one token), and its products bit for bit the diagonal form's for every token count.
 #[test]
 fn bf16_lane_kernels_four_tokens_an_mma_match_reference_and_each_other() {
     let test = "bf16_lane_kernels_four_tokens_an_mma_match_reference_and_each_other";
     let (Some(be), Some(wide)) = (cuda_bf16_sets(test), cuda_bf16_sets_wide(test)) else {
         return;
     };
+    let Some(diagonal) = cuda_bf16_diag(test) else {
+        return;
+    };
     check_tensor_core_lanes(be, wide, "sets");
+    let mut rng = Rng(26);
+    for k in [8, 1000, 5120] {
+        let (host, _, _) = random_bf16_group(be, &mut rng, &[37, 1, 300, 8], k);
+        let x = rng.vec(4 * k, 1.0);
+        for tokens in 1..=4 {
+            let run = |be| group_products(be, &host, &x[..tokens * k], tokens);
+            assert_eq!(
+                run(be),
+                run(diagonal),
+                "sets against the diagonal form, {tokens} tokens, k {k}"
+            );
+        }
+    }
 }
 
 /// Each of 1-4 tokens against the reference and bit for bit the 4-token launch's rows, the narrow
