@@ -749,3 +749,34 @@ fn cuda_speculative_greedy_equals_plain_greedy_except_at_near_ties() {
     )
     .assert_near_ties(BF16_NOISE_CAP);
 }
+
+/// The same with `--speculative-token-map` listing every id in reverse order: the draft head's
+/// rows are the trunk's in another order, the drafts (argmaxes picked on the device over the draft
+/// head's rows) go back to token ids through the map, and the trained head is still accepted most
+/// of the time (drafts mapped to wrong ids almost never would be).
+#[test]
+fn cuda_speculative_greedy_with_a_token_map_equals_plain_greedy_except_at_near_ties() {
+    let test = "cuda_speculative_greedy_with_a_token_map_equals_plain_greedy_except_at_near_ties";
+    let Some(be) = common::cuda(GemmPrecision::Bf16, test) else {
+        return;
+    };
+    let _turn = gpu_turn();
+    let prompts = cuda_prompts();
+    let plain = cuda_plain(be, prompts);
+    let vocab = ModelConfig::from_dir(&demo_dir()).unwrap().vocab_size as u32;
+    let reversed = (0..vocab).rev().collect();
+    let model = demo_eval::load_with_token_map(be.clone(), reversed);
+    let spec = greedy_run("cuda mtp, token map", model, prompts, mtp());
+    assert_mtp_accepted(&spec);
+    let (cuda_model, cpu_model) = (load_demo(be.clone()), load_demo(cpu(MatmulPrecision::F32)));
+    compare(
+        prompts,
+        plain,
+        &spec,
+        &Probe {
+            judge: &cuda_model,
+            other: &cpu_model,
+        },
+    )
+    .assert_near_ties(BF16_NOISE_CAP);
+}
