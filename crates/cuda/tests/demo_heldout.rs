@@ -676,6 +676,27 @@ fn gpu_turn() -> std::sync::MutexGuard<'static, ()> {
 }
 
 /// The plain cuda run, shared by both GPU tests.
+/// A speculative cuda run against the plain one, divergences held to the near-tie rule with the
+/// cuda-vs-cpu perturbation as the noise and the cuda backend as the judge.
+fn assert_equals_plain_except_at_near_ties(
+    be: &CudaBackend,
+    prompts: &[HeldOut],
+    plain: &Run,
+    spec: &Run,
+) {
+    let (cuda_model, cpu_model) = (load_demo(be.clone()), load_demo(cpu(MatmulPrecision::F32)));
+    compare(
+        prompts,
+        plain,
+        spec,
+        &Probe {
+            judge: &cuda_model,
+            other: &cpu_model,
+        },
+    )
+    .assert_near_ties(BF16_NOISE_CAP);
+}
+
 fn cuda_plain(be: &CudaBackend, prompts: &[HeldOut]) -> &'static Run {
     static RUN: OnceLock<Run> = OnceLock::new();
     RUN.get_or_init(|| greedy_run("cuda", load_demo(be.clone()), prompts, None))
@@ -737,17 +758,7 @@ fn cuda_speculative_greedy_equals_plain_greedy_except_at_near_ties() {
     let plain = cuda_plain(be, prompts);
     let spec = greedy_run("cuda mtp", load_demo(be.clone()), prompts, mtp());
     assert_mtp_accepted(&spec);
-    let (cuda_model, cpu_model) = (load_demo(be.clone()), load_demo(cpu(MatmulPrecision::F32)));
-    compare(
-        prompts,
-        plain,
-        &spec,
-        &Probe {
-            judge: &cuda_model,
-            other: &cpu_model,
-        },
-    )
-    .assert_near_ties(BF16_NOISE_CAP);
+    assert_equals_plain_except_at_near_ties(be, prompts, plain, &spec);
 }
 
 /// The same with `--speculative-token-map` listing every id in reverse order: the draft head's
@@ -768,15 +779,5 @@ fn cuda_speculative_greedy_with_a_token_map_equals_plain_greedy_except_at_near_t
     let model = demo_eval::load_with_token_map(be.clone(), reversed);
     let spec = greedy_run("cuda mtp, token map", model, prompts, mtp());
     assert_mtp_accepted(&spec);
-    let (cuda_model, cpu_model) = (load_demo(be.clone()), load_demo(cpu(MatmulPrecision::F32)));
-    compare(
-        prompts,
-        plain,
-        &spec,
-        &Probe {
-            judge: &cuda_model,
-            other: &cpu_model,
-        },
-    )
-    .assert_near_ties(BF16_NOISE_CAP);
+    assert_equals_plain_except_at_near_ties(be, prompts, plain, &spec);
 }
