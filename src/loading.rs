@@ -8,7 +8,7 @@ use anyhow::{bail, Context, Result};
 use deltaserve_cuda::{CudaBackend, CudaOptions, GemmPrecision, NcclCommunicator};
 use deltaserve_model::config::ModelConfig;
 use deltaserve_model::draft_fp8::DraftFp8Source;
-use deltaserve_model::draft_vocab::{read_token_map, TokenMapSource};
+use deltaserve_model::draft_vocab::{limit_draft_head, read_token_map};
 use deltaserve_model::dummy::DummySource;
 use deltaserve_model::online_fp8::Fp8QuantizingSource;
 use deltaserve_model::quantization::Fp8Quantization;
@@ -129,9 +129,7 @@ pub fn open_source(args: &ModelSettings) -> Result<(ModelConfig, Box<dyn TensorS
     let source = match &args.draft_token_map {
         Some(path) => {
             let ids = draft_token_ids(args, &config, path)?;
-            config.draft_vocab = Some(ids.clone());
-            let (vocab, tied) = (config.vocab_size, config.tie_word_embeddings);
-            Box::new(TokenMapSource::new(source, ids, vocab, tied)) as Box<dyn TensorSource>
+            Box::new(limit_draft_head(&mut config, source, ids)) as Box<dyn TensorSource>
         }
         None => source,
     };

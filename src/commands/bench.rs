@@ -249,7 +249,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     // What the loaded matrices occupy as stored (FP8 codes and scales where they were kept).
     let weight_bytes = with_model!(&model, m => m.decode_weight_bytes());
     let mtp_bytes = with_model!(&model, m => m.mtp_forward_weight_bytes()).unwrap_or(0);
-    let draft_vocab_size = with_model!(&model, m => m.draft_vocab_size());
+    let draft_vocab_size = with_model!(&model, m => m.config.draft_vocab_size());
     drop(model);
     let backend = measured.backend;
     let threads = if settings.threads == 0 {

@@ -110,8 +110,11 @@ fn greedy_rows<B: Backend>(m: &Model<B>, logits: &B::Buf, rows: usize) -> Vec<u3
 /// The greedy draft of each of `rows` MTP logits rows, as token ids (the draft head may keep only
 /// `--speculative-token-map`'s rows).
 fn greedy_drafts<B: Backend>(m: &Model<B>, logits: &B::Buf, rows: usize) -> Vec<u32> {
-    let columns = Picker::greedy().pick_columns(m, logits, rows, m.draft_vocab_size());
-    columns.into_iter().map(|c| m.draft_token(c)).collect()
+    let columns = Picker::greedy().pick_columns(m, logits, rows, m.config.draft_vocab_size());
+    columns
+        .into_iter()
+        .map(|c| m.config.draft_token(c))
+        .collect()
 }
 
 /// Prefill of `prefill_len` tokens then `decode_len` single-token steps, each picking its token

@@ -126,12 +126,8 @@ impl<B: Backend> Worker<B> {
         let rows: Vec<RowSampling> = (0..drafters.len() as u32)
             .map(RowSampling::greedy)
             .collect();
-        let columns = backend.sample_rows(logits, self.model.draft_vocab_size(), &rows)?;
-        Some(
-            columns
-                .into_iter()
-                .map(|c| self.model.draft_token(c))
-                .collect(),
-        )
+        let config = &self.model.config;
+        let columns = backend.sample_rows(logits, config.draft_vocab_size(), &rows)?;
+        Some(columns.into_iter().map(|c| config.draft_token(c)).collect())
     }
 }

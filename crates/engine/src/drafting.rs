@@ -165,7 +165,7 @@ impl<B: Backend> Worker<B> {
     /// settings (penalties see the drafts before it).
     fn take_drafts(&mut self, drafters: &[usize], logits: &DraftLogits) {
         let vocab = self.model.config.vocab_size;
-        let draft_vocab = self.model.draft_vocab_size();
+        let draft_vocab = self.model.config.draft_vocab_size();
         let draft_ids = self.model.config.draft_vocab.as_deref();
         let fault = self
             .speculative

@@ -100,6 +100,20 @@ const DEFAULT_ROPE_THETA: f64 = 10_000.0;
 const DEFAULT_MAX_POSITIONS: usize = 32_768;
 
 impl ModelConfig {
+    /// The logits an MTP step gives each row: one per row of the draft head (the token map's
+    /// length under `--speculative-token-map`, else the vocabulary).
+    pub fn draft_vocab_size(&self) -> usize {
+        self.draft_vocab.as_ref().map_or(self.vocab_size, Vec::len)
+    }
+
+    /// The token id column `column` of an MTP step's logits stands for.
+    pub fn draft_token(&self, column: u32) -> u32 {
+        match &self.draft_vocab {
+            Some(ids) => ids[column as usize],
+            None => column,
+        }
+    }
+
     /// Reads and validates `dir/config.json`.
     pub fn from_dir(dir: &Path) -> Result<Self, LoadError> {
         let path = dir.join("config.json");

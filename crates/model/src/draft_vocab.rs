@@ -7,6 +7,7 @@
 //! The file is a JSON array of token ids (`scripts/make_token_map.py` writes one from text, or
 //! converts SGLang's `.pt` maps). Row i of the draft head is the trunk head's row `ids[i]`.
 
+use crate::config::ModelConfig;
 use crate::draft_fp8::{trunk_head_name, DRAFT_HEAD};
 use crate::error::LoadError;
 use crate::source::TensorSource;
@@ -66,9 +67,19 @@ fn token_ids(values: &[serde_json::Value], vocab_size: usize) -> Result<Vec<u32>
     Ok(ids)
 }
 
-/// A source whose draft head is the listed rows of the trunk head (or of the draft head the
-/// inner source already offers). `--speculative-draft-model-quantization fp8` wraps this source,
-/// so it quantizes the listed rows.
+/// `source` with the draft head limited to `ids`, and `config` told so (`draft_vocab`: the rows
+/// the weights load and the ids drafts map back to, which must be these).
+pub fn limit_draft_head(
+    config: &mut ModelConfig,
+    source: Box<dyn TensorSource>,
+    ids: Vec<u32>,
+) -> TokenMapSource {
+    config.draft_vocab = Some(ids.clone());
+    TokenMapSource::new(source, ids, config.vocab_size, config.tie_word_embeddings)
+}
+
+/// A source whose draft head is the listed rows of the trunk head.
+/// `--speculative-draft-model-quantization fp8` wraps this source, so it quantizes the listed rows.
 pub struct TokenMapSource {
     inner: Box<dyn TensorSource>,
     ids: Vec<u32>,
@@ -124,12 +135,7 @@ impl TensorSource for TokenMapSource {
                 found: vec![self.ids.len(), cols],
             });
         }
-        let whole = if self.inner.contains(DRAFT_HEAD) {
-            DRAFT_HEAD
-        } else {
-            self.trunk_head
-        };
-        let head = self.inner.get(whole, &[self.vocab_size, cols])?;
+        let head = self.inner.get(self.trunk_head, &[self.vocab_size, cols])?;
         let mut listed = head.gather_rows(&self.row_ranges());
         listed.name = name.into();
         Ok(listed)

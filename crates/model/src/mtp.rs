@@ -49,23 +49,6 @@ impl<B: Backend> Model<B> {
         self.weights.mtp.is_some()
     }
 
-    /// The logits an MTP step gives each row: one per row of the draft head (the token map's
-    /// length under `--speculative-token-map`, else the vocabulary).
-    pub fn draft_vocab_size(&self) -> usize {
-        self.config
-            .draft_vocab
-            .as_ref()
-            .map_or(self.config.vocab_size, Vec::len)
-    }
-
-    /// The token id column `column` of an MTP step's logits stands for.
-    pub fn draft_token(&self, column: u32) -> u32 {
-        match &self.config.draft_vocab {
-            Some(ids) => ids[column as usize],
-            None => column,
-        }
-    }
-
     /// Runs the MTP head; returns logits for token t+2 for `logit_rows` and the MTP's post-`mtp.norm`
     /// hidden state (the hidden input of the next draft step) for `hidden_rows`.
     pub fn mtp_forward(

@@ -564,7 +564,7 @@ impl<B: Backend> Weights<B> {
                 layer: b.layer("mtp.layers.0", LayerKind::FullAttention, moe)?,
                 norm: b.vec("mtp.norm.weight", &[h])?,
                 draft_head: if source.contains(DRAFT_HEAD) {
-                    let rows = config.draft_vocab.as_ref().map_or(v, Vec::len);
+                    let rows = config.draft_vocab_size();
                     Some(b.mat_rows(DRAFT_HEAD, [rows, h], &[shard.range(rows)])?)
                 } else {
                     None

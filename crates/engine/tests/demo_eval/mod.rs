@@ -9,7 +9,7 @@
 use deltaserve_engine::*;
 use deltaserve_model::config::ModelConfig;
 use deltaserve_model::draft_fp8::DraftFp8Source;
-use deltaserve_model::draft_vocab::TokenMapSource;
+use deltaserve_model::draft_vocab::limit_draft_head;
 use deltaserve_model::online_fp8::Fp8QuantizingSource;
 use deltaserve_model::quantization::Fp8Quantization;
 use deltaserve_model::safetensors::SafetensorsSource;
@@ -81,9 +81,7 @@ pub fn load_with_token_map<B: Backend>(backend: B, ids: Vec<u32>) -> Model<B> {
     let dir = root().join("models/demo");
     let mut config = ModelConfig::from_dir(&dir).unwrap();
     let stored = SafetensorsSource::open(&dir).unwrap();
-    let (vocab, tied) = (config.vocab_size, config.tie_word_embeddings);
-    let source = TokenMapSource::new(Box::new(stored), ids.clone(), vocab, tied);
-    config.draft_vocab = Some(ids);
+    let source = limit_draft_head(&mut config, Box::new(stored), ids);
     let weights = Weights::load(&backend, &config, &source, true, &mut |_, _| {}).unwrap();
     Model::new(config, backend, weights)
 }
