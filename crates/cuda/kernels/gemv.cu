@@ -324,9 +324,11 @@ __device__ __forceinline__ unsigned int e4m3x4_from_f32(float x0, float x1, floa
 // on the launch being narrow: a one-token decode and a four-token verify compute it alike. Measured
 // on an H100 (session 27, this form for 1-4 tokens): 27B MTP k=3 +2.8 %, 35B-A3B +4.4 %, 9B +3 %,
 // but one-token decode 1.4-3 % slower than the CUDA cores, where the diagonal form was 2.4-3.3 %
-// faster; hence the diagonal form for one token.
+// faster; hence the diagonal form for one token. So split (session 28, H100, against the CUDA
+// cores in the same call): decode +2.1-3.1 %, MTP k=3 +2.5-5.6 % on the three bf16 shapes; the
+// default since. GEMV_BF16_SETS=0 keeps the CUDA-core form for 1-4 bf16 tokens.
 #ifndef GEMV_BF16_SETS
-#define GEMV_BF16_SETS 0
+#define GEMV_BF16_SETS 1
 #endif
 
 template <int T, bool ROUNDED_X, int ROWS, int UNROLL, bool PAIRED>

@@ -21,9 +21,9 @@
 mod common;
 
 use common::{
-    check, cuda, cuda_bf16_diag, cuda_bf16_diag_wide, cuda_bf16_sets, cuda_bf16_sets_wide,
-    cuda_chunked_gdn, cuda_chunked_gdn_sequential, cuda_prefill_without_shortcuts, cuda_wide_lanes,
-    cuda_without_gemv_twins, group_products, Rng,
+    check, cuda, cuda_bf16_cores, cuda_bf16_cores_wide, cuda_bf16_diag, cuda_bf16_diag_wide,
+    cuda_bf16_sets, cuda_bf16_sets_wide, cuda_chunked_gdn, cuda_chunked_gdn_sequential,
+    cuda_prefill_without_shortcuts, cuda_wide_lanes, cuda_without_gemv_twins, group_products, Rng,
 };
 use deltaserve_cuda::{CudaBackend, CudaBuf, CudaOptions, GemmPrecision};
 use deltaserve_tensor::op_check::{self, AttentionPools, Operands, StatePools};
@@ -202,7 +202,7 @@ fn matmul_group_equals_the_reference_for_each_matrix() {
 }
 
 /// A row's product does not depend on how many rows share the launch within each GEMV kernel: the
-/// CUDA-core kernel (1-4 rows: decode and a k=3 verify) and the tensor-core kernel (5-8 rows) each
+/// lane kernels (1-4 rows: decode and a k=3 verify) and the tensor-core kernel (5-8 rows) each
 /// sum a row in one fixed order whatever the row count. Across the two the order differs, within
 /// the bf16 GEMM tolerance.
 #[test]
@@ -279,7 +279,17 @@ fn bf16_lane_kernels_on_the_tensor_cores_match_reference_and_each_other() {
     let (Some(be), Some(wide)) = (cuda_bf16_diag(test), cuda_bf16_diag_wide(test)) else {
         return;
     };
-    check_tensor_core_lanes(be, wide, "diagonal");
+    check_bf16_lanes(be, wide, "diagonal tensor-core");
+}
+
+/// The same for the CUDA-core form (`GEMV_BF16_SETS=0`), the default before session 28.
+#[test]
+fn bf16_lane_kernels_on_the_cuda_cores_match_reference_and_each_other() {
+    let test = "bf16_lane_kernels_on_the_cuda_cores_match_reference_and_each_other";
+    let (Some(be), Some(wide)) = (cuda_bf16_cores(test), cuda_bf16_cores_wide(test)) else {
+        return;
+    };
+    check_bf16_lanes(be, wide, "CUDA-core");
 }
 
 /// The same for the form whose mma serve up to four tokens (`GEMV_BF16_SETS`, the diagonal form
@@ -293,7 +303,7 @@ fn bf16_lane_kernels_four_tokens_an_mma_match_reference_and_each_other() {
     let Some(diagonal) = cuda_bf16_diag(test) else {
         return;
     };
-    check_tensor_core_lanes(be, wide, "sets");
+    check_bf16_lanes(be, wide, "four-tokens-an-mma tensor-core");
     let mut rng = Rng(26);
     for k in [8, 1000, 5120] {
         let (host, _, _) = random_bf16_group(be, &mut rng, &[37, 1, 300, 8], k);
@@ -312,7 +322,7 @@ fn bf16_lane_kernels_four_tokens_an_mma_match_reference_and_each_other() {
 /// Each of 1-4 tokens against the reference and bit for bit the 4-token launch's rows, the narrow
 /// kernels (`be`) bit for bit the usual ones (`wide`), and the paired gate/up form bit for bit its
 /// two ops, over row counts that leave blocks partly past a matrix's end.
-fn check_tensor_core_lanes(be: &CudaBackend, wide: &CudaBackend, form: &str) {
+fn check_bf16_lanes(be: &CudaBackend, wide: &CudaBackend, form: &str) {
     let mut rng = Rng(25);
     for k in [8, 1000, 5120] {
         let rows = [37, 1, 300, 8];
@@ -332,7 +342,7 @@ fn check_tensor_core_lanes(be: &CudaBackend, wide: &CudaBackend, form: &str) {
             );
             for (m, (&n, (got, want))) in rows.iter().zip(&outputs).enumerate() {
                 check(
-                    &format!("{form} tensor-core lanes matrix {m} [{tokens}x{k}] @ [{n}x{k}]^T"),
+                    &format!("{form} lanes matrix {m} [{tokens}x{k}] @ [{n}x{k}]^T"),
                     got,
                     want,
                     TOL_MATMUL,
@@ -340,7 +350,7 @@ fn check_tensor_core_lanes(be: &CudaBackend, wide: &CudaBackend, form: &str) {
                 assert_eq!(
                     got[..],
                     widest[m][..tokens * n],
-                    "{form} tensor-core lanes matrix {m} [{n}x{k}]: {tokens} tokens against 4"
+                    "{form} lanes matrix {m} [{n}x{k}]: {tokens} tokens against 4"
                 );
             }
             let run = |be| group_products(be, &host, &x[..tokens * k], tokens);
@@ -358,7 +368,7 @@ fn check_tensor_core_lanes(be: &CudaBackend, wide: &CudaBackend, form: &str) {
                 .unwrap()
         };
         let (gate, up) = (load(), load());
-        let label = format!("bf16 {form} tensor-core lanes");
+        let label = format!("bf16 {form} lanes");
         common::assert_silu_gate_is_the_two_ops(be, &gate, &up, &mut rng, &label);
     }
 }

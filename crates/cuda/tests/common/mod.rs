@@ -26,6 +26,8 @@ static BF16_DIAG_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new(
 static BF16_DIAG_WIDE_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static BF16_SETS_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static BF16_SETS_WIDE_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
+static BF16_CORES_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
+static BF16_CORES_WIDE_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static FP8_DIAG_DEEP_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static LANES_BOUNDED_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static BF16_WIDE_LANES_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
@@ -254,7 +256,8 @@ pub fn cuda_bf16_diag_wide(test: &str) -> Option<&'static CudaBackend> {
 }
 
 /// The bf16 backend with the lane kernels on the tensor cores, four tokens an mma
-/// (`GEMV_BF16_SETS=1`), and the same without the narrow kernels, or `None` after printing why not.
+/// (`GEMV_BF16_SETS=1`, the default, named so the test holds whatever `DELTASERVE_CUDA_DEFINES`
+/// says), and the same without the narrow kernels, or `None` after printing why not.
 pub fn cuda_bf16_sets(test: &str) -> Option<&'static CudaBackend> {
     let defines = [("GEMV_BF16_SETS", "1")];
     backend_with_defines(&BF16_SETS_BACKEND, false, &defines, test)
@@ -263,6 +266,18 @@ pub fn cuda_bf16_sets(test: &str) -> Option<&'static CudaBackend> {
 pub fn cuda_bf16_sets_wide(test: &str) -> Option<&'static CudaBackend> {
     let defines = [("GEMV_BF16_SETS", "1"), ("GEMV_LANE_NARROW", "0")];
     backend_with_defines(&BF16_SETS_WIDE_BACKEND, false, &defines, test)
+}
+
+/// The bf16 backend with the lane kernels on the CUDA cores (`GEMV_BF16_SETS=0`), and the same
+/// without the narrow kernels, or `None` after printing why not.
+pub fn cuda_bf16_cores(test: &str) -> Option<&'static CudaBackend> {
+    let defines = [("GEMV_BF16_SETS", "0")];
+    backend_with_defines(&BF16_CORES_BACKEND, false, &defines, test)
+}
+
+pub fn cuda_bf16_cores_wide(test: &str) -> Option<&'static CudaBackend> {
+    let defines = [("GEMV_BF16_SETS", "0"), ("GEMV_LANE_NARROW", "0")];
+    backend_with_defines(&BF16_CORES_WIDE_BACKEND, false, &defines, test)
 }
 
 /// The bf16 backend whose norms write bf16 twins only for cuBLAS GEMMs, past the GEMV kernels'
