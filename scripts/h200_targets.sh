@@ -9,6 +9,7 @@
 #
 #   scripts/pack_device_binaries.sh                          # here, then on the GPU machine:
 #   DEADLINE=560 scripts/h200_targets.sh                     # results: $OUT/results.tgz, $OUT/summary.log
+#                                                            # and the table: $OUT/targets.md (scripts/targets_table.py)
 set -u
 cd "$(dirname "$0")/.."
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
@@ -21,3 +22,4 @@ DEADLINE=${DEADLINE:-560} scripts/h200_call.sh "mtp:qwen3.6-35b-a3b+qwen3.6-27b+
   "fp8mtp:qwen3.6-27b::--speculative-draft-model-quantization fp8" \
   "sh:PREFILL=2048 DECODE=8 scripts/h200_decode_variants.sh /tmp/b/deltaserve /tmp/res/p 'qwen3.6-27b qwen3.6-35b-a3b' ''" \
   batch:qwen3.6-27b+qwen3.6-35b-a3b: servebench:qwen3.6-27b:64 "sh:$long" servebench:qwen3.6-35b-a3b:64
+python3 scripts/targets_table.py /tmp/res | tee "$OUT/targets.md"
