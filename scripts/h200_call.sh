@@ -57,6 +57,10 @@ finish() {
 }
 trap finish EXIT
 log() { echo "$*" | tee -a "$res/summary.log"; }
+# A step's DELTASERVE_CUDA_DEFINES values into the array d: comma-separated, an empty value is the
+# defaults ("" alone: the defaults once; "D," is D, then the defaults: the added comma keeps the
+# trailing empty value, which read drops).
+split_defines() { IFS=, read -ra d <<<"$1,"; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv >"$res/nvidia-smi.txt" 2>&1
 for step in "$@"; do
   if [ "$(left)" -lt 20 ]; then
@@ -67,8 +71,7 @@ for step in "$@"; do
   case $step in
     variants:* | mtp:* | fp8:* | fp8mtp:* | batch:* | fp8batch:*)
       IFS=: read -r kind shapes defs more <<<"$step"
-      IFS=, read -ra d <<<"$defs"
-      [ ${#d[@]} -eq 0 ] && d=("")  # "SHAPE:" alone: the defaults once
+      split_defines "$defs"
       # bf16 kinds leave DELTASERVE_CUDA_FP8_WEIGHTS empty: the device default, so the FP8 matrices of
       # --speculative-draft-model-quantization fp8 stay FP8 as a plain serve on the H200 keeps them.
       spec=0 fp8="" args="" tag="" batch=""
@@ -140,8 +143,7 @@ for step in "$@"; do
       ;;
     servefp8:*)
       IFS=: read -r _ times defs <<<"$step"
-      IFS=, read -ra d <<<"$defs"
-      [ ${#d[@]} -eq 0 ] && d=("")
+      split_defines "$defs"
       port=18100
       for defines in "${d[@]}"; do
         for i in $(seq "$times"); do
@@ -172,8 +174,7 @@ for step in "$@"; do
         IFS=: read -r _ shape regex flags defs <<<"$step"
         skip=0
       fi
-      IFS=, read -ra d <<<"$defs"
-      [ ${#d[@]} -eq 0 ] && d=("")
+      split_defines "$defs"
       for defines in "${d[@]}"; do
         name="ncu-${shape}-${regex}-${defines:-default}"
         name=${name//[^A-Za-z0-9._-]/_}
