@@ -5,7 +5,8 @@
 #   of 32k rows (--speculative-token-map; ids 0..32767, dummy weights); the cuBLAS GEMV floors
 #   of the 27B and 9B; the 27B FP8 decode and MTP with the FP8 draft; prefill of 2048 tokens (the
 #   27B's in FP8 too); batched decode steps; `serve` at concurrency 64 (27B, then 35B-A3B); a
-#   32k-token prompt's time to first token. llama.cpp (issue 12's 9B peer) needs its own call: scripts/llama_cpp_cuda_peer.sh.
+#   32k-token prompt's time to first token. llama.cpp (issue 12's 9B peer) needs its own call:
+#   scripts/llama_cpp_cuda_peer.sh.
 #
 #   scripts/pack_device_binaries.sh                          # here, then on the GPU machine:
 #   DEADLINE=560 scripts/h200_targets.sh                     # results: $OUT/results.tgz, $OUT/summary.log

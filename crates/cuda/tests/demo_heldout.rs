@@ -675,7 +675,6 @@ fn gpu_turn() -> std::sync::MutexGuard<'static, ()> {
     GPU.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// The plain cuda run, shared by both GPU tests.
 /// A speculative cuda run against the plain one, divergences held to the near-tie rule with the
 /// cuda-vs-cpu perturbation as the noise and the cuda backend as the judge.
 fn assert_equals_plain_except_at_near_ties(
@@ -697,6 +696,7 @@ fn assert_equals_plain_except_at_near_ties(
     .assert_near_ties(BF16_NOISE_CAP);
 }
 
+/// The plain cuda run, shared by the three GPU tests.
 fn cuda_plain(be: &CudaBackend, prompts: &[HeldOut]) -> &'static Run {
     static RUN: OnceLock<Run> = OnceLock::new();
     RUN.get_or_init(|| greedy_run("cuda", load_demo(be.clone()), prompts, None))
