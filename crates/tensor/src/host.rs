@@ -38,8 +38,8 @@ pub struct HostTensor {
     start: usize,
     end: usize,
     /// The block-FP8 form of these values when they were read from (or quantized to) one; kept by
-    /// `gather_rows` and `cols` that cut no scale block, dropped by every other operation that
-    /// moves values.
+    /// `rows`, `gather_rows` and `cols` that cut no scale block and by `reshaped` that keeps the
+    /// matrices, dropped by every other operation that moves values.
     block_fp8: Option<Arc<BlockFp8Matrix>>,
 }
 
@@ -163,7 +163,8 @@ impl HostTensor {
         self.shape[1..].iter().product()
     }
 
-    /// Rows `[from, to)` along dimension 0, sharing the bytes (no copy).
+    /// Rows `[from, to)` along dimension 0, sharing the bytes (no copy; FP8 parts, when kept, are
+    /// copied).
     pub fn rows(&self, from: usize, to: usize) -> Self {
         assert!(from <= to && to <= self.shape[0], "row range out of bounds");
         let row_bytes = self.row_len() * self.dtype.size_bytes();
@@ -176,8 +177,29 @@ impl HostTensor {
             owner: self.owner.clone(),
             start: self.start + from * row_bytes,
             end: self.start + to * row_bytes,
-            block_fp8: None,
+            block_fp8: self.block_fp8_slice(from, to).map(Arc::new),
         }
+    }
+
+    /// The FP8 parts of `rows(from, to)`: whole matrices of a stack (`[E, out, in]` packed
+    /// experts: one scale grid each), or whole scale blocks of one matrix; `None` otherwise.
+    fn block_fp8_slice(&self, from: usize, to: usize) -> Option<BlockFp8Matrix> {
+        let fp8 = self.block_fp8()?;
+        let &[.., rows, cols] = &self.shape[..] else {
+            return None;
+        };
+        if self.shape.len() == 2 {
+            return self.block_fp8_rows(&[(from, to)]);
+        }
+        let grid = crate::block_fp8_matrix::scale_grid(rows, cols, fp8.block);
+        let matrices_per_row: usize = self.shape[1..self.shape.len() - 2].iter().product();
+        let codes_per_row = self.row_len();
+        let scales_per_row = matrices_per_row * grid[0] * grid[1];
+        Some(BlockFp8Matrix {
+            codes: fp8.codes[from * codes_per_row..to * codes_per_row].to_vec(),
+            scales: fp8.scales[from * scales_per_row..to * scales_per_row].to_vec(),
+            block: fp8.block,
+        })
     }
 
     /// Concatenates row ranges of this tensor into a new owned tensor (used to reorder fused
@@ -297,8 +319,13 @@ impl HostTensor {
             self.numel(),
             "reshape changes numel"
         );
-        // The FP8 parts describe the old shape's scale grid.
-        let block_fp8 = if shape == self.shape {
+        // The FP8 parts describe the old shape's matrices: kept when those stay (a leading unit
+        // dimension added or dropped, as for one expert of a packed stack).
+        let matrices = |s: &[usize]| -> Option<(usize, usize, usize)> {
+            let &[.., rows, cols] = s else { return None };
+            Some((s[..s.len() - 2].iter().product(), rows, cols))
+        };
+        let block_fp8 = if matrices(&shape) == matrices(&self.shape) {
             self.block_fp8.clone()
         } else {
             None
@@ -362,9 +389,43 @@ mod tests {
             "row 1, column 128: code (300 + 128) % 200"
         );
         assert!(wide.cols(64, 300).block_fp8().is_none());
-        assert!(t.rows(0, 128).block_fp8().is_none());
+        let first = t.rows(128, 256).block_fp8().cloned();
+        assert_eq!(
+            first.map(|f| (f.scales, f.codes)),
+            Some((vec![2.0], codes[128 * cols..256 * cols].to_vec())),
+            "whole row blocks keep their FP8 form"
+        );
+        assert!(t.rows(0, 64).block_fp8().is_none());
         assert!(t.reshaped(vec![rows * 2, cols / 2]).block_fp8().is_none());
         assert!(t.reshaped(vec![rows, cols]).block_fp8().is_some());
+        assert!(t.reshaped(vec![1, rows, cols]).block_fp8().is_some());
+    }
+
+    /// One expert of a packed `[E, out, in]` stack keeps its codes and its own scale grid.
+    #[test]
+    fn block_fp8_parts_follow_whole_matrices_of_a_stack() {
+        let (experts, rows, cols) = (3, 256, 16);
+        let codes: Vec<u8> = (0..experts * rows * cols)
+            .map(|i| (i % 253) as u8)
+            .collect();
+        let scales: Vec<f32> = (0..experts * 2).map(|i| i as f32).collect();
+        let t = HostTensor::from_f32(
+            "experts",
+            vec![experts, rows, cols],
+            &vec![0.0; experts * rows * cols],
+        )
+        .with_block_fp8(BlockFp8Matrix {
+            codes: codes.clone(),
+            scales,
+            block: [128, 128],
+        });
+        let one = t.rows(1, 2).reshaped(vec![rows, cols]);
+        let fp8 = one.block_fp8().expect("a whole expert keeps its FP8 form");
+        assert_eq!(fp8.scales, vec![2.0, 3.0]);
+        assert_eq!(fp8.codes, codes[rows * cols..2 * rows * cols]);
+        let up = one.rows(128, 256).block_fp8().cloned().unwrap();
+        assert_eq!(up.scales, vec![3.0]);
+        assert!(t.reshaped(vec![experts * rows, cols]).block_fp8().is_none());
     }
 
     #[test]
