@@ -20,9 +20,10 @@
 #   floor:SHAPE               scripts/gemv_floor.py (torch/cuBLAS GEMV sweep in a CUDA graph) for the shape
 #   doctor                    doctor --backend cuda on the demo model
 #   serve                     serve with MTP k=3, then deltaserve smoke against it
-#   servebench:SHAPE:C        serve the shape (dummy weights, default flags), then `bench serve` at concurrency
-#                             C (2C prompts, 256 in / 128 out, streamed); the server's decode log lines
-#                             (gen_tok/s, host_share) and /metrics land next to the report
+#   servebench:SHAPE:C[:FLAGS]  serve the shape (dummy weights, default flags plus FLAGS, e.g. "--quantization
+#                             fp8"), then `bench serve` at concurrency C (2C prompts, 256 in / 128 out, streamed);
+#                             the server's decode log lines (gen_tok/s, host_share) and /metrics land next to
+#                             the report
 #   servefp8:N:D,D            serve --quantization fp8 (MTP k=3) + smoke, N times per DELTASERVE_CUDA_DEFINES
 #                             value (an empty one is the defaults): a race shows as a failed canary or smoke
 #   ncu:D,D                   Nsight Compute on 24 GEMV launches of a 27B FP8 decode (un-captured), one run
@@ -124,11 +125,12 @@ for step in "$@"; do
       log "== serve exit $?"
       ;;
     servebench:*)
-      IFS=: read -r _ shape conc <<<"$step"
+      IFS=: read -r _ shape conc flags <<<"$step"
       port=18090
-      name="bench-serve-$shape-c$conc"
+      name="bench-serve-$shape-c$conc${flags:+-${flags//[^A-Za-z0-9]/}}"
+      # shellcheck disable=SC2086 # FLAGS are serve flags, split on purpose
       "$bins/deltaserve" serve --port $port --enable-metrics --model-path "examples/$shape" \
-        --load-format dummy --tokenizer-path models/demo --skip-canary >"$res/$name-server.log" 2>&1 &
+        --load-format dummy --tokenizer-path models/demo --skip-canary $flags >"$res/$name-server.log" 2>&1 &
       server=$!
       for _ in $(seq 150); do grep -q "^listening" "$res/$name-server.log" && break; sleep 1; done
       timeout "$(($(left) < 180 ? $(left) : 180))" "$bins/deltaserve" bench serve --url "http://127.0.0.1:$port" \
