@@ -234,6 +234,78 @@ __device__ __forceinline__ void load_rounded8(const float* p, float* f) {
     for (int i = 0; i < 8; ++i) f[i] = bf16_to_f32(f32_to_bf16(in[i]));
 }
 
+// ---- block-FP8 weights (gemv.cu, moe.cu) ----
+
+// The weight formats of the CUDA-core kernels. A 16-byte vector holds 8 bf16 weights, or 16 block-FP8
+// codes that all lie in one 128-column block (16 divides 128), so one scale covers a vector.
+enum WeightFormat { WEIGHTS_BF16, WEIGHTS_FP8 };
+
+// e4m3fn code -> its value times 2^-120, exactly: the code's exponent and mantissa bits are placed
+// at the bottom of an f32's (bias 7 inside bias 127, so the value is scaled by 2^-120, and e4m3
+// subnormals land on f32 subnormals, which the FMA keeps: NVRTC does not flush them). The 2^120 is
+// put back once per vector with the block scale. Three integer operations a weight and no
+// conversion unit, so it runs on every GPU.
+__device__ __forceinline__ float e4m3_scaled_down(unsigned int word, int byte) {
+    const unsigned int b = (word >> (8 * byte)) & 0xffu;
+    return __uint_as_float(((b & 0x80u) << 24) | ((b & 0x7fu) << 20));
+}
+#define E4M3_UNSCALE __int_as_float(0x7b800000)  // 2^120
+
+// With GEMV_FP8_CONVERT (the default on GPUs that have it, sm_89 on) the kernels widen
+// codes with the conversion unit instead: two codes to two exact f16 values in one instruction, each
+// to f32 in one more, against ~4 integer operations a code above (that kernel issues ~6 instructions
+// a weight and is issue-bound at ~2.3 TB/s on the H200). The values are the codes' own, not scaled
+// by 2^-120, so FP8_VALUE_UNSCALE is 1 there.
+#ifndef GEMV_FP8_CONVERT
+#if __CUDA_ARCH__ >= 890
+#define GEMV_FP8_CONVERT 1
+#else
+#define GEMV_FP8_CONVERT 0
+#endif
+#endif
+#if GEMV_FP8_CONVERT
+#define FP8_VALUE_UNSCALE 1.0f
+#else
+#define FP8_VALUE_UNSCALE E4M3_UNSCALE
+#endif
+
+// The four e4m3 codes of `word` (lowest byte first) as f32 values: exact either way; scaled by
+// 2^-120 without GEMV_FP8_CONVERT (undone by FP8_VALUE_UNSCALE).
+__device__ __forceinline__ void e4m3x4_to_f32(unsigned int word, float* out) {
+#if GEMV_FP8_CONVERT
+    unsigned int lo, hi;
+    asm("{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, %2;\n\tcvt.rn.f16x2.e4m3x2 %0, l;\n\tcvt.rn.f16x2.e4m3x2 %1, h;\n\t}"
+        : "=r"(lo), "=r"(hi)
+        : "r"(word));
+    const unsigned int pairs[2] = {lo, hi};
+#pragma unroll
+    for (int p = 0; p < 2; ++p) {
+        asm("{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, %2;\n\tcvt.f32.f16 %0, l;\n\tcvt.f32.f16 %1, h;\n\t}"
+            : "=f"(out[2 * p]), "=f"(out[2 * p + 1])
+            : "r"(pairs[p]));
+    }
+#else
+#pragma unroll
+    for (int j = 0; j < 4; ++j) out[j] = e4m3_scaled_down(word, j);
+#endif
+}
+
+// Four e4m3 codes (`word`, lowest byte first) as two bf16 pairs in the mma fragment order (the first
+// code in the low half of .x): exact, bf16 holds every e4m3 value.
+__device__ __forceinline__ uint2 e4m3x4_to_bf16x4(unsigned int word) {
+    float f[4];
+    e4m3x4_to_f32(word, f);
+    return make_uint2(pack_bf16(f[0] * FP8_VALUE_UNSCALE, f[1] * FP8_VALUE_UNSCALE),
+                      pack_bf16(f[2] * FP8_VALUE_UNSCALE, f[3] * FP8_VALUE_UNSCALE));
+}
+
+// Eight codes at p (8-byte aligned weights), streamed as load_streaming does.
+__device__ __forceinline__ uint2 load_streaming8(const unsigned char* p) {
+    uint2 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+}
+
 // Shared-memory address for cp.async, ldmatrix and the like.
 __device__ __forceinline__ unsigned int shared_address(const void* p) {
     unsigned int a;

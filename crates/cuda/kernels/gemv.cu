@@ -189,60 +189,6 @@ __device__ __forceinline__ void gemv_block(const GemvGroup& group, const bf16_bi
 #define GEMV_LANE_PIPELINE 1
 #endif
 
-// The weight formats of the CUDA-core kernel. A 16-byte vector holds 8 bf16 weights, or 16 block-FP8
-// codes that all lie in one 128-column block (16 divides 128), so one scale covers a vector.
-enum WeightFormat { WEIGHTS_BF16, WEIGHTS_FP8 };
-
-// e4m3fn code -> its value times 2^-120, exactly: the code's exponent and mantissa bits are placed
-// at the bottom of an f32's (bias 7 inside bias 127, so the value is scaled by 2^-120, and e4m3
-// subnormals land on f32 subnormals, which the FMA keeps: NVRTC does not flush them). The 2^120 is
-// put back once per vector with the block scale. Three integer operations a weight and no
-// conversion unit, so it runs on every GPU.
-__device__ __forceinline__ float e4m3_scaled_down(unsigned int word, int byte) {
-    const unsigned int b = (word >> (8 * byte)) & 0xffu;
-    return __uint_as_float(((b & 0x80u) << 24) | ((b & 0x7fu) << 20));
-}
-#define E4M3_UNSCALE __int_as_float(0x7b800000)  // 2^120
-
-// With GEMV_FP8_CONVERT (the default on GPUs that have it, sm_89 on) the one-token kernel widens
-// codes with the conversion unit instead: two codes to two exact f16 values in one instruction, each
-// to f32 in one more, against ~4 integer operations a code above (that kernel issues ~6 instructions
-// a weight and is issue-bound at ~2.3 TB/s on the H200). The values are the codes' own, not scaled
-// by 2^-120, so FP8_VALUE_UNSCALE is 1 there.
-#ifndef GEMV_FP8_CONVERT
-#if __CUDA_ARCH__ >= 890
-#define GEMV_FP8_CONVERT 1
-#else
-#define GEMV_FP8_CONVERT 0
-#endif
-#endif
-#if GEMV_FP8_CONVERT
-#define FP8_VALUE_UNSCALE 1.0f
-#else
-#define FP8_VALUE_UNSCALE E4M3_UNSCALE
-#endif
-
-// The four e4m3 codes of `word` (lowest byte first) as f32 values: exact either way; scaled by
-// 2^-120 without GEMV_FP8_CONVERT (undone by FP8_VALUE_UNSCALE).
-__device__ __forceinline__ void e4m3x4_to_f32(unsigned int word, float* out) {
-#if GEMV_FP8_CONVERT
-    unsigned int lo, hi;
-    asm("{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, %2;\n\tcvt.rn.f16x2.e4m3x2 %0, l;\n\tcvt.rn.f16x2.e4m3x2 %1, h;\n\t}"
-        : "=r"(lo), "=r"(hi)
-        : "r"(word));
-    const unsigned int pairs[2] = {lo, hi};
-#pragma unroll
-    for (int p = 0; p < 2; ++p) {
-        asm("{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, %2;\n\tcvt.f32.f16 %0, l;\n\tcvt.f32.f16 %1, h;\n\t}"
-            : "=f"(out[2 * p]), "=f"(out[2 * p + 1])
-            : "r"(pairs[p]));
-    }
-#else
-#pragma unroll
-    for (int j = 0; j < 4; ++j) out[j] = e4m3_scaled_down(word, j);
-#endif
-}
-
 // With GEMV_FP8_DIAG the one-token FP8 lane kernels multiply on the FP8 tensor cores, in the
 // lane kernels' own 512-byte sweeps, with the activations quantized in the kernel as the W8A8
 // kernels' are (1 x 128 groups, scale amax / 448, here codes of x times the scale's reciprocal).

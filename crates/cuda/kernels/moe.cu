@@ -245,20 +245,45 @@ extern "C" __global__ void moe_plan(const int* __restrict__ ids, int slots, int 
     }
 }
 
+// The expert weights' formats: bf16, or block-FP8 codes with their 128 x 128 scale grids, stacked
+// alike: gate_up [E * 2 * im, h], down [E * h, im] (one byte a weight), scales [E * 2 * im / 128,
+// h / 128] and [E * h / 128, im / 128] (f32). With im and h whole blocks (the launcher's check for
+// FP8) every tile lies inside one expert's gate, up or down matrix, so the stacked grids are the
+// experts' own grids one after another. Every kernel below takes either: by slot the exact FP8 values
+// times the f32 activations on the CUDA cores, a 16-code vector's products summed and then scaled by
+// its block (gemv.cu's W8A16 lanes); grouped on the bf16 tensor cores, the codes widened to bf16
+// (exact) and each 32-column piece scaled by its block before it joins the warp's sum.
+template <int FORMAT>
+__device__ __forceinline__ constexpr int weight_bytes() {
+    return FORMAT == WEIGHTS_FP8 ? 1 : 2;
+}
+// The element type of a weight row: bf16 bits or e4m3 codes.
+template <int FORMAT>
+struct WeightElement {
+    using type = bf16_bits;
+};
+template <>
+struct WeightElement<WEIGHTS_FP8> {
+    using type = unsigned char;
+};
+
 // One work block of one expert against 16 of its output rows (GATE_UP: 16 gate rows and the 16 up
 // rows that pair with them), for up to 8 * TILES slots. The warps split K in interleaved 32-column
 // pieces as gemv.cu's tensor-core kernel does; their totals are added in warp order (warp 0's, then
 // warp 1's added to it, ...) through shared memory. Column g of token tile t is slot
 // sorted[first + 8t + g]; its activations are row `slot / row_divisor` of `x` (the token for the
 // gate/up projection, the slot itself for down). Tiles past the block's slots are skipped, so a
-// slot's result is the same whatever TILES the launch uses.
-template <bool GATE_UP, int TILES>
-__device__ __forceinline__ void moe_tile(const bf16_bits* __restrict__ w, int out_rows, int k,
-                                         const bf16_bits* __restrict__ x, int row_divisor,
+// slot's result is the same whatever TILES the launch uses. FP8: a thread's 8 codes of each of its
+// two rows are widened to bf16 for the mma, and each piece (inside one 128-column block; the tile's
+// 16 rows inside one 128-row block) is scaled by its block before it joins the accumulator.
+template <bool GATE_UP, int TILES, int FORMAT>
+__device__ __forceinline__ void moe_tile(const void* __restrict__ w, const float* __restrict__ scales, int out_rows,
+                                         int k, const bf16_bits* __restrict__ x, int row_divisor,
                                          const int* __restrict__ sorted, const int* __restrict__ block_count,
                                          const int4* __restrict__ blocks, bf16_bits* __restrict__ act,
                                          float* __restrict__ y) {
     constexpr int SETS = GATE_UP ? 2 : 1;
+    using W = typename WeightElement<FORMAT>::type;
     __shared__ float totals[SETS * TILES * 4][32];
     if ((int)blockIdx.y >= *block_count) return;
     const int4 work = blocks[blockIdx.y];
@@ -266,12 +291,16 @@ __device__ __forceinline__ void moe_tile(const bf16_bits* __restrict__ w, int ou
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
     const int row_lo = blockIdx.x * 16 + g, row_hi = row_lo + 8;
     // Expert e's matrix: GATE_UP rows [e * 2 * out_rows, (e + 1) * 2 * out_rows), down [e * out_rows, ...).
-    const bf16_bits* base = w + (i64)expert * SETS * out_rows * k;
-    const bf16_bits* wr[SETS][2];
+    const W* base = static_cast<const W*>(w) + (i64)expert * SETS * out_rows * k;
+    const W* wr[SETS][2];
+    const float* scale_row[SETS];
 #pragma unroll
     for (int s = 0; s < SETS; ++s) {
         wr[s][0] = row_lo < out_rows ? base + ((i64)s * out_rows + row_lo) * k : nullptr;
         wr[s][1] = row_hi < out_rows ? base + ((i64)s * out_rows + row_hi) * k : nullptr;
+        scale_row[s] = FORMAT == WEIGHTS_FP8
+                           ? scales + ((i64)(expert * SETS + s) * (out_rows / 128) + blockIdx.x * 16 / 128) * (k / 128)
+                           : nullptr;
     }
     const bf16_bits* xr[TILES];
 #pragma unroll
@@ -291,10 +320,21 @@ __device__ __forceinline__ void moe_tile(const bf16_bits* __restrict__ w, int ou
         const int col = col0 + 8 * c;
         const bool in = col < k;
         uint4 wv[SETS][2], xv[TILES];
+        float scale[SETS];
 #pragma unroll
         for (int s = 0; s < SETS; ++s) {
-            wv[s][0] = (in && wr[s][0]) ? load_streaming(wr[s][0] + col) : zero;
-            wv[s][1] = (in && wr[s][1]) ? load_streaming(wr[s][1] + col) : zero;
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const W* row = wr[s][half];
+                if constexpr (FORMAT == WEIGHTS_FP8) {
+                    const uint2 codes = (in && row) ? load_streaming8(row + col) : make_uint2(0u, 0u);
+                    const uint2 lo = e4m3x4_to_bf16x4(codes.x), hi = e4m3x4_to_bf16x4(codes.y);
+                    wv[s][half] = make_uint4(lo.x, lo.y, hi.x, hi.y);
+                } else {
+                    wv[s][half] = (in && row) ? load_streaming(row + col) : zero;
+                }
+            }
+            scale[s] = FORMAT == WEIGHTS_FP8 ? __ldg(scale_row[s] + col0 / 128) : 1.0f;
         }
 #pragma unroll
         for (int t = 0; t < TILES; ++t) xv[t] = (in && xr[t]) ? *(const uint4*)(xr[t] + col) : zero;
@@ -307,7 +347,8 @@ __device__ __forceinline__ void moe_tile(const bf16_bits* __restrict__ w, int ou
                 mma_bf16(piece, wv[s][0].x, wv[s][1].x, wv[s][0].y, wv[s][1].y, xv[t].x, xv[t].y);
                 mma_bf16(piece, wv[s][0].z, wv[s][1].z, wv[s][0].w, wv[s][1].w, xv[t].z, xv[t].w);
 #pragma unroll
-                for (int i = 0; i < 4; ++i) acc[s][t][i] += piece[i];
+                for (int i = 0; i < 4; ++i)
+                    acc[s][t][i] = FORMAT == WEIGHTS_FP8 ? fmaf(piece[i], scale[s], acc[s][t][i]) : acc[s][t][i] + piece[i];
             }
         }
     }
@@ -347,24 +388,40 @@ __device__ __forceinline__ void moe_tile(const bf16_bits* __restrict__ w, int ou
 }
 
 // moe_gate_up_t{TILES}: act [slots, im] (bf16) from xb [tokens, h] (bf16); moe_down_t{TILES}: y
-// [slots, h] (f32) from act. Work blocks of up to 8 * TILES slots (moe_plan's block_rows). Grid:
-// (ceil(rows / 16), most work blocks) blocks of 32 * MOE_WARPS threads; h and im % 8 == 0 and
-// 16-byte aligned rows (checked by the launcher).
-#define MOE_GROUPED_KERNELS(TILES)                                                                        \
-    extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS) moe_gate_up_t##TILES(                   \
-        const bf16_bits* __restrict__ gate_up, int im, int h, const bf16_bits* __restrict__ xb, int top_k, \
-        const int* __restrict__ sorted, const int* __restrict__ block_count, const int4* __restrict__ blocks, \
-        bf16_bits* __restrict__ act) { AFTER_PREVIOUS_KERNEL();                                                                     \
-        moe_tile<true, TILES>(gate_up, im, h, xb, top_k, sorted, block_count, blocks, act, nullptr);     \
-    }                                                                                                      \
-    extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS) moe_down_t##TILES(                      \
-        const bf16_bits* __restrict__ down, int h, int im, const bf16_bits* __restrict__ act,              \
-        const int* __restrict__ sorted, const int* __restrict__ block_count, const int4* __restrict__ blocks, \
-        float* __restrict__ y) { AFTER_PREVIOUS_KERNEL();                                                                           \
-        moe_tile<false, TILES>(down, h, im, act, 1, sorted, block_count, blocks, nullptr, y);            \
+// [slots, h] (f32) from act; moe_gate_up_fp8_t{TILES}, moe_down_fp8_t{TILES}: the same with FP8
+// weights (their scales the second parameter). Work blocks of up to 8 * TILES slots (moe_plan's
+// block_rows). Grid: (ceil(rows / 16), most work blocks) blocks of 32 * MOE_WARPS threads; h and im
+// % 8 == 0 and 16-byte aligned rows (FP8: % 128; checked by the launcher).
+#define MOE_GROUPED_KERNELS(TILES, FORMAT, SUFFIX)                                                              \
+    extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS) moe_gate_up##SUFFIX##_t##TILES(                \
+        MOE_WEIGHT_PARAMS(gate_up, FORMAT), int im, int h, const bf16_bits* __restrict__ xb, int top_k,         \
+        const int* __restrict__ sorted, const int* __restrict__ block_count, const int4* __restrict__ blocks,   \
+        bf16_bits* __restrict__ act) {                                                                          \
+        AFTER_PREVIOUS_KERNEL();                                                                                \
+        moe_tile<true, TILES, FORMAT>(gate_up, MOE_SCALES_ARG(gate_up, FORMAT), im, h, xb, top_k, sorted, block_count, blocks,   \
+                                      act, nullptr);                                                           \
+    }                                                                                                           \
+    extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS) moe_down##SUFFIX##_t##TILES(                   \
+        MOE_WEIGHT_PARAMS(down, FORMAT), int h, int im, const bf16_bits* __restrict__ act,                      \
+        const int* __restrict__ sorted, const int* __restrict__ block_count, const int4* __restrict__ blocks,   \
+        float* __restrict__ y) {                                                                                \
+        AFTER_PREVIOUS_KERNEL();                                                                                \
+        moe_tile<false, TILES, FORMAT>(down, MOE_SCALES_ARG(down, FORMAT), h, im, act, 1, sorted, block_count, blocks, nullptr, \
+                                       y);                                                                     \
     }
-MOE_GROUPED_KERNELS(1)
-MOE_GROUPED_KERNELS(4)
+// A kernel's weight parameters: `NAME` (bf16), or `NAME` codes and `NAME##_scales` (FP8); and
+// the scales to hand on (null for bf16).
+#define MOE_WEIGHT_PARAMS(NAME, FORMAT) MOE_WEIGHT_PARAMS_##FORMAT(NAME)
+#define MOE_WEIGHT_PARAMS_WEIGHTS_BF16(NAME) const bf16_bits* __restrict__ NAME
+#define MOE_WEIGHT_PARAMS_WEIGHTS_FP8(NAME) \
+    const unsigned char* __restrict__ NAME, const float* __restrict__ NAME##_scales
+#define MOE_SCALES_ARG(NAME, FORMAT) MOE_SCALES_ARG_##FORMAT(NAME)
+#define MOE_SCALES_ARG_WEIGHTS_BF16(NAME) nullptr
+#define MOE_SCALES_ARG_WEIGHTS_FP8(NAME) NAME##_scales
+MOE_GROUPED_KERNELS(1, WEIGHTS_BF16, )
+MOE_GROUPED_KERNELS(4, WEIGHTS_BF16, )
+MOE_GROUPED_KERNELS(1, WEIGHTS_FP8, _fp8)
+MOE_GROUPED_KERNELS(4, WEIGHTS_FP8, _fp8)
 
 // Decode (a few tokens) on the CUDA cores, organised by slot rather than by expert, so no plan is
 // needed: moe_gate_up_slots gives each slot (token, rank) its own blocks, and moe_down_combine_r*
@@ -398,6 +455,14 @@ MOE_GROUPED_KERNELS(4)
 #define MOE_SLOTS_RANK_MAJOR 1
 #endif
 
+// Sweeps in flight per row with FP8 weights (16 codes a vector). H100, 35B-A3B FP8, session 29
+// (three rounds each): one gave decode 345.9-349.2 tok/s against 326.8-327.6 with two and 329.3
+// with four (MTP k=3 577.8-600.1, 574.0-587.0, 557.1): with a 2048-wide row of 128 vectors a lane
+// has four sweeps of its own either way, and fewer registers leave more warps resident.
+#ifndef MOE_FP8_LANE_UNROLL
+#define MOE_FP8_LANE_UNROLL 1
+#endif
+
 __device__ __forceinline__ float dot8(const uint4 w, const float* x, float acc) {
     float wf[8];
     bf16x8_to_f32(w, wf);
@@ -406,56 +471,94 @@ __device__ __forceinline__ float dot8(const uint4 w, const float* x, float acc) 
     return acc;
 }
 
+// The products of 16 codes (a 16-byte vector, inside one 128-column block) with 16 f32 activations,
+// summed in order, then scaled by the block's scale into acc: gemv.cu's W8A16 step.
+__device__ __forceinline__ float dot16_fp8(const uint4 codes, const float* x, float scale, float acc) {
+    float wf[16];
+    e4m3x4_to_f32(codes.x, &wf[0]);
+    e4m3x4_to_f32(codes.y, &wf[4]);
+    e4m3x4_to_f32(codes.z, &wf[8]);
+    e4m3x4_to_f32(codes.w, &wf[12]);
+    float s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) s = fmaf(wf[j], x[j], s);
+    return fmaf(s * FP8_VALUE_UNSCALE, scale, acc);
+}
+
 __device__ __forceinline__ float warp_sum(float a) {
     for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
     return a;
 }
 
 // The slot path's view of one rank of one token: its gate and up rows (stride h), its down rows
-// (stride `down_cols`) and how many rows the gate/up projection has. Ranks 0 .. top_k - 1 are the
-// routed experts (from ids); rank top_k, when `ranks` is top_k + 1, is the shared expert.
+// (stride `rows`), their scale grids (FP8) and how many rows the gate/up projection has. Ranks 0 ..
+// top_k - 1 are the routed experts (from ids); rank top_k, when `ranks` is top_k + 1, is the shared
+// expert.
 struct MoeSlotWeights {
-    const bf16_bits* gate;
-    const bf16_bits* up;
-    const bf16_bits* down;
+    const char* gate;
+    const char* up;
+    const char* down;
+    const float* gate_scales;  // [rows / 128, h / 128] (FP8)
+    const float* up_scales;
+    const float* down_scales;  // [h / 128, rows / 128] (FP8)
     int rows;
 };
 
+// The shared expert, in the routed experts' format (scales null for bf16).
 struct MoeShared {
-    const bf16_bits* gate;  // [ims, h]
-    const bf16_bits* up;    // [ims, h]
-    const bf16_bits* down;  // [h, ims]
+    const void* gate;  // [ims, h]
+    const void* up;    // [ims, h]
+    const void* down;  // [h, ims]
+    const float* gate_scales;
+    const float* up_scales;
+    const float* down_scales;
     const float* gate_logits;  // [T]
     int ims;
 };
 
-__device__ __forceinline__ MoeSlotWeights moe_slot_weights(const bf16_bits* gate_up, const bf16_bits* down, int im,
-                                                           int h, const int* ids, int top_k, const MoeShared& shared,
-                                                           int t, int r) {
+template <int FORMAT>
+__device__ __forceinline__ MoeSlotWeights moe_slot_weights(const void* gate_up, const float* gate_up_scales,
+                                                           const void* down, const float* down_scales, int im, int h,
+                                                           const int* ids, int top_k, const MoeShared& shared, int t,
+                                                           int r) {
+    constexpr int BYTES = weight_bytes<FORMAT>();
     MoeSlotWeights w;
     if (r < top_k) {
         const i64 e = ids[(i64)t * top_k + r];
-        w.gate = gate_up + e * 2 * im * h;
-        w.up = w.gate + (i64)im * h;
-        w.down = down + e * h * im;
+        const i64 grid = (i64)(im / 128) * (h / 128);  // one matrix's scale blocks (FP8)
+        w.gate = static_cast<const char*>(gate_up) + e * 2 * im * h * BYTES;
+        w.up = w.gate + (i64)im * h * BYTES;
+        w.down = static_cast<const char*>(down) + e * h * im * BYTES;
+        w.gate_scales = FORMAT == WEIGHTS_FP8 ? gate_up_scales + e * 2 * grid : nullptr;
+        w.up_scales = FORMAT == WEIGHTS_FP8 ? w.gate_scales + grid : nullptr;
+        w.down_scales = FORMAT == WEIGHTS_FP8 ? down_scales + e * grid : nullptr;
         w.rows = im;
     } else {
-        w.gate = shared.gate;
-        w.up = shared.up;
-        w.down = shared.down;
+        w.gate = static_cast<const char*>(shared.gate);
+        w.up = static_cast<const char*>(shared.up);
+        w.down = static_cast<const char*>(shared.down);
+        w.gate_scales = shared.gate_scales;
+        w.up_scales = shared.up_scales;
+        w.down_scales = shared.down_scales;
         w.rows = shared.ims;
     }
     return w;
 }
 
 // act [T * ranks, act_stride] (bf16): for slot s = t * ranks + r, silu(gate x_t) * up x_t with rank
-// r's weights; x in f32 (rounded to bf16 on load). Grid: (ceil(max rows / (MOE_LANE_WARPS *
-// MOE_LANE_ROWS)), T * ranks) blocks of 32 * MOE_LANE_WARPS threads; h % 8 == 0.
-extern "C" __global__ void __launch_bounds__(32 * MOE_LANE_WARPS)
-    moe_gate_up_slots(const bf16_bits* __restrict__ gate_up, int im, int h, const float* __restrict__ x, int top_k,
-                      int ranks, const int* __restrict__ ids, const MoeShared shared, bf16_bits* __restrict__ act,
-                      int act_stride) {
-    AFTER_PREVIOUS_KERNEL();
+// r's weights; x in f32 (rounded to bf16 on load for bf16 weights, as it is for FP8). A lane reads
+// 16-byte vectors of its rows (8 bf16 weights or 16 codes). Grid: (ceil(max rows / (MOE_LANE_WARPS *
+// MOE_LANE_ROWS)), T * ranks) blocks of 32 * MOE_LANE_WARPS threads; h % 8 == 0 (FP8: % 128).
+template <int FORMAT>
+__device__ __forceinline__ void moe_gate_up_by_slot(const void* __restrict__ gate_up,
+                                                    const float* __restrict__ gate_up_scales, int im, int h,
+                                                    const float* __restrict__ x, int top_k, int ranks,
+                                                    const int* __restrict__ ids, const MoeShared& shared,
+                                                    bf16_bits* __restrict__ act, int act_stride) {
+    constexpr bool FP8 = FORMAT == WEIGHTS_FP8;
+    constexpr int VALUES = FP8 ? 16 : 8;  // weights a 16-byte vector
+    constexpr int UNROLL = FP8 ? MOE_FP8_LANE_UNROLL : MOE_LANE_UNROLL;
+    constexpr bool DIAG = MOE_DIAG && !FP8;
     const int lane = threadIdx.x & 31;
 #if MOE_SLOTS_RANK_MAJOR
     // Blocks go out rank by rank, so the tokens' blocks of one rank run side by side: the shared
@@ -467,62 +570,83 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_LANE_WARPS)
     const int t = blockIdx.y / ranks, rank = blockIdx.y % ranks;
 #endif
     const int slot = t * ranks + rank;
-    const MoeSlotWeights sw = moe_slot_weights(gate_up, nullptr, im, h, ids, top_k, shared, t, rank);
+    const MoeSlotWeights sw =
+        moe_slot_weights<FORMAT>(gate_up, gate_up_scales, nullptr, nullptr, im, h, ids, top_k, shared, t, rank);
     const int row0 = (blockIdx.x * MOE_LANE_WARPS + (threadIdx.x >> 5)) * MOE_LANE_ROWS;
     if (row0 >= sw.rows) return;
     const float* xr = x + (i64)t * h;
-    const bf16_bits* wr[2][MOE_LANE_ROWS];
+    const char* wr[2][MOE_LANE_ROWS];
+    const float* scale_row[2][MOE_LANE_ROWS];
 #pragma unroll
     for (int r = 0; r < MOE_LANE_ROWS; ++r) {
-        const bool in = row0 + r < sw.rows;
-        wr[0][r] = in ? sw.gate + (i64)(row0 + r) * h : nullptr;
-        wr[1][r] = in ? sw.up + (i64)(row0 + r) * h : nullptr;
+        const int row = row0 + r;
+        const bool in = row < sw.rows;
+        wr[0][r] = in ? sw.gate + (i64)row * h * weight_bytes<FORMAT>() : nullptr;
+        wr[1][r] = in ? sw.up + (i64)row * h * weight_bytes<FORMAT>() : nullptr;
+        scale_row[0][r] = FP8 ? sw.gate_scales + (i64)(row / 128) * (h / 128) : nullptr;
+        scale_row[1][r] = FP8 ? sw.up_scales + (i64)(row / 128) * (h / 128) : nullptr;
     }
     float acc[2][MOE_LANE_ROWS] = {};
     const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-    const int vecs = h / 8;
-#if MOE_DIAG
+    const int vecs = h / VALUES;
     // The diagonal row-pair mma (common.cuh) on the (gate, up) row pair, as gemv.cu's
-    // GEMV_BF16_DIAG lanes.
+    // GEMV_BF16_DIAG lanes: every lane runs every sweep.
     const bool owner = diag_owner(lane);
-    for (int v0 = lane; v0 - lane < vecs; v0 += 32 * MOE_LANE_UNROLL) {
-#else
-    for (int v0 = lane; v0 < vecs; v0 += 32 * MOE_LANE_UNROLL) {
-#endif
-        uint4 wv[2][MOE_LANE_ROWS][MOE_LANE_UNROLL];
+    for (int v0 = lane; (DIAG ? v0 - lane : v0) < vecs; v0 += 32 * UNROLL) {
+        uint4 wv[2][MOE_LANE_ROWS][UNROLL];
 #pragma unroll
-        for (int u = 0; u < MOE_LANE_UNROLL; ++u) {
+        for (int u = 0; u < UNROLL; ++u) {
             const int v = v0 + 32 * u;
 #pragma unroll
             for (int s = 0; s < 2; ++s)
 #pragma unroll
                 for (int r = 0; r < MOE_LANE_ROWS; ++r)
-                    wv[s][r][u] = (v < vecs && wr[s][r]) ? load_streaming(wr[s][r] + 8 * v) : zero;
+                    wv[s][r][u] = (v < vecs && wr[s][r]) ? load_streaming((const bf16_bits*)(wr[s][r] + 16 * (i64)v))
+                                                         : zero;
         }
 #pragma unroll
-        for (int u = 0; u < MOE_LANE_UNROLL; ++u) {
+        for (int u = 0; u < UNROLL; ++u) {
             const int v = v0 + 32 * u;
-#if MOE_DIAG
-            unsigned int xw[4];
-            load_bf16_pairs8(xr + 8 * v, v < vecs, xw);
+            if (DIAG) {
+                unsigned int xw[4];
+                load_bf16_pairs8(xr + 8 * v, v < vecs, xw);
 #pragma unroll
-            for (int r = 0; r < MOE_LANE_ROWS; ++r) {
-                float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                mma_bf16_row_pair(d, wv[0][r][u], wv[1][r][u], xw);
-                if (owner) {
-                    acc[0][r] += diag_piece(d, lane, false);
-                    acc[1][r] += diag_piece(d, lane, true);
+                for (int r = 0; r < MOE_LANE_ROWS; ++r) {
+                    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    mma_bf16_row_pair(d, wv[0][r][u], wv[1][r][u], xw);
+                    if (owner) {
+                        acc[0][r] += diag_piece(d, lane, false);
+                        acc[1][r] += diag_piece(d, lane, true);
+                    }
                 }
+                continue;
             }
-#else
             if (v >= vecs) continue;
-            float xf[8];
-            load_rounded8(xr + 8 * v, xf);
+            float xf[VALUES];
+            if constexpr (FP8) {
+#pragma unroll
+                for (int q = 0; q < VALUES / 4; ++q) {
+                    const float4 a = *(const float4*)(xr + VALUES * v + 4 * q);
+                    xf[4 * q] = a.x;
+                    xf[4 * q + 1] = a.y;
+                    xf[4 * q + 2] = a.z;
+                    xf[4 * q + 3] = a.w;
+                }
+            } else {
+                load_rounded8(xr + 8 * v, xf);
+            }
 #pragma unroll
             for (int s = 0; s < 2; ++s)
 #pragma unroll
-                for (int r = 0; r < MOE_LANE_ROWS; ++r) acc[s][r] = dot8(wv[s][r][u], xf, acc[s][r]);
-#endif
+                for (int r = 0; r < MOE_LANE_ROWS; ++r) {
+                    if constexpr (FP8) {
+                        // Rows past the expert's end have no scales (and zero weights).
+                        const float scale = wr[s][r] ? __ldg(scale_row[s][r] + v / 8) : 0.0f;
+                        acc[s][r] = dot16_fp8(wv[s][r][u], xf, scale, acc[s][r]);
+                    } else {
+                        acc[s][r] = dot8(wv[s][r][u], xf, acc[s][r]);
+                    }
+                }
         }
     }
 #pragma unroll
@@ -530,6 +654,23 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_LANE_WARPS)
         const float g = warp_sum(acc[0][r]), u = warp_sum(acc[1][r]);
         if (lane == 0 && row0 + r < sw.rows) act[(i64)slot * act_stride + row0 + r] = f32_to_bf16(silu_f(g) * u);
     }
+}
+
+extern "C" __global__ void __launch_bounds__(32 * MOE_LANE_WARPS)
+    moe_gate_up_slots(const bf16_bits* __restrict__ gate_up, int im, int h, const float* __restrict__ x, int top_k,
+                      int ranks, const int* __restrict__ ids, const MoeShared shared, bf16_bits* __restrict__ act,
+                      int act_stride) {
+    AFTER_PREVIOUS_KERNEL();
+    moe_gate_up_by_slot<WEIGHTS_BF16>(gate_up, nullptr, im, h, x, top_k, ranks, ids, shared, act, act_stride);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * MOE_LANE_WARPS)
+    moe_gate_up_slots_fp8(const unsigned char* __restrict__ gate_up, const float* __restrict__ gate_up_scales,
+                          int im, int h, const float* __restrict__ x, int top_k, int ranks,
+                          const int* __restrict__ ids, const MoeShared shared, bf16_bits* __restrict__ act,
+                          int act_stride) {
+    AFTER_PREVIOUS_KERNEL();
+    moe_gate_up_by_slot<WEIGHTS_FP8>(gate_up, gate_up_scales, im, h, x, top_k, ranks, ids, shared, act, act_stride);
 }
 
 // out [T, h]: for token t = blockIdx.y and row d, the sum over routed ranks r in order of
@@ -541,41 +682,60 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_LANE_WARPS)
 // the warp reducing by butterfly; the products meet in shared memory, where one thread per row adds
 // them up in rank order. So a row's value does not depend on ROWS, and the launcher picks ROWS by
 // the number of tokens (moe.rs: fewer rows a block for one token, whose grid is otherwise too small
-// to keep the memory system busy). Grid: (ceil(h / ROWS), T) blocks of 32 x warps threads; im and
-// ims % 8 == 0.
-template <int ROWS>
-__device__ __forceinline__ void moe_down_by_rank(const bf16_bits* __restrict__ down, int h, int im,
-                                                 const bf16_bits* __restrict__ act, int act_stride, int top_k,
-                                                 int ranks, const int* __restrict__ ids,
+// to keep the memory system busy). A lane takes two 8-weight vectors at a time (bf16) or one of 16
+// codes (FP8: a rank's 512 columns in one sweep of the warp). Grid: (ceil(h / ROWS), T) blocks of
+// 32 x warps threads; im and ims % 8 == 0 (FP8: % 128).
+template <int ROWS, int FORMAT>
+__device__ __forceinline__ void moe_down_by_rank(const void* __restrict__ down, const float* __restrict__ down_scales,
+                                                 int h, int im, const bf16_bits* __restrict__ act, int act_stride,
+                                                 int top_k, int ranks, const int* __restrict__ ids,
                                                  const float* __restrict__ weights, const MoeShared& shared,
                                                  float* __restrict__ out) {
+    constexpr bool FP8 = FORMAT == WEIGHTS_FP8;
+    constexpr int VALUES = FP8 ? 16 : 8;  // weights a 16-byte vector
+    constexpr int UNROLL = FP8 ? 1 : 2;
+    using W = typename WeightElement<FORMAT>::type;
     __shared__ float products[ROWS][MOE_MAX_EXPERTS + 1];
     const int t = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     const int row0 = blockIdx.x * ROWS;
     const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
     for (int rank = warp; rank < ranks; rank += warps) {
-        const MoeSlotWeights sw = moe_slot_weights(nullptr, down, im, h, ids, top_k, shared, t, rank);
+        const MoeSlotWeights sw =
+            moe_slot_weights<FORMAT>(nullptr, nullptr, down, down_scales, im, h, ids, top_k, shared, t, rank);
         const bf16_bits* a = act + ((i64)t * ranks + rank) * act_stride;
         const int cols = sw.rows;
         float acc[ROWS] = {};
-        for (int v0 = lane; 8 * v0 < act_stride; v0 += 64) {
-            uint4 av[2], wv[ROWS][2];
+        for (int v0 = lane; VALUES * v0 < act_stride; v0 += 32 * UNROLL) {
+            uint4 av[UNROLL][VALUES / 8], wv[ROWS][UNROLL];
+            float scale[ROWS][UNROLL];
 #pragma unroll
-            for (int u = 0; u < 2; ++u) {
+            for (int u = 0; u < UNROLL; ++u) {
                 const int v = v0 + 32 * u;
-                av[u] = 8 * v < cols ? *(const uint4*)(a + 8 * v) : zero;
+                const bool in_cols = VALUES * v < cols;
+#pragma unroll
+                for (int q = 0; q < VALUES / 8; ++q) av[u][q] = in_cols ? *(const uint4*)(a + VALUES * v + 8 * q) : zero;
 #pragma unroll
                 for (int r = 0; r < ROWS; ++r) {
-                    const bool in = 8 * v < cols && row0 + r < h;
-                    wv[r][u] = in ? load_streaming(sw.down + (i64)(row0 + r) * cols + 8 * v) : zero;
+                    const bool in = in_cols && row0 + r < h;
+                    const W* row = reinterpret_cast<const W*>(sw.down) + (i64)(row0 + r) * cols;
+                    wv[r][u] = in ? load_streaming((const bf16_bits*)(row + VALUES * v)) : zero;
+                    // Rows and columns past the matrix have no scales (and zero weights).
+                    scale[r][u] = FP8 && in ? __ldg(sw.down_scales + (i64)((row0 + r) / 128) * (cols / 128) + v / 8)
+                                            : 0.0f;
                 }
             }
 #pragma unroll
-            for (int u = 0; u < 2; ++u) {
-                float af[8];
-                bf16x8_to_f32(av[u], af);
+            for (int u = 0; u < UNROLL; ++u) {
+                float af[VALUES];
 #pragma unroll
-                for (int r = 0; r < ROWS; ++r) acc[r] = dot8(wv[r][u], af, acc[r]);
+                for (int q = 0; q < VALUES / 8; ++q) bf16x8_to_f32(av[u][q], af + 8 * q);
+#pragma unroll
+                for (int r = 0; r < ROWS; ++r) {
+                    if constexpr (FP8)
+                        acc[r] = dot16_fp8(wv[r][u], af, scale[r][u], acc[r]);
+                    else
+                        acc[r] = dot8(wv[r][u], af, acc[r]);
+                }
             }
         }
 #pragma unroll
@@ -595,18 +755,25 @@ __device__ __forceinline__ void moe_down_by_rank(const bf16_bits* __restrict__ d
     }
 }
 
-#define MOE_DOWN_COMBINE_KERNEL(ROWS)                                                                           \
-    extern "C" __global__ void __launch_bounds__(512) moe_down_combine_r##ROWS(                                \
-        const bf16_bits* __restrict__ down, int h, int im, const bf16_bits* __restrict__ act, int act_stride,  \
+// moe_down_combine_r{ROWS} (bf16) and moe_down_combine_fp8_r{ROWS} (FP8: the scales after the codes).
+// The FP8 kernels stop at 8 rows a block: with 16 a lane would hold 16 code vectors and their 256
+// widened values, more than a 512-thread block's 128 registers a thread (ptxas spills).
+#define MOE_DOWN_COMBINE_KERNEL(ROWS, FORMAT, SUFFIX)                                                          \
+    extern "C" __global__ void __launch_bounds__(512) moe_down_combine##SUFFIX##_r##ROWS(                     \
+        MOE_WEIGHT_PARAMS(down, FORMAT), int h, int im, const bf16_bits* __restrict__ act, int act_stride,     \
         int top_k, int ranks, const int* __restrict__ ids, const float* __restrict__ weights,                 \
         const MoeShared shared, float* __restrict__ out) {                                                     \
         AFTER_PREVIOUS_KERNEL();                                                                               \
-        moe_down_by_rank<ROWS>(down, h, im, act, act_stride, top_k, ranks, ids, weights, shared, out);         \
+        moe_down_by_rank<ROWS, FORMAT>(down, MOE_SCALES_ARG(down, FORMAT), h, im, act, act_stride, top_k,     \
+                                       ranks, ids, weights, shared, out);                                     \
     }
-MOE_DOWN_COMBINE_KERNEL(2)
-MOE_DOWN_COMBINE_KERNEL(4)
-MOE_DOWN_COMBINE_KERNEL(8)
-MOE_DOWN_COMBINE_KERNEL(16)
+MOE_DOWN_COMBINE_KERNEL(2, WEIGHTS_BF16, )
+MOE_DOWN_COMBINE_KERNEL(4, WEIGHTS_BF16, )
+MOE_DOWN_COMBINE_KERNEL(8, WEIGHTS_BF16, )
+MOE_DOWN_COMBINE_KERNEL(16, WEIGHTS_BF16, )
+MOE_DOWN_COMBINE_KERNEL(2, WEIGHTS_FP8, _fp8)
+MOE_DOWN_COMBINE_KERNEL(4, WEIGHTS_FP8, _fp8)
+MOE_DOWN_COMBINE_KERNEL(8, WEIGHTS_FP8, _fp8)
 
 // out [tokens, h] = sum over ranks r of weights[t, r] * y[t * top_k + r] (rank order), plus
 // sigmoid(shared_gate[t]) * shared[t] when `shared` is given.

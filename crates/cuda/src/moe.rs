@@ -2,21 +2,23 @@
 //! gate/up and down projections of every chosen expert in one launch each, and the weighted combine
 //! with the shared expert; no host round trip, so a MoE decode step can be captured in a graph.
 //! Expert weights are stacked at load (`ExpertWeights::Stacked`) so each kernel finds an expert's
-//! rows at a fixed stride. f32 GEMMs (`--cuda-matmul-precision f32`) and shapes the kernels do not
-//! take keep one matrix per expert and the generic path.
+//! rows at a fixed stride: bf16, or block-FP8 codes and scales where the checkpoint (or
+//! `--quantization fp8`) gives them and FP8 weights are kept (`Fp8Stack`). f32 GEMMs
+//! (`--cuda-matmul-precision f32`) and shapes the kernels do not take keep one matrix per expert and
+//! the generic path.
 
-use crate::backend::{launch, CudaBackend};
+use crate::backend::{device_failure, launch, CudaBackend};
 use crate::buffer::CudaBuf;
 use crate::launcher::{KernelArg, ValueArg};
-use crate::mat::{CudaMat, MatData};
+use crate::mat::{CudaMat, MatData, FP8_BLOCK};
 use crate::options::GemmPrecision;
 use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig};
 use deltaserve_tensor::dtype::f32_to_bf16;
 use deltaserve_tensor::moe::{load_per_expert, moe_per_expert, shared_expert_output};
 use deltaserve_tensor::Backend;
 use deltaserve_tensor::{
-    DType, ExpertShape, ExpertTensors, ExpertWeights, Experts, GeneratedMatrix, HostTensor,
-    MoeRouting, SharedExpert, TensorError,
+    BlockFp8Matrix, DType, ExpertShape, ExpertTensors, ExpertWeights, Experts, GeneratedMatrix,
+    HostTensor, MoeRouting, SharedExpert, TensorError,
 };
 
 /// `MOE_MAX_EXPERTS` and `MOE_WARPS` of moe.cu.
@@ -29,11 +31,12 @@ const WARPS: u32 = 8;
 /// expert fewer times. A slot's result does not depend on the choice (see moe_tile).
 /// Measured on the H200 (35B-A3B shape): one tile made a batch-16 step 14.8 ms instead of 17.2;
 /// eight tiles (64-slot blocks) made a 2048-token prefill slower than four (6,568 vs 8,129 tok/s).
-fn grouped_kernels(tokens: usize) -> (&'static str, &'static str, usize) {
-    if tokens <= 64 {
-        ("moe_gate_up_t1", "moe_down_t1", 8)
-    } else {
-        ("moe_gate_up_t4", "moe_down_t4", 32)
+fn grouped_kernels(tokens: usize, fp8: bool) -> (&'static str, &'static str, usize) {
+    match (tokens <= 64, fp8) {
+        (true, false) => ("moe_gate_up_t1", "moe_down_t1", 8),
+        (true, true) => ("moe_gate_up_fp8_t1", "moe_down_fp8_t1", 8),
+        (false, false) => ("moe_gate_up_t4", "moe_down_t4", 32),
+        (false, true) => ("moe_gate_up_fp8_t4", "moe_down_fp8_t4", 32),
     }
 }
 /// Output rows per block of the gate/up and down kernels.
@@ -55,15 +58,18 @@ pub(crate) struct SlotShape {
     down_multi: DownKernel,
 }
 
-/// One of the `moe_down_combine_r*` kernels: its name and its output rows a block.
-type DownKernel = (&'static str, usize);
+/// One of the `moe_down_combine_r*` kernels: its name, its FP8 twin's (`moe_down_combine_fp8_r*`)
+/// and its output rows a block.
+type DownKernel = (&'static str, &'static str, usize);
 
-/// The rows a block that `moe_down_combine_r*` comes in.
+/// The rows a block that `moe_down_combine_r*` comes in. The FP8 kernels stop at 8: with 16 rows
+/// a lane holds 16 code vectors and their 256 widened values, more than the 128 registers a thread
+/// of a 512-thread block may have (ptxas, sm_90: 164 bytes spilled), so 16 takes the 8-row one.
 const DOWN_KERNELS: [DownKernel; 4] = [
-    ("moe_down_combine_r2", 2),
-    ("moe_down_combine_r4", 4),
-    ("moe_down_combine_r8", 8),
-    ("moe_down_combine_r16", 16),
+    ("moe_down_combine_r2", "moe_down_combine_fp8_r2", 2),
+    ("moe_down_combine_r4", "moe_down_combine_fp8_r4", 4),
+    ("moe_down_combine_r8", "moe_down_combine_fp8_r8", 8),
+    ("moe_down_combine_r16", "moe_down_combine_fp8_r8", 16),
 ];
 
 impl SlotShape {
@@ -71,9 +77,9 @@ impl SlotShape {
         let lane_warps = options.define("MOE_LANE_WARPS").unwrap_or(4);
         let down_kernel = |name: &str, default: usize| {
             let rows = options.define::<usize>(name).unwrap_or(default);
-            let kernel = DOWN_KERNELS.iter().find(|(_, r)| *r == rows);
+            let kernel = DOWN_KERNELS.iter().find(|(_, _, r)| *r == rows);
             *kernel.unwrap_or_else(|| {
-                let offered: Vec<usize> = DOWN_KERNELS.iter().map(|(_, r)| *r).collect();
+                let offered: Vec<usize> = DOWN_KERNELS.iter().map(|(_, _, r)| *r).collect();
                 panic!("{name}={rows}: moe.cu has down kernels for {offered:?} rows a block")
             })
         };
@@ -85,12 +91,18 @@ impl SlotShape {
         }
     }
 
-    /// The `moe_down_combine_r*` kernel for `tokens`.
-    fn down_kernel(&self, tokens: usize) -> DownKernel {
-        if tokens == 1 {
+    /// The `moe_down_combine_r*` kernel (or its FP8 twin) for `tokens`, and its rows a block.
+    fn down_kernel(&self, tokens: usize, fp8: bool) -> (&'static str, usize) {
+        let (bf16, fp8_twin, rows) = if tokens == 1 {
             self.down_one_token
         } else {
             self.down_multi
+        };
+        if fp8 {
+            let fp8_rows = DOWN_KERNELS.iter().find(|(_, k, _)| *k == fp8_twin);
+            (fp8_twin, fp8_rows.map_or(rows, |(_, _, r)| *r))
+        } else {
+            (bf16, rows)
         }
     }
 }
@@ -118,6 +130,15 @@ fn fused_applies(precision: GemmPrecision, shape: ExpertShape) -> bool {
         && shape.experts * 2 * shape.intermediate * shape.hidden < i32::MAX as usize
 }
 
+/// Whether the FP8 kernels can run these experts as block-FP8 codes: the bf16 kernels' conditions,
+/// and an intermediate and hidden size of whole 128 x 128 blocks, so that every scale block lies
+/// inside one expert's gate, up or down matrix (true of every released checkpoint).
+fn fp8_fused_applies(precision: GemmPrecision, shape: ExpertShape) -> bool {
+    fused_applies(precision, shape)
+        && shape.hidden.is_multiple_of(FP8_BLOCK[1])
+        && shape.intermediate.is_multiple_of(FP8_BLOCK[0])
+}
+
 /// The bf16 bits of a host tensor (bf16 as stored, anything else rounded to nearest even).
 fn bf16_bits(t: &HostTensor) -> Vec<u16> {
     match t.dtype {
@@ -138,6 +159,11 @@ impl CudaBackend {
     ) -> Result<Experts<CudaMat>, TensorError> {
         if !fused_applies(self.gemm_precision, shape) || experts.len() != shape.experts {
             return load_per_expert(self, experts, shape);
+        }
+        if self.keep_fp8_weights && fp8_fused_applies(self.gemm_precision, shape) {
+            if let Some(stack) = Fp8Stack::of(experts, shape)? {
+                return self.upload_fp8_stack(stack, shape);
+            }
         }
         let ExpertShape {
             experts: e,
@@ -173,6 +199,49 @@ impl CudaBackend {
         })
     }
 
+    /// Stacked block-FP8 experts on the device (the kernels' `Fp8Stack` layout).
+    fn upload_fp8_stack(
+        &self,
+        stack: Fp8Stack,
+        shape: ExpertShape,
+    ) -> Result<Experts<CudaMat>, TensorError> {
+        let ExpertShape {
+            experts: e,
+            intermediate: im,
+            hidden: h,
+        } = shape;
+        let upload_codes = |codes: &[u8]| {
+            self.stream
+                .clone_htod(codes)
+                .map_err(|err| stack.device_error(err))
+        };
+        let upload_scales = |scales: &[f32]| {
+            self.stream
+                .clone_htod(scales)
+                .map_err(|err| stack.device_error(err))
+        };
+        let gate_up = CudaMat {
+            rows: e * 2 * im,
+            cols: h,
+            data: MatData::Fp8 {
+                codes: upload_codes(&stack.gate_up_codes)?,
+                scales: upload_scales(&stack.gate_up_scales)?,
+            },
+        };
+        let down = CudaMat {
+            rows: e * h,
+            cols: im,
+            data: MatData::Fp8 {
+                codes: upload_codes(&stack.down_codes)?,
+                scales: upload_scales(&stack.down_scales)?,
+            },
+        };
+        Ok(Experts {
+            shape,
+            weights: ExpertWeights::Stacked { gate_up, down },
+        })
+    }
+
     fn copy_into(
         &self,
         dst: &mut CudaSlice<u16>,
@@ -198,12 +267,27 @@ impl CudaBackend {
         if !fused_applies(self.gemm_precision, shape) {
             return None;
         }
+        // FP8 codes the kernels cannot read as such (blocks across the gate/up boundary) are
+        // widened to the bf16 bits the host path would upload.
+        let fp8_readable = fp8_fused_applies(self.gemm_precision, shape);
+        let generate = |spec: &GeneratedMatrix| -> Result<CudaMat, TensorError> {
+            let mat = self.generate_mat_op(spec)?;
+            Ok(match mat.data {
+                MatData::Fp8 { codes, scales } if !fp8_readable => CudaMat {
+                    data: MatData::Bf16(
+                        self.dequantize_block_fp8(&codes, &scales, mat.rows, mat.cols),
+                    ),
+                    ..mat
+                },
+                _ => mat,
+            })
+        };
         let stacked = || -> Result<Experts<CudaMat>, TensorError> {
             Ok(Experts {
                 shape,
                 weights: ExpertWeights::Stacked {
-                    gate_up: self.generate_mat_op(gate_up)?,
-                    down: self.generate_mat_op(down)?,
+                    gate_up: generate(gate_up)?,
+                    down: generate(down)?,
                 },
             })
         };
@@ -246,23 +330,36 @@ impl CudaBackend {
                 s.gate_logits.len
             );
         }
-        let (MatData::Bf16(gate_up), MatData::Bf16(down)) = (&gate_up.data, &down.data) else {
-            unreachable!("stacked experts are bf16 (fused_applies)")
+        let weights = match (&gate_up.data, &down.data) {
+            (MatData::Bf16(gate_up), MatData::Bf16(down)) => StackedWeights::Bf16 { gate_up, down },
+            (
+                MatData::Fp8 {
+                    codes: gate_up,
+                    scales: gate_up_scales,
+                },
+                MatData::Fp8 {
+                    codes: down,
+                    scales: down_scales,
+                },
+            ) => StackedWeights::Fp8 {
+                gate_up,
+                gate_up_scales,
+                down,
+                down_scales,
+            },
+            _ => unreachable!(
+                "stacked experts are bf16 or block-FP8 alike (load_experts_op, generate_experts_op)"
+            ),
         };
         if tokens == 0 {
             return self.scratch(0);
         }
         let routes = self.moe_route(router_logits, tokens, e, routing);
-        let stacked = Stacked {
-            gate_up,
-            down,
-            e,
-            im,
-            h,
-        };
+        let fp8 = matches!(weights, StackedWeights::Fp8 { .. });
+        let stacked = Stacked { weights, e, im, h };
         let fused_shared = match &shared {
             None => Some(None),
-            Some(s) => SharedMats::of(s, h).map(Some),
+            Some(s) => SharedMats::of(s, h, fp8).map(Some),
         };
         match fused_shared {
             Some(fused) if tokens <= SLOT_PATH_MAX_TOKENS => {
@@ -364,6 +461,7 @@ impl CudaBackend {
             self.alloc_for_overwrite("moe output", tokens * w.h),
             tokens * w.h,
         );
+        let fp8 = matches!(w.weights, StackedWeights::Fp8 { .. });
         let params = shared.map_or_else(MoeShared::default, |s| s.params);
         let (im32, h32, k32, ranks32, stride32) = (
             w.im as i32,
@@ -381,16 +479,14 @@ impl CudaBackend {
             block_dim: (32 * shape.lane_warps, 1, 1),
             shared_mem_bytes: 0,
         };
-        // Contract: gate_up is e x 2im x h bf16 with h % 8 == 0 (fused_applies), the shared
-        // expert's gate/up ims x h and down h x ims bf16 with ims % 8 == 0 (SharedMats::of); x
-        // holds tokens x h f32 (checked), ids tokens x k experts < e (moe_route), act slots x
-        // act_stride.
-        launch!(
-            self,
-            "moe_gate_up_slots",
-            gate_up_cfg,
-            w.gate_up,
-            &im32,
+        let gate_up_kernel = if fp8 {
+            "moe_gate_up_slots_fp8"
+        } else {
+            "moe_gate_up_slots"
+        };
+        let mut args = w.weights.gate_up_args();
+        args.extend([
+            &im32 as &dyn KernelArg,
             &h32,
             x.data(),
             &k32,
@@ -398,22 +494,23 @@ impl CudaBackend {
             ids,
             &params,
             &mut act,
-            &stride32
-        );
-        let (down_kernel, down_rows) = shape.down_kernel(tokens);
+            &stride32,
+        ]);
+        // SAFETY: gate_up is e x 2im x h bf16, or FP8 codes with their scale grid, with h % 8 ==
+        // 0 (fused_applies; FP8: im and h % 128 == 0, fp8_fused_applies), the shared expert's
+        // gate/up ims x h and down h x ims in the same format with ims % 8 == 0 (FP8: % 128,
+        // SharedMats::of); x holds tokens x h f32 (checked), ids tokens x k experts < e
+        // (moe_route), act slots x act_stride.
+        unsafe { self.launch_list(gate_up_kernel, gate_up_cfg, &args) };
+        let (down_kernel, down_rows) = shape.down_kernel(tokens, fp8);
         let down_cfg = LaunchConfig {
             grid_dim: (w.h.div_ceil(down_rows) as u32, tokens as u32, 1),
             block_dim: (32 * ranks.min(DOWN_MAX_WARPS) as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        // Contract: down is e x h x im bf16 with im % 8 == 0; act, ids, weights as written above;
-        // the shared gate logits hold tokens values (checked); out tokens x h.
-        launch!(
-            self,
-            down_kernel,
-            down_cfg,
-            w.down,
-            &h32,
+        let mut args = w.weights.down_args();
+        args.extend([
+            &h32 as &dyn KernelArg,
             &im32,
             &act,
             &stride32,
@@ -422,9 +519,24 @@ impl CudaBackend {
             ids,
             weights,
             &params,
-            out.data_mut()
-        );
+            out.data_mut(),
+        ]);
+        // SAFETY: down is e x h x im bf16 with im % 8 == 0 (FP8: codes and scale grid, im and h
+        // % 128 == 0); act, ids, weights as written above; the shared gate logits hold tokens
+        // values (checked); out tokens x h.
+        unsafe { self.launch_list(down_kernel, down_cfg, &args) };
         out
+    }
+
+    /// `launch!` with an argument list built at run time (the weights' arguments differ by format).
+    ///
+    /// # Safety
+    /// As `launch_kernel`: the arguments match the kernel's signature and the lengths it indexes.
+    unsafe fn launch_list(&self, name: &'static str, cfg: LaunchConfig, args: &[&dyn KernelArg]) {
+        // SAFETY: the caller's contract.
+        if let Err(e) = unsafe { self.launch_kernel(name, cfg, args) } {
+            device_failure(name, e);
+        }
     }
 
     /// The grouped path for many tokens: slots grouped by expert, each expert's work blocks on the
@@ -446,7 +558,8 @@ impl CudaBackend {
         let slots = tokens * k;
         let (t32, e32, k32, h32, im32) =
             (tokens as i32, w.e as i32, k as i32, w.h as i32, w.im as i32);
-        let (gate_up_kernel, down_kernel, block_rows) = grouped_kernels(tokens);
+        let fp8 = matches!(w.weights, StackedWeights::Fp8 { .. });
+        let (gate_up_kernel, down_kernel, block_rows) = grouped_kernels(tokens, fp8);
         // Most work blocks there can be: each expert's slots split into blocks of block_rows.
         let max_blocks = (slots / block_rows + w.e.min(slots)).min(slots);
         let slots32 = slots as i32;
@@ -488,38 +601,35 @@ impl CudaBackend {
             block_dim: (32 * WARPS, 1, 1),
             shared_mem_bytes: 0,
         };
-        // Contract: gate_up is e x 2im x h bf16 and x_bf16 tokens x h with h % 8 == 0
-        // (fused_applies: 16-byte aligned rows); sorted/blocks/block_count as moe_plan left them
-        // (every slot < tokens x k, at most block_rows per block: the kernel's 8 x TILES); act
-        // holds slots x im.
-        launch!(
-            self,
-            gate_up_kernel,
-            gemm_cfg(w.im),
-            w.gate_up,
-            &im32,
+        let mut args = w.weights.gate_up_args();
+        args.extend([
+            &im32 as &dyn KernelArg,
             &h32,
             &x_bf16,
             &k32,
             &sorted,
             &block_count,
             &blocks,
-            &mut act
-        );
-        // Contract: down is e x h x im bf16, im % 8 == 0; act as written above; y slots x h.
-        launch!(
-            self,
-            down_kernel,
-            gemm_cfg(w.h),
-            w.down,
-            &h32,
+            &mut act,
+        ]);
+        // SAFETY: gate_up is e x 2im x h bf16 (FP8: codes and scale grid, im and h % 128 == 0)
+        // and x_bf16 tokens x h with h % 8 == 0 (fused_applies: 16-byte aligned rows);
+        // sorted/blocks/block_count as moe_plan left them (every slot < tokens x k, at most
+        // block_rows per block: the kernel's 8 x TILES); act holds slots x im.
+        unsafe { self.launch_list(gate_up_kernel, gemm_cfg(w.im), &args) };
+        let mut args = w.weights.down_args();
+        args.extend([
+            &h32 as &dyn KernelArg,
             &im32,
             &act,
             &sorted,
             &block_count,
             &blocks,
-            &mut y
-        );
+            &mut y,
+        ]);
+        // SAFETY: down is e x h x im bf16 (FP8: codes and scale grid), im % 8 == 0; act as
+        // written above; y slots x h.
+        unsafe { self.launch_list(down_kernel, gemm_cfg(w.h), &args) };
         let null: u64 = 0;
         let (shared_out, gate_logits): (&dyn KernelArg, &dyn KernelArg) = match &shared {
             Some((shared_out, gate_logits)) => (shared_out.data(), gate_logits.data()),
@@ -554,26 +664,133 @@ struct Routes {
 
 /// The stacked experts' device data and geometry.
 struct Stacked<'a> {
-    gate_up: &'a CudaSlice<u16>,
-    down: &'a CudaSlice<u16>,
+    weights: StackedWeights<'a>,
     e: usize,
     im: usize,
     h: usize,
 }
 
-/// `MoeShared` of moe.cu, field for field.
+/// The stacked expert matrices as the kernels take them: `gate_up [E * 2 * im, h]` and `down
+/// [E * h, im]`, bf16 or block-FP8 codes with their 128 x 128 scale grids.
+enum StackedWeights<'a> {
+    Bf16 {
+        gate_up: &'a CudaSlice<u16>,
+        down: &'a CudaSlice<u16>,
+    },
+    Fp8 {
+        gate_up: &'a CudaSlice<u8>,
+        gate_up_scales: &'a CudaSlice<f32>,
+        down: &'a CudaSlice<u8>,
+        down_scales: &'a CudaSlice<f32>,
+    },
+}
+
+impl StackedWeights<'_> {
+    /// The gate/up kernels' leading arguments: the matrix (and its scales).
+    fn gate_up_args(&self) -> Vec<&dyn KernelArg> {
+        match self {
+            Self::Bf16 { gate_up, .. } => vec![*gate_up],
+            Self::Fp8 {
+                gate_up,
+                gate_up_scales,
+                ..
+            } => vec![*gate_up, *gate_up_scales],
+        }
+    }
+
+    /// The down kernels' leading arguments.
+    fn down_args(&self) -> Vec<&dyn KernelArg> {
+        match self {
+            Self::Bf16 { down, .. } => vec![*down],
+            Self::Fp8 {
+                down, down_scales, ..
+            } => vec![*down, *down_scales],
+        }
+    }
+}
+
+/// Block-FP8 experts stacked on the host as `StackedWeights::Fp8` lays them out: each expert's gate
+/// then up codes, its down codes, and their scale grids in the same order (with im and h whole
+/// blocks, an expert's grids are rows of the stacked grids).
+struct Fp8Stack {
+    gate_up_codes: Vec<u8>,
+    gate_up_scales: Vec<f32>,
+    down_codes: Vec<u8>,
+    down_scales: Vec<f32>,
+    /// The first expert tensor's name, for errors.
+    name: String,
+}
+
+impl Fp8Stack {
+    /// The stack of `experts` when every matrix carries its block-FP8 form in 128 x 128 blocks;
+    /// `None` when one does not (the experts then load as bf16). A shape mismatch is an error.
+    fn of(experts: &[ExpertTensors], shape: ExpertShape) -> Result<Option<Self>, TensorError> {
+        let ExpertShape {
+            intermediate: im,
+            hidden: h,
+            ..
+        } = shape;
+        fn fp8(
+            t: &HostTensor,
+            rows: usize,
+            cols: usize,
+        ) -> Result<Option<&BlockFp8Matrix>, TensorError> {
+            t.expect_shape(&[rows, cols])?;
+            Ok(t.block_fp8()
+                .filter(|m| m.block == FP8_BLOCK && m.codes.len() == rows * cols))
+        }
+        let mut stack = Self {
+            gate_up_codes: Vec::with_capacity(experts.len() * 2 * im * h),
+            gate_up_scales: Vec::new(),
+            down_codes: Vec::with_capacity(experts.len() * h * im),
+            down_scales: Vec::new(),
+            name: experts
+                .first()
+                .map_or_else(String::new, |t| t.gate.name.clone()),
+        };
+        for t in experts {
+            let (Some(gate), Some(up), Some(down)) = (
+                fp8(&t.gate, im, h)?,
+                fp8(&t.up, im, h)?,
+                fp8(&t.down, h, im)?,
+            ) else {
+                return Ok(None);
+            };
+            for m in [gate, up] {
+                stack.gate_up_codes.extend_from_slice(&m.codes);
+                stack.gate_up_scales.extend_from_slice(&m.scales);
+            }
+            stack.down_codes.extend_from_slice(&down.codes);
+            stack.down_scales.extend_from_slice(&down.scales);
+        }
+        Ok(Some(stack))
+    }
+
+    fn device_error(&self, e: cudarc::driver::DriverError) -> TensorError {
+        TensorError::Invalid {
+            name: self.name.clone(),
+            message: format!("could not copy the FP8 experts to the GPU: {e:?}"),
+        }
+    }
+}
+
+/// `MoeShared` of moe.cu, field for field: the shared expert in the routed experts' format (scale
+/// grids null for bf16).
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
 struct MoeShared {
     gate: u64,
     up: u64,
     down: u64,
+    gate_scales: u64,
+    up_scales: u64,
+    down_scales: u64,
     gate_logits: u64,
     ims: i32,
 }
 
-// SAFETY: `MoeShared` is `repr(C)` with the field types and order of the CUDA struct (four 8-byte
-// pointers, then a 32-bit int; both sides pad to 40 bytes), so its bytes are what the kernel
+// SAFETY: `MoeShared` is `repr(C)` with the field types and order of the CUDA struct (seven 8-byte
+// pointers, then a 32-bit int; both sides pad to 64 bytes), so its bytes are what the kernel
 // expects as a by-value parameter.
 unsafe impl ValueArg for MoeShared {}
 
@@ -585,40 +802,70 @@ struct SharedMats {
 }
 
 impl SharedMats {
-    /// `None` when the slot kernels cannot read this shared expert: f32 weights, rows that are
-    /// not whole 16-byte vectors, or shapes other than `[ims, h]` / `[h, ims]`.
-    fn of(s: &SharedExpert<'_, CudaMat, CudaBuf>, h: usize) -> Option<Self> {
+    /// `None` when the slot kernels cannot read this shared expert: f32 weights, a format other
+    /// than the routed experts' (`fp8`: block-FP8 codes, `ims` whole blocks), rows that are not
+    /// whole 16-byte vectors, or shapes other than `[ims, h]` / `[h, ims]`.
+    fn of(s: &SharedExpert<'_, CudaMat, CudaBuf>, h: usize, fp8: bool) -> Option<Self> {
         let ims = s.gate.rows;
         let shapes_fit = s.gate.cols == h
             && (s.up.rows, s.up.cols) == (ims, h)
             && (s.down.rows, s.down.cols) == (h, ims)
             && ims > 0
-            && ims.is_multiple_of(8);
-        let (MatData::Bf16(g), MatData::Bf16(u), MatData::Bf16(d)) =
-            (&s.gate.data, &s.up.data, &s.down.data)
-        else {
-            return None;
-        };
+            && ims.is_multiple_of(if fp8 { FP8_BLOCK[0] } else { 8 });
         if !shapes_fit {
             return None;
         }
-        let ptr = |m: &CudaSlice<u16>| {
-            let (p, _record) = m.device_ptr(m.stream());
-            p
-        };
         let (gate_logits, _record) = s
             .gate_logits
             .data()
             .device_ptr(s.gate_logits.data().stream());
-        Some(Self {
-            params: MoeShared {
+        let ptr = |m: &dyn DevicePointer| m.address();
+        let params = match (&s.gate.data, &s.up.data, &s.down.data) {
+            (MatData::Bf16(g), MatData::Bf16(u), MatData::Bf16(d)) if !fp8 => MoeShared {
                 gate: ptr(g),
                 up: ptr(u),
                 down: ptr(d),
                 gate_logits,
                 ims: ims as i32,
+                ..MoeShared::default()
             },
-            ims,
-        })
+            (
+                MatData::Fp8 {
+                    codes: g,
+                    scales: gs,
+                },
+                MatData::Fp8 {
+                    codes: u,
+                    scales: us,
+                },
+                MatData::Fp8 {
+                    codes: d,
+                    scales: ds,
+                },
+            ) if fp8 => MoeShared {
+                gate: ptr(g),
+                up: ptr(u),
+                down: ptr(d),
+                gate_scales: ptr(gs),
+                up_scales: ptr(us),
+                down_scales: ptr(ds),
+                gate_logits,
+                ims: ims as i32,
+            },
+            _ => return None,
+        };
+        Some(Self { params, ims })
+    }
+}
+
+/// A device allocation's address, whatever its element type.
+trait DevicePointer {
+    fn address(&self) -> u64;
+}
+
+impl<T> DevicePointer for CudaSlice<T> {
+    fn address(&self) -> u64 {
+        let (p, _record) = self.device_ptr(self.stream());
+        p
     }
 }

@@ -1,24 +1,87 @@
 //! The fused MoE path of the CUDA backend (moe.cu: routing, grouping by expert, the stacked
 //! experts' gate/up and down kernels, the combine) against the reference's per-expert path on the
-//! same bf16-rounded weights and activations. Skipped (with a printed reason) without a CUDA device.
+//! same bf16-rounded weights and activations, and with block-FP8 experts kept as codes on the same
+//! exactly dequantized weights. Skipped (with a printed reason) without a CUDA device.
 //!
 //! `TOL_MOE` (relative to max(1, max |want|)): the fused kernels round the SiLU-mul activations to
 //! bf16 before the down projection, as the dense path's bf16 GEMM does with its input, while the
 //! reference keeps them exact: an error of up to 2^-9 per activation, which sums to ~1e-3 of the
-//! largest output over these shapes. A wrong expert, weight or slot is an error of order 1.
+//! largest output over these shapes. A wrong expert, weight or slot is an error of order 1. The
+//! FP8 kernels multiply the exact FP8 weights (the slot kernels with the f32 activations, the
+//! grouped ones with them rounded to bf16 as the reference is given them), so the same bound holds.
 
 mod common;
 
-use common::{check, cuda, Rng};
+use common::{check, cuda, cuda_fp8, Rng};
 use deltaserve_cuda::{CudaBackend, CudaMat, CudaOptions, GemmPrecision};
+use deltaserve_model::block_fp8;
+use deltaserve_model::dummy::DummySource;
+use deltaserve_model::online_fp8::Fp8QuantizingSource;
+use deltaserve_model::quantization::Fp8Quantization;
+use deltaserve_model::source::TensorSource;
 use deltaserve_tensor::op_check::Operands;
 use deltaserve_tensor::reference::{RefMat, ReferenceBackend};
 use deltaserve_tensor::{
-    Backend, ExpertShape, ExpertTensors, ExpertWeights, Experts, HostTensor, MoeRouting,
-    SharedExpert,
+    Backend, BlockFp8Matrix, DType, ExpertShape, ExpertTensors, ExpertWeights, Experts, HostTensor,
+    MoeRouting, SharedExpert,
 };
 
 const TOL_MOE: f32 = 1e-2;
+/// On the grouped path the shared expert runs through the dense ops, whose FP8 GEMV for 2-8 rows
+/// quantizes its activations to e4m3 per 1 x 128 block (W8A8, docs/fp8.md: ~3e-2 of the largest
+/// output on random data), so an FP8 case with a shared expert there is held to that.
+const TOL_FP8_SHARED_W8A8: f32 = 6e-2;
+
+/// The experts' storage a case is made with.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Weights {
+    Bf16,
+    /// Block-FP8 (128 x 128 blocks) kept as codes on the device.
+    Fp8,
+}
+
+impl Weights {
+    fn backend(self, test: &str) -> Option<&'static CudaBackend> {
+        match self {
+            Self::Bf16 => cuda(GemmPrecision::Bf16, test),
+            Self::Fp8 => cuda_fp8(test),
+        }
+    }
+
+    fn tensors(self, rng: &mut Rng, shape: ExpertShape) -> Vec<ExpertTensors> {
+        match self {
+            Self::Bf16 => expert_tensors(rng, shape),
+            Self::Fp8 => fp8_expert_tensors(rng, shape),
+        }
+    }
+}
+
+/// Random experts quantized to block FP8 with the checkpoints' recipe, as an FP8 checkpoint hands
+/// them on: the exactly dequantized values carrying their codes and scales.
+fn fp8_expert_tensors(rng: &mut Rng, shape: ExpertShape) -> Vec<ExpertTensors> {
+    let quantized = |t: HostTensor| {
+        let [rows, cols] = t.shape[..] else {
+            unreachable!("expert matrices are 2-D")
+        };
+        let (codes, scales) = block_fp8::quantize(&t.to_f32_vec(), 1, [rows, cols], [128, 128]);
+        let values = block_fp8::dequantize(&codes, &scales, 1, [rows, cols], [128, 128]);
+        HostTensor::from_f32(t.name.clone(), t.shape.clone(), &values).with_block_fp8(
+            BlockFp8Matrix {
+                codes,
+                scales,
+                block: [128, 128],
+            },
+        )
+    };
+    expert_tensors(rng, shape)
+        .into_iter()
+        .map(|t| ExpertTensors {
+            gate: quantized(t.gate),
+            up: quantized(t.up),
+            down: quantized(t.down),
+        })
+        .collect()
+}
 
 fn expert_tensors(rng: &mut Rng, shape: ExpertShape) -> Vec<ExpertTensors> {
     let ExpertShape {
@@ -48,6 +111,7 @@ struct SharedMats<M> {
 }
 
 struct Case {
+    be: &'static CudaBackend,
     routing: MoeRouting,
     reference: Experts<RefMat>,
     device: Experts<CudaMat>,
@@ -62,15 +126,27 @@ fn case(
     renormalize: bool,
     shared_rows: Option<usize>,
 ) -> Option<Case> {
-    let be = cuda(GemmPrecision::Bf16, "moe")?;
-    let tensors = expert_tensors(rng, shape);
+    case_of(Weights::Bf16, rng, shape, top_k, renormalize, shared_rows)
+}
+
+/// `case` with experts (and the shared expert) stored as `weights`.
+fn case_of(
+    weights: Weights,
+    rng: &mut Rng,
+    shape: ExpertShape,
+    top_k: usize,
+    renormalize: bool,
+    shared_rows: Option<usize>,
+) -> Option<Case> {
+    let be = weights.backend("moe")?;
+    let tensors = weights.tensors(rng, shape);
     let device = be.load_experts(&tensors, shape).unwrap();
     assert!(
         matches!(device.weights, ExpertWeights::Stacked { .. }),
-        "bf16 experts of shape {shape:?} should take the fused path"
+        "{weights:?} experts of shape {shape:?} should take the fused path"
     );
     let shared = shared_rows.map(|ims| {
-        let [t] = <[ExpertTensors; 1]>::try_from(expert_tensors(
+        let [t] = <[ExpertTensors; 1]>::try_from(weights.tensors(
             rng,
             ExpertShape {
                 experts: 1,
@@ -96,6 +172,7 @@ fn case(
         )
     });
     Some(Case {
+        be,
         routing: MoeRouting { top_k, renormalize },
         reference: ReferenceBackend.load_experts(&tensors, shape).unwrap(),
         device,
@@ -113,7 +190,7 @@ impl Case {
         tokens: usize,
         shared_logits: &[f32],
     ) -> (Vec<f32>, Vec<f32>) {
-        let be = cuda(GemmPrecision::Bf16, "moe").unwrap();
+        let be = self.be;
         let gate_dev = be.upload(&shared_logits[..tokens]);
         let gate_ref = shared_logits[..tokens].to_vec();
         let got = be.moe_experts(
@@ -180,6 +257,85 @@ fn fused_moe_matches_the_reference() {
         }
     }
     println!("fused moe: worst relative error {worst:.2e} (tolerance {TOL_MOE:.0e})");
+}
+
+/// Block-FP8 experts kept as codes (the by-slot and the grouped FP8 kernels, with and without a
+/// shared expert, Qwen3-Next's 512 experts and top-10) against the reference on the same exactly
+/// dequantized weights; their outputs batch-invariant bit for bit within each path.
+#[test]
+fn fused_fp8_moe_matches_the_reference() {
+    let mut rng = Rng(95);
+    let shapes = [
+        // (experts, im, h, top_k, renormalize, shared expert rows)
+        (8, 128, 256, 2, true, Some(128)),
+        (64, 256, 384, 8, true, None),
+        (512, 128, 128, 10, true, Some(256)),
+    ];
+    let mut worst = 0.0f32;
+    for (experts, im, h, top_k, renorm, shared) in shapes {
+        let shape = ExpertShape {
+            experts,
+            intermediate: im,
+            hidden: h,
+        };
+        let Some(c) = case_of(Weights::Fp8, &mut rng, shape, top_k, renorm, shared) else {
+            return;
+        };
+        let ExpertWeights::Stacked { gate_up, .. } = &c.device.weights else {
+            unreachable!("checked by case_of")
+        };
+        assert_eq!(
+            c.be.mat_bytes(gate_up),
+            experts * 2 * im * h + experts * 2 * (im / 128) * (h / 128) * 4,
+            "FP8 experts are stored as codes and scales"
+        );
+        let widest = 300;
+        let x = rng.vec(widest * h, 1.0);
+        let logits = rng.vec(widest * experts, 3.0);
+        let gate = rng.vec(widest, 2.0);
+        let run =
+            |tokens: usize| c.run(&x[..tokens * h], &logits[..tokens * experts], tokens, &gate);
+        let (slots_all, want) = run(4);
+        let label = format!("fp8 moe E={experts} im={im} h={h} k={top_k} shared={shared:?}");
+        worst = worst.max(check(
+            &format!("{label} tokens=4"),
+            &slots_all,
+            &want,
+            TOL_MOE,
+        ));
+        for tokens in 1..4 {
+            assert_eq!(
+                run(tokens).0,
+                slots_all[..tokens * h],
+                "{label}: by-slot rows of {tokens} tokens"
+            );
+        }
+        // Past 4 tokens: the grouped kernels (8-slot work blocks up to 64 tokens, 32 beyond).
+        // With a shared expert its dense GEMMs change kernel past 8 rows, so bit for bit
+        // only up to there.
+        let (grouped_all, want) = run(if shared.is_some() { 8 } else { widest });
+        let tol = if shared.is_some() {
+            TOL_FP8_SHARED_W8A8
+        } else {
+            TOL_MOE
+        };
+        let grouped_error = check(&format!("{label} grouped"), &grouped_all, &want, tol);
+        if shared.is_none() {
+            worst = worst.max(grouped_error);
+        }
+        for tokens in [5, 7] {
+            assert_eq!(
+                run(tokens).0,
+                grouped_all[..tokens * h],
+                "{label}: grouped rows of {tokens} tokens"
+            );
+        }
+        if shared.is_none() {
+            let (got, want) = run(70);
+            worst = worst.max(check(&format!("{label} tokens=70"), &got, &want, TOL_MOE));
+        }
+    }
+    println!("fused fp8 moe: worst relative error {worst:.2e} (tolerance {TOL_MOE:.0e})");
 }
 
 /// Equal router logits pick the lower expert index on both backends (the rule of
@@ -307,74 +463,165 @@ fn by_slot_outputs(
 /// by default) only share the work out differently: every row is the same dot products in the
 /// same order, so other choices (2 and 8 for both) give the default's outputs bit for bit. Hidden
 /// sizes that leave the last block partly empty (136, 200), up to 11 ranks (Qwen3-Next's top-10
-/// and its shared expert), 1-4 tokens (a decode, an MTP verify).
+/// and its shared expert), 1-4 tokens (a decode, an MTP verify); bf16 and FP8 experts (whose
+/// kernels stop at 8 rows: a define of 16 runs the 8-row one).
 #[test]
 fn moe_down_rows_a_block_do_not_change_the_outputs() {
     let test = "moe_down_rows_a_block_do_not_change_the_outputs";
-    let Some(default) = cuda(GemmPrecision::Bf16, test) else {
-        return;
-    };
     let mut rng = Rng(94);
-    for rows in [2, 8] {
-        let options = CudaOptions {
-            gemm_precision: GemmPrecision::Bf16,
-            defines: vec![
-                ("MOE_DOWN_ROWS_ONE_TOKEN".to_string(), rows.to_string()),
-                ("MOE_DOWN_ROWS_MULTI".to_string(), rows.to_string()),
-            ],
-            ..CudaOptions::default()
+    // (experts, im, h, top_k, shared expert rows)
+    let bf16_shapes = [
+        (64, 48, 136, 8, Some(64)),
+        (512, 16, 200, 10, Some(24)),
+        (32, 64, 128, 4, None),
+    ];
+    let fp8_shapes = [(64, 128, 384, 8, Some(128)), (512, 128, 128, 10, Some(256))];
+    for (weights, shapes) in [
+        (Weights::Bf16, &bf16_shapes[..]),
+        (Weights::Fp8, &fp8_shapes[..]),
+    ] {
+        let Some(default) = weights.backend(test) else {
+            return;
         };
-        let other = CudaBackend::with_options(0, options).expect("a second backend on GPU 0");
-        // (experts, im, h, top_k, shared expert rows)
-        for (experts, im, h, top_k, shared_rows) in [
-            (64, 48, 136, 8, Some(64)),
-            (512, 16, 200, 10, Some(24)),
-            (32, 64, 128, 4, None),
-        ] {
-            let shape = ExpertShape {
-                experts,
-                intermediate: im,
-                hidden: h,
+        for rows in [2, 8] {
+            let options = CudaOptions {
+                gemm_precision: GemmPrecision::Bf16,
+                keep_fp8_weights: Some(weights == Weights::Fp8),
+                defines: vec![
+                    ("MOE_DOWN_ROWS_ONE_TOKEN".to_string(), rows.to_string()),
+                    ("MOE_DOWN_ROWS_MULTI".to_string(), rows.to_string()),
+                ],
+                ..CudaOptions::default()
             };
-            let tensors = expert_tensors(&mut rng, shape);
-            let shared = shared_rows.map(|ims| {
-                expert_tensors(
-                    &mut rng,
-                    ExpertShape {
-                        experts: 1,
-                        intermediate: ims,
-                        hidden: h,
-                    },
-                )
-                .remove(0)
-            });
-            let routing = MoeRouting {
-                top_k,
-                renormalize: true,
-            };
-            for tokens in 1..=4 {
-                let x = rng.vec(tokens * h, 1.0);
-                let logits = rng.vec(tokens * experts, 3.0);
-                let gate = rng.vec(tokens, 2.0);
-                let run = |be: &CudaBackend| {
-                    by_slot_outputs(
-                        be,
-                        &tensors,
-                        shape,
-                        shared.as_ref(),
-                        routing,
-                        &x,
-                        &logits,
-                        &gate,
-                        tokens,
-                    )
+            let other = CudaBackend::with_options(0, options).expect("a second backend on GPU 0");
+            for &(experts, im, h, top_k, shared_rows) in shapes {
+                let shape = ExpertShape {
+                    experts,
+                    intermediate: im,
+                    hidden: h,
                 };
-                assert_eq!(
+                let tensors = weights.tensors(&mut rng, shape);
+                let shared = shared_rows.map(|ims| {
+                    weights
+                        .tensors(
+                            &mut rng,
+                            ExpertShape {
+                                experts: 1,
+                                intermediate: ims,
+                                hidden: h,
+                            },
+                        )
+                        .remove(0)
+                });
+                let routing = MoeRouting {
+                    top_k,
+                    renormalize: true,
+                };
+                for tokens in 1..=4 {
+                    let x = rng.vec(tokens * h, 1.0);
+                    let logits = rng.vec(tokens * experts, 3.0);
+                    let gate = rng.vec(tokens, 2.0);
+                    let run = |be: &CudaBackend| {
+                        by_slot_outputs(
+                            be,
+                            &tensors,
+                            shape,
+                            shared.as_ref(),
+                            routing,
+                            &x,
+                            &logits,
+                            &gate,
+                            tokens,
+                        )
+                    };
+                    assert_eq!(
                     run(&other),
                     run(default),
-                    "down kernel with {rows} rows a block differs: E={experts} im={im} h={h} k={top_k} shared={shared_rows:?} tokens={tokens}"
+                    "{weights:?} down kernel with {rows} rows a block differs: E={experts} im={im} h={h} k={top_k} shared={shared_rows:?} tokens={tokens}"
                 );
+                }
             }
         }
+    }
+}
+
+/// `--load-format dummy --quantization fp8` generates packed experts on the device and quantizes
+/// them there as one stacked matrix per projection: the same codes and scales as the host's
+/// quantizer gives each expert of the packed `[E, out, in]` tensor, read as weights.rs splits it
+/// (so the FP8 parts follow `rows` and `reshaped`), and both kept as codes.
+#[test]
+fn device_generated_fp8_experts_equal_host_quantized() {
+    let Some(be) = cuda_fp8("device_generated_fp8_experts_equal_host_quantized") else {
+        return;
+    };
+    let source = Fp8QuantizingSource::new(
+        Box::new(DummySource::new(DType::BF16, 12)),
+        Fp8Quantization::qwen_default(),
+    );
+    let shape = ExpertShape {
+        experts: 16,
+        intermediate: 128,
+        hidden: 256,
+    };
+    let (e, im, h) = (shape.experts, shape.intermediate, shape.hidden);
+    let (gate_up_name, down_name) = (
+        "layers.0.mlp.experts.gate_up_proj",
+        "layers.0.mlp.experts.down_proj",
+    );
+    let spec = |name: &str, rows: usize, cols: usize| {
+        let spec = source
+            .generated_matrix(name, [rows, cols])
+            .expect("packed experts are offered for generation");
+        assert_eq!(spec.block_fp8, Some([128, 128]), "{name}");
+        spec
+    };
+    let generated = be
+        .generate_experts(
+            &spec(gate_up_name, e * 2 * im, h),
+            &spec(down_name, e * h, im),
+            shape,
+        )
+        .expect("the cuda backend generates stacked experts")
+        .expect("generation succeeds");
+    let gate_up = source.get(gate_up_name, &[e, 2 * im, h]).unwrap();
+    let down = source.get(down_name, &[e, h, im]).unwrap();
+    let tensors: Vec<ExpertTensors> = (0..e)
+        .map(|i| {
+            let gu = gate_up.rows(i, i + 1).reshaped(vec![2 * im, h]);
+            ExpertTensors {
+                gate: gu.rows(0, im),
+                up: gu.rows(im, 2 * im),
+                down: down.rows(i, i + 1).reshaped(vec![h, im]),
+            }
+        })
+        .collect();
+    let read = be.load_experts(&tensors, shape).unwrap();
+    for experts in [&generated, &read] {
+        let ExpertWeights::Stacked { gate_up, down } = &experts.weights else {
+            panic!("FP8 experts of shape {shape:?} should be stacked")
+        };
+        let fp8_bytes = |rows: usize, cols: usize| rows * cols + (rows / 128) * (cols / 128) * 4;
+        assert_eq!(
+            (be.mat_bytes(gate_up), be.mat_bytes(down)),
+            (fp8_bytes(e * 2 * im, h), fp8_bytes(e * h, im)),
+            "kept as codes and scales"
+        );
+    }
+    let mut rng = Rng(96);
+    let routing = MoeRouting {
+        top_k: 4,
+        renormalize: true,
+    };
+    for tokens in [1, 3, 9, 100] {
+        let x = be.upload(&rng.vec(tokens * h, 1.0));
+        let logits = be.upload(&rng.vec(tokens * e, 3.0));
+        let out = |experts: &Experts<CudaMat>| {
+            be.to_host(&be.moe_experts(&x, &logits, experts, routing, tokens, None))
+        };
+        assert_eq!(
+            out(&generated),
+            out(&read),
+            "generated and read FP8 experts differ for {tokens} tokens"
+        );
     }
 }

@@ -1,8 +1,8 @@
 //! `--quantization fp8` on an unquantized checkpoint: every linear weight outside the scheme's
 //! `modules_to_not_convert` is quantized to block FP8 as it is read (the 128 x 128 recipe of
-//! block_fp8.rs) and handed on dequantized, so the model computes with exactly the weights an FP8
-//! checkpoint made with that recipe would hold. The numbers change; memory and speed do not yet
-//! (the backends store the dequantized values: docs/fp8.md).
+//! block_fp8.rs) and handed on dequantized with the codes and scales attached, so the model computes
+//! with exactly the weights an FP8 checkpoint made with that recipe would hold; backends that keep
+//! FP8 weights store the codes (docs/fp8.md).
 
 use crate::block_fp8;
 use crate::error::LoadError;
@@ -69,15 +69,15 @@ impl TensorSource for Fp8QuantizingSource {
 
     /// A converted matrix is offered for generation with the quantizer's block shape, so that a
     /// backend that keeps FP8 weights quantizes it on its device as `get` would on the host (one
-    /// that cannot declines, and `get` runs). Packed experts are generated as one `[E * out, in]`
-    /// matrix, whose tiles would straddle experts: those are always read.
+    /// that cannot declines, and `get` runs). Packed experts are offered as one `[E * out, in]`
+    /// matrix: its tiles are each expert's own only when `out` is whole blocks, which the caller
+    /// checks (weights.rs reads the experts otherwise).
     fn generated_matrix(&self, name: &str, shape: [usize; 2]) -> Option<GeneratedMatrix> {
-        if is_packed_experts(name) && !self.scheme.keeps_unconverted(name) {
-            return None;
-        }
         let spec = self.inner.generated_matrix(name, shape)?;
+        let converts = (name.ends_with(".weight") || is_packed_experts(name))
+            && !self.scheme.keeps_unconverted(name);
         Some(GeneratedMatrix {
-            block_fp8: self.converts(name, &shape).then_some(self.scheme.block),
+            block_fp8: converts.then_some(self.scheme.block),
             ..spec
         })
     }
@@ -122,12 +122,12 @@ mod tests {
                 continue;
             }
             // A converted matrix is offered for generation only with the quantizer's blocks
-            // (packed experts never: their tiles would straddle experts).
+            // (packed experts as their stack of rows).
+            let rows: usize = shape[..shape.len() - 1].iter().product();
             let offered = source
-                .generated_matrix(name, [shape[0], shape[1]])
+                .generated_matrix(name, [rows, shape[shape.len() - 1]])
                 .map(|spec| spec.block_fp8);
-            let expected = (shape.len() == 2).then_some(Some([128, 128]));
-            assert_eq!(offered, expected, "{name}");
+            assert_eq!(offered, Some(Some([128, 128])), "{name}");
             let (w, q) = (theirs.to_f32_vec(), ours.to_f32_vec());
             // Each value moves by at most half an e4m3 step: 2^-4 of itself, or 2^-10 of its
             // tile's scale (at most the tensor's amax / 448) below the normal range.

@@ -8,7 +8,9 @@ use crate::draft_fp8::DRAFT_HEAD;
 use crate::error::LoadError;
 use crate::source::TensorSource;
 use crate::tp::Shard;
-use deltaserve_tensor::{Backend, ExpertShape, ExpertTensors, ExpertWeights, Experts, HostTensor};
+use deltaserve_tensor::{
+    Backend, ExpertShape, ExpertTensors, ExpertWeights, Experts, GeneratedMatrix, HostTensor,
+};
 
 /// Weights of a gated full-attention block (`self_attn.*`).
 pub struct AttentionWeights<B: Backend> {
@@ -383,7 +385,11 @@ impl<B: Backend> Builder<'_, B> {
                 .source
                 .generated_matrix(&packed, [e * 2 * im, h])
                 .zip(self.source.generated_matrix(&packed_down, [e * h, im]))
-                .filter(|_| whole);
+                .filter(|(gate_up, down)| {
+                    whole
+                        && stack_tiles_stay_in_one_matrix(gate_up, 2 * im)
+                        && stack_tiles_stay_in_one_matrix(down, h)
+                });
             if let Some((gate_up, down)) = generated {
                 if let Some(experts) = self.backend.generate_experts(&gate_up, &down, shape) {
                     self.done += 2;
@@ -581,4 +587,12 @@ impl<B: Backend> Weights<B> {
             mtp,
         })
     }
+}
+
+/// Whether a stack of matrices of `rows_each` rows, generated as one matrix, may be quantized as
+/// one: its block-FP8 tiles (when asked for) then each lie inside one matrix, so the codes and
+/// scales are those of quantizing each matrix alone.
+fn stack_tiles_stay_in_one_matrix(spec: &GeneratedMatrix, rows_each: usize) -> bool {
+    spec.block_fp8
+        .is_none_or(|[block_rows, _]| rows_each.is_multiple_of(block_rows))
 }
