@@ -36,7 +36,8 @@ pub struct ModelFlags {
     pub load_format: LoadFormat,
     /// `fp8`: quantize an unquantized checkpoint's linear weights to block FP8 (128 x 128 tiles,
     /// scale = amax / 448) at load, as SGLang's flag does; a block-FP8 checkpoint is read as stored
-    /// either way. The backends keep the dequantized values (docs/fp8.md).
+    /// either way. The cpu backend, and the cuda backend on Hopper and later, keep the FP8 codes
+    /// (half the bytes of bf16); elsewhere the weights are the dequantized values (docs/fp8.md).
     #[arg(long, value_enum)]
     pub quantization: Option<Quantization>,
     /// `fp8`: the draft model, the MTP head (its decoder layer, and an output head of its own
