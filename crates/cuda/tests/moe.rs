@@ -223,6 +223,20 @@ impl Case {
     }
 }
 
+/// A row of a shape table: (experts, im, h, top_k, renormalize, shared expert rows).
+type ShapeRow = (usize, usize, usize, usize, bool, Option<usize>);
+
+/// The case of one shape-table row with experts stored as `weights`.
+fn table_case(weights: Weights, rng: &mut Rng, row: ShapeRow) -> Option<Case> {
+    let (experts, intermediate, hidden, top_k, renormalize, shared) = row;
+    let shape = ExpertShape {
+        experts,
+        intermediate,
+        hidden,
+    };
+    case_of(weights, rng, shape, top_k, renormalize, shared)
+}
+
 #[test]
 fn fused_moe_matches_the_reference() {
     let mut rng = Rng(91);
@@ -234,15 +248,11 @@ fn fused_moe_matches_the_reference() {
         (512, 16, 64, 10, true, Some(12)),
     ];
     let mut worst = 0.0f32;
-    for (experts, im, h, top_k, renorm, shared) in shapes {
-        let shape = ExpertShape {
-            experts,
-            intermediate: im,
-            hidden: h,
-        };
-        let Some(c) = case(&mut rng, shape, top_k, renorm, shared) else {
+    for row in shapes {
+        let Some(c) = table_case(Weights::Bf16, &mut rng, row) else {
             return;
         };
+        let (experts, im, h, top_k, _, shared) = row;
         // 1-4: the by-slot kernels (a decode, an MTP verify); 5 and 33: the grouped ones with
         // 8-slot work blocks; 300 and 700: with 32-slot blocks, several per expert.
         for tokens in [1, 3, 4, 5, 33, 300, 700] {
@@ -272,15 +282,11 @@ fn fused_fp8_moe_matches_the_reference() {
         (512, 128, 128, 10, true, Some(256)),
     ];
     let mut worst = 0.0f32;
-    for (experts, im, h, top_k, renorm, shared) in shapes {
-        let shape = ExpertShape {
-            experts,
-            intermediate: im,
-            hidden: h,
-        };
-        let Some(c) = case_of(Weights::Fp8, &mut rng, shape, top_k, renorm, shared) else {
+    for row in shapes {
+        let Some(c) = table_case(Weights::Fp8, &mut rng, row) else {
             return;
         };
+        let (experts, im, h, top_k, _, shared) = row;
         let ExpertWeights::Stacked { gate_up, .. } = &c.device.weights else {
             unreachable!("checked by case_of")
         };
