@@ -240,6 +240,25 @@ __device__ __forceinline__ void load_rounded8(const float* p, float* f) {
 // codes that all lie in one 128-column block (16 divides 128), so one scale covers a vector.
 enum WeightFormat { WEIGHTS_BF16, WEIGHTS_FP8 };
 
+// The element a weight row is made of (bf16 bits or e4m3 codes), its bytes, and the weights a
+// 16-byte vector holds.
+template <int FORMAT>
+struct WeightElement {
+    using type = bf16_bits;
+};
+template <>
+struct WeightElement<WEIGHTS_FP8> {
+    using type = unsigned char;
+};
+template <int FORMAT>
+__device__ __forceinline__ constexpr int weight_bytes() {
+    return sizeof(typename WeightElement<FORMAT>::type);
+}
+template <int FORMAT>
+__device__ __forceinline__ constexpr int weights_per_vector() {
+    return 16 / weight_bytes<FORMAT>();
+}
+
 // e4m3fn code -> its value times 2^-120, exactly: the code's exponent and mantissa bits are placed
 // at the bottom of an f32's (bias 7 inside bias 127, so the value is scaled by 2^-120, and e4m3
 // subnormals land on f32 subnormals, which the FMA keeps: NVRTC does not flush them). The 2^120 is

@@ -418,8 +418,8 @@ __device__ __forceinline__ void gemv_lanes(const GemvGroup& group, const void* _
         gemv_bf16_sets<T, ROUNDED_X, ROWS, UNROLL, PAIRED>(group, x, k);
         return;
     }
-    constexpr int VALUES = FORMAT == WEIGHTS_FP8 ? 16 : 8;  // weights per 16-byte vector
-    constexpr int ROW_BYTES_PER_VALUE = FORMAT == WEIGHTS_FP8 ? 1 : 2;
+    constexpr int VALUES = weights_per_vector<FORMAT>();
+    constexpr int ROW_BYTES_PER_VALUE = weight_bytes<FORMAT>();
     constexpr int HALF = PAIRED ? ROWS / 2 : ROWS;
     static_assert(!PAIRED || ROWS % 2 == 0, "a paired warp holds as many up rows as gate rows");
     constexpr bool DIAG = GEMV_FP8_DIAG && FORMAT == WEIGHTS_FP8 && T == 1;

@@ -253,19 +253,6 @@ extern "C" __global__ void moe_plan(const int* __restrict__ ids, int slots, int 
 // times the f32 activations on the CUDA cores, a 16-code vector's products summed and then scaled by
 // its block (gemv.cu's W8A16 lanes); grouped on the bf16 tensor cores, the codes widened to bf16
 // (exact) and each 32-column piece scaled by its block before it joins the warp's sum.
-template <int FORMAT>
-__device__ __forceinline__ constexpr int weight_bytes() {
-    return FORMAT == WEIGHTS_FP8 ? 1 : 2;
-}
-// The element type of a weight row: bf16 bits or e4m3 codes.
-template <int FORMAT>
-struct WeightElement {
-    using type = bf16_bits;
-};
-template <>
-struct WeightElement<WEIGHTS_FP8> {
-    using type = unsigned char;
-};
 
 // One work block of one expert against 16 of its output rows (GATE_UP: 16 gate rows and the 16 up
 // rows that pair with them), for up to 8 * TILES slots. The warps split K in interleaved 32-column
@@ -556,7 +543,7 @@ __device__ __forceinline__ void moe_gate_up_by_slot(const void* __restrict__ gat
                                                     const int* __restrict__ ids, const MoeShared& shared,
                                                     bf16_bits* __restrict__ act, int act_stride) {
     constexpr bool FP8 = FORMAT == WEIGHTS_FP8;
-    constexpr int VALUES = FP8 ? 16 : 8;  // weights a 16-byte vector
+    constexpr int VALUES = weights_per_vector<FORMAT>();
     constexpr int UNROLL = FP8 ? MOE_FP8_LANE_UNROLL : MOE_LANE_UNROLL;
     constexpr bool DIAG = MOE_DIAG && !FP8;
     const int lane = threadIdx.x & 31;
@@ -692,7 +679,7 @@ __device__ __forceinline__ void moe_down_by_rank(const void* __restrict__ down, 
                                                  const float* __restrict__ weights, const MoeShared& shared,
                                                  float* __restrict__ out) {
     constexpr bool FP8 = FORMAT == WEIGHTS_FP8;
-    constexpr int VALUES = FP8 ? 16 : 8;  // weights a 16-byte vector
+    constexpr int VALUES = weights_per_vector<FORMAT>();
     constexpr int UNROLL = FP8 ? 1 : 2;
     using W = typename WeightElement<FORMAT>::type;
     __shared__ float products[ROWS][MOE_MAX_EXPERTS + 1];
