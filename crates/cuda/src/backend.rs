@@ -119,14 +119,18 @@ pub(crate) fn device_failure(op: &str, err: impl std::fmt::Debug) -> ! {
 /// Launches kernel `$name` with `$cfg` and the given arguments, which must all be references to
 /// named values (the launch reads them through pointers). Callers state the safety contract.
 macro_rules! launch {
-    ($be:expr, $name:expr, $cfg:expr, $($arg:expr),+ $(,)?) => {{
-        let args: &[&dyn $crate::launcher::KernelArg] = &[$( $arg ),+];
+    // An argument list built at run time (a slice of `&dyn KernelArg`), after a semicolon.
+    ($be:expr, $name:expr, $cfg:expr; $args:expr) => {{
+        let args: &[&dyn $crate::launcher::KernelArg] = $args;
         // SAFETY: the caller checked the argument types against the kernel's signature and every
         // length the kernel indexes with (see the comment at the call).
         if let Err(e) = unsafe { $be.launch_kernel($name, $cfg, args) } {
             $crate::backend::device_failure($name, e);
         }
     }};
+    ($be:expr, $name:expr, $cfg:expr, $($arg:expr),+ $(,)?) => {
+        $crate::backend::launch!($be, $name, $cfg; &[$( $arg ),+])
+    };
 }
 pub(crate) use launch;
 

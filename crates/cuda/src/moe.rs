@@ -7,7 +7,7 @@
 //! (`--cuda-matmul-precision f32`) and shapes the kernels do not take keep one matrix per expert and
 //! the generic path.
 
-use crate::backend::{device_failure, launch, CudaBackend};
+use crate::backend::{launch, CudaBackend};
 use crate::buffer::CudaBuf;
 use crate::launcher::{KernelArg, ValueArg};
 use crate::mat::{CudaMat, MatData, FP8_BLOCK};
@@ -58,18 +58,39 @@ pub(crate) struct SlotShape {
     down_multi: DownKernel,
 }
 
-/// One of the `moe_down_combine_r*` kernels: its name, its FP8 twin's (`moe_down_combine_fp8_r*`)
-/// and its output rows a block.
-type DownKernel = (&'static str, &'static str, usize);
+/// One of the `moe_down_combine_r*` kernels: its output rows a block and name, and the FP8 kernel
+/// (`moe_down_combine_fp8_r*`) with its rows a block that stands in for it.
+#[derive(Clone, Copy, Debug)]
+struct DownKernel {
+    rows: usize,
+    bf16: &'static str,
+    fp8: (&'static str, usize),
+}
 
 /// The rows a block that `moe_down_combine_r*` comes in. The FP8 kernels stop at 8: with 16 rows
 /// a lane holds 16 code vectors and their 256 widened values, more than the 128 registers a thread
 /// of a 512-thread block may have (ptxas, sm_90: 164 bytes spilled), so 16 takes the 8-row one.
 const DOWN_KERNELS: [DownKernel; 4] = [
-    ("moe_down_combine_r2", "moe_down_combine_fp8_r2", 2),
-    ("moe_down_combine_r4", "moe_down_combine_fp8_r4", 4),
-    ("moe_down_combine_r8", "moe_down_combine_fp8_r8", 8),
-    ("moe_down_combine_r16", "moe_down_combine_fp8_r8", 16),
+    DownKernel {
+        rows: 2,
+        bf16: "moe_down_combine_r2",
+        fp8: ("moe_down_combine_fp8_r2", 2),
+    },
+    DownKernel {
+        rows: 4,
+        bf16: "moe_down_combine_r4",
+        fp8: ("moe_down_combine_fp8_r4", 4),
+    },
+    DownKernel {
+        rows: 8,
+        bf16: "moe_down_combine_r8",
+        fp8: ("moe_down_combine_fp8_r8", 8),
+    },
+    DownKernel {
+        rows: 16,
+        bf16: "moe_down_combine_r16",
+        fp8: ("moe_down_combine_fp8_r8", 8),
+    },
 ];
 
 impl SlotShape {
@@ -77,9 +98,9 @@ impl SlotShape {
         let lane_warps = options.define("MOE_LANE_WARPS").unwrap_or(4);
         let down_kernel = |name: &str, default: usize| {
             let rows = options.define::<usize>(name).unwrap_or(default);
-            let kernel = DOWN_KERNELS.iter().find(|(_, _, r)| *r == rows);
+            let kernel = DOWN_KERNELS.iter().find(|k| k.rows == rows);
             *kernel.unwrap_or_else(|| {
-                let offered: Vec<usize> = DOWN_KERNELS.iter().map(|(_, _, r)| *r).collect();
+                let offered: Vec<usize> = DOWN_KERNELS.iter().map(|k| k.rows).collect();
                 panic!("{name}={rows}: moe.cu has down kernels for {offered:?} rows a block")
             })
         };
@@ -93,16 +114,15 @@ impl SlotShape {
 
     /// The `moe_down_combine_r*` kernel (or its FP8 twin) for `tokens`, and its rows a block.
     fn down_kernel(&self, tokens: usize, fp8: bool) -> (&'static str, usize) {
-        let (bf16, fp8_twin, rows) = if tokens == 1 {
+        let kernel = if tokens == 1 {
             self.down_one_token
         } else {
             self.down_multi
         };
         if fp8 {
-            let fp8_rows = DOWN_KERNELS.iter().find(|(_, k, _)| *k == fp8_twin);
-            (fp8_twin, fp8_rows.map_or(rows, |(_, _, r)| *r))
+            kernel.fp8
         } else {
-            (bf16, rows)
+            (kernel.bf16, kernel.rows)
         }
     }
 }
@@ -355,7 +375,7 @@ impl CudaBackend {
             return self.scratch(0);
         }
         let routes = self.moe_route(router_logits, tokens, e, routing);
-        let fp8 = matches!(weights, StackedWeights::Fp8 { .. });
+        let fp8 = weights.is_fp8();
         let stacked = Stacked { weights, e, im, h };
         let fused_shared = match &shared {
             None => Some(None),
@@ -461,7 +481,7 @@ impl CudaBackend {
             self.alloc_for_overwrite("moe output", tokens * w.h),
             tokens * w.h,
         );
-        let fp8 = matches!(w.weights, StackedWeights::Fp8 { .. });
+        let fp8 = w.weights.is_fp8();
         let params = shared.map_or_else(MoeShared::default, |s| s.params);
         let (im32, h32, k32, ranks32, stride32) = (
             w.im as i32,
@@ -496,12 +516,12 @@ impl CudaBackend {
             &mut act,
             &stride32,
         ]);
-        // SAFETY: gate_up is e x 2im x h bf16, or FP8 codes with their scale grid, with h % 8 ==
+        // Contract: gate_up is e x 2im x h bf16, or FP8 codes with their scale grid, with h % 8 ==
         // 0 (fused_applies; FP8: im and h % 128 == 0, fp8_fused_applies), the shared expert's
         // gate/up ims x h and down h x ims in the same format with ims % 8 == 0 (FP8: % 128,
         // SharedMats::of); x holds tokens x h f32 (checked), ids tokens x k experts < e
         // (moe_route), act slots x act_stride.
-        unsafe { self.launch_list(gate_up_kernel, gate_up_cfg, &args) };
+        launch!(self, gate_up_kernel, gate_up_cfg; &args);
         let (down_kernel, down_rows) = shape.down_kernel(tokens, fp8);
         let down_cfg = LaunchConfig {
             grid_dim: (w.h.div_ceil(down_rows) as u32, tokens as u32, 1),
@@ -521,22 +541,11 @@ impl CudaBackend {
             &params,
             out.data_mut(),
         ]);
-        // SAFETY: down is e x h x im bf16 with im % 8 == 0 (FP8: codes and scale grid, im and h
+        // Contract: down is e x h x im bf16 with im % 8 == 0 (FP8: codes and scale grid, im and h
         // % 128 == 0); act, ids, weights as written above; the shared gate logits hold tokens
         // values (checked); out tokens x h.
-        unsafe { self.launch_list(down_kernel, down_cfg, &args) };
+        launch!(self, down_kernel, down_cfg; &args);
         out
-    }
-
-    /// `launch!` with an argument list built at run time (the weights' arguments differ by format).
-    ///
-    /// # Safety
-    /// As `launch_kernel`: the arguments match the kernel's signature and the lengths it indexes.
-    unsafe fn launch_list(&self, name: &'static str, cfg: LaunchConfig, args: &[&dyn KernelArg]) {
-        // SAFETY: the caller's contract.
-        if let Err(e) = unsafe { self.launch_kernel(name, cfg, args) } {
-            device_failure(name, e);
-        }
     }
 
     /// The grouped path for many tokens: slots grouped by expert, each expert's work blocks on the
@@ -558,7 +567,7 @@ impl CudaBackend {
         let slots = tokens * k;
         let (t32, e32, k32, h32, im32) =
             (tokens as i32, w.e as i32, k as i32, w.h as i32, w.im as i32);
-        let fp8 = matches!(w.weights, StackedWeights::Fp8 { .. });
+        let fp8 = w.weights.is_fp8();
         let (gate_up_kernel, down_kernel, block_rows) = grouped_kernels(tokens, fp8);
         // Most work blocks there can be: each expert's slots split into blocks of block_rows.
         let max_blocks = (slots / block_rows + w.e.min(slots)).min(slots);
@@ -612,11 +621,11 @@ impl CudaBackend {
             &blocks,
             &mut act,
         ]);
-        // SAFETY: gate_up is e x 2im x h bf16 (FP8: codes and scale grid, im and h % 128 == 0)
+        // Contract: gate_up is e x 2im x h bf16 (FP8: codes and scale grid, im and h % 128 == 0)
         // and x_bf16 tokens x h with h % 8 == 0 (fused_applies: 16-byte aligned rows);
         // sorted/blocks/block_count as moe_plan left them (every slot < tokens x k, at most
         // block_rows per block: the kernel's 8 x TILES); act holds slots x im.
-        unsafe { self.launch_list(gate_up_kernel, gemm_cfg(w.im), &args) };
+        launch!(self, gate_up_kernel, gemm_cfg(w.im); &args);
         let mut args = w.weights.down_args();
         args.extend([
             &h32 as &dyn KernelArg,
@@ -627,9 +636,9 @@ impl CudaBackend {
             &blocks,
             &mut y,
         ]);
-        // SAFETY: down is e x h x im bf16 (FP8: codes and scale grid), im % 8 == 0; act as
+        // Contract: down is e x h x im bf16 (FP8: codes and scale grid), im % 8 == 0; act as
         // written above; y slots x h.
-        unsafe { self.launch_list(down_kernel, gemm_cfg(w.h), &args) };
+        launch!(self, down_kernel, gemm_cfg(w.h); &args);
         let null: u64 = 0;
         let (shared_out, gate_logits): (&dyn KernelArg, &dyn KernelArg) = match &shared {
             Some((shared_out, gate_logits)) => (shared_out.data(), gate_logits.data()),
@@ -686,6 +695,10 @@ enum StackedWeights<'a> {
 }
 
 impl StackedWeights<'_> {
+    fn is_fp8(&self) -> bool {
+        matches!(self, Self::Fp8 { .. })
+    }
+
     /// The gate/up kernels' leading arguments: the matrix (and its scales).
     fn gate_up_args(&self) -> Vec<&dyn KernelArg> {
         match self {
@@ -815,16 +828,12 @@ impl SharedMats {
         if !shapes_fit {
             return None;
         }
-        let (gate_logits, _record) = s
-            .gate_logits
-            .data()
-            .device_ptr(s.gate_logits.data().stream());
-        let ptr = |m: &dyn DevicePointer| m.address();
+        let gate_logits = device_address(s.gate_logits.data());
         let params = match (&s.gate.data, &s.up.data, &s.down.data) {
             (MatData::Bf16(g), MatData::Bf16(u), MatData::Bf16(d)) if !fp8 => MoeShared {
-                gate: ptr(g),
-                up: ptr(u),
-                down: ptr(d),
+                gate: device_address(g),
+                up: device_address(u),
+                down: device_address(d),
                 gate_logits,
                 ims: ims as i32,
                 ..MoeShared::default()
@@ -843,12 +852,12 @@ impl SharedMats {
                     scales: ds,
                 },
             ) if fp8 => MoeShared {
-                gate: ptr(g),
-                up: ptr(u),
-                down: ptr(d),
-                gate_scales: ptr(gs),
-                up_scales: ptr(us),
-                down_scales: ptr(ds),
+                gate: device_address(g),
+                up: device_address(u),
+                down: device_address(d),
+                gate_scales: device_address(gs),
+                up_scales: device_address(us),
+                down_scales: device_address(ds),
                 gate_logits,
                 ims: ims as i32,
             },
@@ -859,13 +868,7 @@ impl SharedMats {
 }
 
 /// A device allocation's address, whatever its element type.
-trait DevicePointer {
-    fn address(&self) -> u64;
-}
-
-impl<T> DevicePointer for CudaSlice<T> {
-    fn address(&self) -> u64 {
-        let (p, _record) = self.device_ptr(self.stream());
-        p
-    }
+fn device_address<T>(m: &CudaSlice<T>) -> u64 {
+    let (p, _record) = m.device_ptr(m.stream());
+    p
 }

@@ -14,16 +14,15 @@ mod common;
 
 use common::{check, cuda, cuda_fp8, Rng};
 use deltaserve_cuda::{CudaBackend, CudaMat, CudaOptions, GemmPrecision};
-use deltaserve_model::block_fp8;
 use deltaserve_model::dummy::DummySource;
-use deltaserve_model::online_fp8::Fp8QuantizingSource;
+use deltaserve_model::online_fp8::{quantized_to_block_fp8, Fp8QuantizingSource};
 use deltaserve_model::quantization::Fp8Quantization;
 use deltaserve_model::source::TensorSource;
 use deltaserve_tensor::op_check::Operands;
 use deltaserve_tensor::reference::{RefMat, ReferenceBackend};
 use deltaserve_tensor::{
-    Backend, BlockFp8Matrix, DType, ExpertShape, ExpertTensors, ExpertWeights, Experts, HostTensor,
-    MoeRouting, SharedExpert,
+    Backend, DType, ExpertShape, ExpertTensors, ExpertWeights, Experts, HostTensor, MoeRouting,
+    SharedExpert,
 };
 
 const TOL_MOE: f32 = 1e-2;
@@ -59,20 +58,7 @@ impl Weights {
 /// Random experts quantized to block FP8 with the checkpoints' recipe, as an FP8 checkpoint hands
 /// them on: the exactly dequantized values carrying their codes and scales.
 fn fp8_expert_tensors(rng: &mut Rng, shape: ExpertShape) -> Vec<ExpertTensors> {
-    let quantized = |t: HostTensor| {
-        let [rows, cols] = t.shape[..] else {
-            unreachable!("expert matrices are 2-D")
-        };
-        let (codes, scales) = block_fp8::quantize(&t.to_f32_vec(), 1, [rows, cols], [128, 128]);
-        let values = block_fp8::dequantize(&codes, &scales, 1, [rows, cols], [128, 128]);
-        HostTensor::from_f32(t.name.clone(), t.shape.clone(), &values).with_block_fp8(
-            BlockFp8Matrix {
-                codes,
-                scales,
-                block: [128, 128],
-            },
-        )
-    };
+    let quantized = |t: HostTensor| quantized_to_block_fp8(t, [128, 128]);
     expert_tensors(rng, shape)
         .into_iter()
         .map(|t| ExpertTensors {

@@ -34,7 +34,7 @@ impl Fp8QuantizingSource {
 /// `tensor` (`[.., rows, cols]`: one matrix or a stack of them) quantized to block FP8 with the
 /// recipe of block_fp8.rs and handed on as its dequantized values with the codes and scales
 /// attached, as an FP8 checkpoint's tensor is read.
-pub(crate) fn quantized_to_block_fp8(tensor: HostTensor, block: [usize; 2]) -> HostTensor {
+pub fn quantized_to_block_fp8(tensor: HostTensor, block: [usize; 2]) -> HostTensor {
     let shape = tensor.shape.clone();
     let [.., rows, cols] = shape[..] else {
         unreachable!("only matrices and stacks of them are quantized")
