@@ -73,6 +73,22 @@ pub enum LoadError {
         message: String,
     },
 
+    /// A tensor-parallel share of a block-FP8 weight would cut its scale blocks.
+    #[error(
+        "--tp-size {tp_size}: rank {rank}'s share of the block-FP8 weight `{tensor}` {shape:?} is {part}, \
+         which cuts its {block:?} scale blocks; a block-FP8 checkpoint splits only at block \
+         boundaries, so every rank's share of this width must be a whole number of blocks: use a \
+         --tp-size that divides it into multiples of {block:?}, or the bf16 checkpoint"
+    )]
+    Fp8BlockSplit {
+        tp_size: usize,
+        rank: usize,
+        tensor: String,
+        shape: Vec<usize>,
+        part: String,
+        block: [usize; 2],
+    },
+
     /// A tensor-level error raised while reshaping or slicing loaded weights.
     #[error(transparent)]
     Tensor(#[from] TensorError),

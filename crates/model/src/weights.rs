@@ -119,6 +119,31 @@ impl<B: Backend> Weights<B> {
     }
 }
 
+/// `share`, `shard`'s part of `whole`, when it keeps the block-FP8 codes and scales that
+/// `whole` has (its ends on scale-block boundaries); a share that would cut a block stops the
+/// load naming the tensor, rather than running that matrix dequantized. `part` describes the
+/// share for the message.
+fn fp8_share(
+    shard: Shard,
+    whole: &HostTensor,
+    share: HostTensor,
+    part: impl FnOnce() -> String,
+) -> Result<HostTensor, LoadError> {
+    match whole.block_fp8() {
+        Some(fp8) if share.block_fp8().is_none() && !shard.is_whole() => {
+            Err(LoadError::Fp8BlockSplit {
+                tp_size: shard.size,
+                rank: shard.rank,
+                tensor: whole.name.clone(),
+                shape: whole.shape.clone(),
+                part: part(),
+                block: fp8.block,
+            })
+        }
+        _ => Ok(share),
+    }
+}
+
 /// Loads tensors from a source through a backend, counting progress.
 struct Builder<'a, B: Backend> {
     backend: &'a B,
@@ -175,7 +200,10 @@ impl<B: Backend> Builder<'_, B> {
             return self.mat(name, shape);
         }
         let t = self.host(name, &shape)?;
-        self.mat_from(&t.gather_rows(ranges))
+        let share = fp8_share(self.shard, &t, t.gather_rows(ranges), || {
+            format!("rows {ranges:?}")
+        })?;
+        self.mat_from(&share)
     }
 
     /// A row-parallel shard: columns `[from, to)` of matrix `name` (the whole matrix when unsplit).
@@ -189,7 +217,10 @@ impl<B: Backend> Builder<'_, B> {
             return self.mat(name, shape);
         }
         let t = self.host(name, &shape)?;
-        self.mat_from(&t.cols(from, to))
+        let share = fp8_share(self.shard, &t, t.cols(from, to), || {
+            format!("columns [{from}, {to})")
+        })?;
+        self.mat_from(&share)
     }
 
     /// The entries `ranges` (along dimension 0) of parameter `name`.
@@ -365,18 +396,25 @@ impl<B: Backend> Builder<'_, B> {
         } = shape;
         // Tensor parallelism: each expert keeps its share [i_from, i_to) of the intermediate width
         // (gate and up rows, down columns), like a dense MLP.
-        let whole = self.shard.is_whole();
-        let (i_from, i_to) = self.shard.range(im);
+        let (shard, whole) = (self.shard, self.shard.is_whole());
+        let (i_from, i_to) = shard.range(im);
         let local = ExpertShape {
             intermediate: i_to - i_from,
             ..shape
         };
         let down_share = |down: HostTensor| {
             if whole {
-                down
+                Ok(down)
             } else {
-                down.cols(i_from, i_to)
+                let share = down.cols(i_from, i_to);
+                fp8_share(shard, &down, share, || {
+                    format!("columns [{i_from}, {i_to})")
+                })
             }
+        };
+        let gate_up_share = |matrix: HostTensor, from: usize, to: usize| {
+            let share = matrix.rows(from, to);
+            fp8_share(shard, &matrix, share, || format!("rows [{from}, {to})"))
         };
         let packed = format!("{prefix}.experts.gate_up_proj");
         let packed_down = format!("{prefix}.experts.down_proj");
@@ -399,29 +437,28 @@ impl<B: Backend> Builder<'_, B> {
             }
             let gate_up = self.host(&packed, &[e, 2 * im, h])?;
             let down = self.host(&packed_down, &[e, h, im])?;
-            let tensors: Vec<ExpertTensors> = (0..e)
+            let tensors = (0..e)
                 .map(|i| {
                     let gu = gate_up.rows(i, i + 1).reshaped(vec![2 * im, h]);
-                    ExpertTensors {
-                        gate: gu.rows(i_from, i_to),
-                        up: gu.rows(im + i_from, im + i_to),
-                        down: down_share(down.rows(i, i + 1).reshaped(vec![h, im])),
-                    }
+                    Ok(ExpertTensors {
+                        gate: gate_up_share(gu.clone(), i_from, i_to)?,
+                        up: gate_up_share(gu, im + i_from, im + i_to)?,
+                        down: down_share(down.rows(i, i + 1).reshaped(vec![h, im]))?,
+                    })
                 })
-                .collect();
+                .collect::<Result<Vec<_>, LoadError>>()?;
             return Ok(self.backend.load_experts(&tensors, local)?);
         }
         let mut tensors = Vec::with_capacity(e);
         for i in 0..e {
             let p = format!("{prefix}.experts.{i}");
+            let gate = self.host(&format!("{p}.gate_proj.weight"), &[im, h])?;
+            let up = self.host(&format!("{p}.up_proj.weight"), &[im, h])?;
+            let down = self.host(&format!("{p}.down_proj.weight"), &[h, im])?;
             tensors.push(ExpertTensors {
-                gate: self
-                    .host(&format!("{p}.gate_proj.weight"), &[im, h])?
-                    .rows(i_from, i_to),
-                up: self
-                    .host(&format!("{p}.up_proj.weight"), &[im, h])?
-                    .rows(i_from, i_to),
-                down: down_share(self.host(&format!("{p}.down_proj.weight"), &[h, im])?),
+                gate: gate_up_share(gate, i_from, i_to)?,
+                up: gate_up_share(up, i_from, i_to)?,
+                down: down_share(down)?,
             });
         }
         Ok(self.backend.load_experts(&tensors, local)?)

@@ -2,8 +2,10 @@
 //! head ratios 1, 2 and 3) split over 2 ranks of the in-process communicator computes the logits
 //! the whole model computes (prefill, step-by-step decode with the cache and state pools, the MTP
 //! head); a synthetic shape that divides 4 ways (dummy weights, MoE, MTP) does the same over 2 and
-//! 4 ranks, also with fewer KV heads than ranks (copied); a split that does not divide is
-//! refused naming the config field; and a group one of whose ranks fails mid-step (on rank 0 or
+//! 4 ranks, also with fewer KV heads than ranks (copied); a block-FP8 model splits on block
+//! boundaries and computes the whole model's logits, while a split through a block (the FP8
+//! fixtures) stops the load naming the tensor; a split that does not divide is refused naming the
+//! config field; and a group one of whose ranks fails mid-step (on rank 0 or
 //! on a follower) computes the same logits again in the steps after.
 
 #[path = "support/faulty.rs"]
@@ -13,6 +15,9 @@ mod fixtures;
 
 use deltaserve_model::config::ModelConfig;
 use deltaserve_model::dummy::DummySource;
+use deltaserve_model::error::LoadError;
+use deltaserve_model::online_fp8::Fp8QuantizingSource;
+use deltaserve_model::quantization::Fp8Quantization;
 use deltaserve_model::safetensors::SafetensorsSource;
 use deltaserve_model::source::TensorSource;
 use deltaserve_model::{load_tensor_parallel, npy, ForwardInput, Model, MtpInput};
@@ -44,12 +49,20 @@ fn cpu() -> CpuBackend {
 
 /// The model split over `tp` ranks of the in-process communicator (`tp` = 1: the whole model).
 fn load_tp(config: &ModelConfig, source: &dyn TensorSource, tp: usize) -> Model<CpuBackend> {
+    try_load_tp(config, source, tp).unwrap()
+}
+
+fn try_load_tp(
+    config: &ModelConfig,
+    source: &dyn TensorSource,
+    tp: usize,
+) -> Result<Model<CpuBackend>, LoadError> {
     let comms: Vec<Box<dyn Communicator<CpuBackend>>> = InProcessGroup::new(tp)
         .into_iter()
         .map(|g| Box::new(g) as Box<dyn Communicator<CpuBackend>>)
         .collect();
     let backends = (0..tp).map(|_| cpu()).collect();
-    load_tensor_parallel(backends, comms, config, source, true, &mut |_, _| {}).unwrap()
+    load_tensor_parallel(backends, comms, config, source, true, &mut |_, _| {})
 }
 
 /// Prefill logits of every row, then the logits of `decode` tokens fed one at a time on the same
@@ -136,6 +149,20 @@ fn every_fixture_split_over_two_ranks_matches_the_whole_model() {
         // The whole model itself still reproduces transformers (golden.rs checks it in depth).
         let (_, theirs) = npy::read_f32(&dir.join("prefill_logits.npy")).unwrap();
         assert!(max_abs_diff(&whole[0].1, &theirs) <= 2e-3, "{name}");
+        if config.quantization.is_some() {
+            // The block-FP8 fixtures' matrices are 64-128 wide, inside one 128 x 128 block
+            // each: every two-way split cuts a block, which must stop the load.
+            let err = try_load_tp(&config, &source, 2)
+                .err()
+                .unwrap_or_else(|| panic!("{name}: a split through FP8 blocks loaded"))
+                .to_string();
+            assert!(
+                err.contains("--tp-size 2") && err.contains("block-FP8 weight `model."),
+                "{name}: {err}"
+            );
+            assert!(err.contains("cuts its [128, 128] scale blocks"), "{err}");
+            continue;
+        }
         let split = run(&load_tp(&config, &source, 2), &prompt, &decode);
         assert_same(&name, 2, &whole, &split);
     }
@@ -183,6 +210,39 @@ fn dummy_weights_split_two_and_four_ways_match_the_whole_model() {
         let split = run(&load_tp(&config, &source, tp), &prompt, &decode);
         assert_same("four-way shape", tp, &whole, &split);
     }
+}
+
+/// A block-FP8 model (`--quantization fp8` on dummy weights) whose every split width is a whole
+/// number of 128 x 128 blocks per rank: head_dim 128, GDN key and value heads of 128, expert and
+/// shared-expert widths of 256. Each rank keeps its share's codes and scales, and the logits are
+/// the whole model's.
+#[test]
+fn block_fp8_split_on_block_boundaries_matches_the_whole_model() {
+    let json = r#"{
+        "model_type": "qwen3_5_moe",
+        "text_config": {
+            "model_type": "qwen3_5_moe_text",
+            "vocab_size": 256, "hidden_size": 128, "num_hidden_layers": 2,
+            "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 128,
+            "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+            "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4,
+            "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 256,
+            "shared_expert_intermediate_size": 256,
+            "full_attention_interval": 2, "rms_norm_eps": 1e-6,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                "partial_rotary_factor": 0.25},
+            "mtp_num_hidden_layers": 1, "tie_word_embeddings": false,
+            "eos_token_id": 0, "dtype": "float32"
+        }
+    }"#;
+    let config = ModelConfig::from_json_str(json, Path::new("fp8_aligned/config.json")).unwrap();
+    let dummy = DummySource::new(DType::F32, 9).with_tied_embeddings(false);
+    let source = Fp8QuantizingSource::new(Box::new(dummy), Fp8Quantization::qwen_default());
+    let prompt: Vec<u32> = (0..21u32).map(|i| (i * 53 + 3) % 256).collect();
+    let decode = [5u32, 250, 64];
+    let whole = run(&load_tp(&config, &source, 1), &prompt, &decode);
+    let split = run(&load_tp(&config, &source, 2), &prompt, &decode);
+    assert_same("block-FP8 aligned", 2, &whole, &split);
 }
 
 /// Fewer KV heads than ranks: with 2 KV heads over 4 ranks each rank keeps a copy of the KV head

@@ -225,16 +225,21 @@ impl HostTensor {
 
     /// The FP8 parts of `gather_rows(ranges)` of a 2-D tensor: codes gathered alike and the scale
     /// rows with them, when every range covers whole scale blocks (the per-head query/gate split
-    /// of attention, 128-row heads in every released checkpoint); `None` otherwise.
+    /// of attention, 128-row heads in every released checkpoint; the last range may end in the
+    /// matrix's last, partial block); `None` otherwise.
     fn block_fp8_rows(&self, ranges: &[(usize, usize)]) -> Option<BlockFp8Matrix> {
         let fp8 = self.block_fp8()?;
-        let [_, cols] = self.shape[..] else {
+        let [rows, cols] = self.shape[..] else {
             return None;
         };
         let block_rows = fp8.block[0];
-        let whole_blocks = ranges
-            .iter()
-            .all(|&(from, to)| from.is_multiple_of(block_rows) && to.is_multiple_of(block_rows));
+        // Only the last range may end in a partial block: gathered rows after it would fall
+        // into that block's scale row.
+        let last = ranges.len().saturating_sub(1);
+        let whole_blocks = ranges.iter().enumerate().all(|(i, &(from, to))| {
+            from.is_multiple_of(block_rows)
+                && (to.is_multiple_of(block_rows) || (to == rows && i == last))
+        });
         if !whole_blocks {
             return None;
         }
@@ -244,7 +249,7 @@ impl HostTensor {
         for &(from, to) in ranges {
             codes.extend_from_slice(&fp8.codes[from * cols..to * cols]);
             scales.extend_from_slice(
-                &fp8.scales[from / block_rows * grid_cols..to / block_rows * grid_cols],
+                &fp8.scales[from / block_rows * grid_cols..to.div_ceil(block_rows) * grid_cols],
             );
         }
         Some(BlockFp8Matrix {
@@ -396,6 +401,24 @@ mod tests {
             "whole row blocks keep their FP8 form"
         );
         assert!(t.rows(0, 64).block_fp8().is_none());
+        // 200 rows: blocks [0, 128) and the partial [128, 200); the tail may end a gather only.
+        let partial = HostTensor::from_f32("w", vec![200, cols], &vec![0.0; 200 * cols])
+            .with_block_fp8(BlockFp8Matrix {
+                codes: codes[..200 * cols].to_vec(),
+                scales: vec![1.0, 2.0],
+                block: [128, 128],
+            });
+        let tail = partial.rows(128, 200).block_fp8().cloned();
+        assert_eq!(
+            tail.map(|f| (f.scales, f.codes.len())),
+            Some((vec![2.0], 72 * cols)),
+            "the last, partial block is whole too"
+        );
+        let tail_first = partial.gather_rows(&[(128, 200), (0, 128)]);
+        assert!(
+            tail_first.block_fp8().is_none(),
+            "rows after a partial block would fall into its scale row"
+        );
         assert!(t.reshaped(vec![rows * 2, cols / 2]).block_fp8().is_none());
         assert!(t.reshaped(vec![rows, cols]).block_fp8().is_some());
         assert!(t.reshaped(vec![1, rows, cols]).block_fp8().is_some());
