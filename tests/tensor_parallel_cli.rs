@@ -1,6 +1,7 @@
 //! `--tp-size N` as a user runs it on the cpu backend (N in-process ranks): `score --logits-out`
 //! with `--tp-size 2` equals `--tp-size 1` on every fixture (dense, MoE, Qwen3-Next fused layout,
-//! tied head, value/key head ratios 2 and 3), and with 2 and 4 on a shape that divides 4 ways
+//! tied head, value/key head ratios 2 and 3) but the block-FP8 ones, whose two-way split cuts a
+//! 128 x 128 block and is refused naming the tensor, and with 2 and 4 on a shape that divides 4 ways
 //! (`--load-format dummy`); `generate` on the demo model gives the same greedy tokens; `bench`
 //! reports its `tp_size`; `doctor --tp-size 2` passes; a split that does not divide is refused
 //! naming the config field.
@@ -88,6 +89,34 @@ fn score_logits_split_equal_whole_on_every_fixture() {
             std::env::temp_dir().join(format!("tp-cli-{}-{name}.json", std::process::id()));
         std::fs::write(&tokens, expected["prefill_ids"].to_string()).unwrap();
         let whole = score_logits(&dir, &[], &tokens, 1, &name);
+        let config = std::fs::read_to_string(dir.join("config.json")).unwrap();
+        if config.contains("\"quantization_config\"") {
+            // The block-FP8 fixtures' matrices lie inside one 128 x 128 block each: a two-way
+            // split cuts it, and the command must say so instead of running dequantized.
+            let out = Command::new(BINARY)
+                .args([
+                    "score",
+                    "--model-path",
+                    dir.to_str().unwrap(),
+                    "--backend",
+                    "cpu",
+                ])
+                .args(["--tokens", tokens.to_str().unwrap(), "--tp-size", "2"])
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                !out.status.success(),
+                "{name}: split through FP8 blocks ran"
+            );
+            assert!(
+                stderr.contains("--tp-size 2")
+                    && stderr.contains("cuts its [128, 128] scale blocks"),
+                "{name}: {stderr}"
+            );
+            let _ = std::fs::remove_file(&tokens);
+            continue;
+        }
         let split = score_logits(&dir, &[], &tokens, 2, &name);
         let diff = max_abs_diff(&whole, &split);
         println!("{name}: score --tp-size 2 vs 1: max |diff| = {diff:.2e}");

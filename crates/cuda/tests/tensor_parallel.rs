@@ -151,6 +151,11 @@ fn fixtures_split_over_the_gpus_match_the_whole_model() {
     for dir in fixture_dirs() {
         let name = dir.file_name().unwrap().to_string_lossy().to_string();
         let config = ModelConfig::from_dir(&dir).unwrap();
+        if config.quantization.is_some() {
+            // Every split of the block-FP8 fixtures cuts a 128 x 128 block: refused at load
+            // (crates/model/tests/tensor_parallel.rs checks the refusal).
+            continue;
+        }
         let source = SafetensorsSource::open(&dir).unwrap();
         let expected: Value =
             serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap())
