@@ -254,6 +254,60 @@ extern "C" __global__ void moe_plan(const int* __restrict__ ids, int slots, int 
 // its block (gemv.cu's W8A16 lanes); grouped on the bf16 tensor cores, the codes widened to bf16
 // (exact) and each 32-column piece scaled by its block before it joins the warp's sum.
 
+// The grouped kernels' K pieces in flight per warp (loaded before the first is multiplied; the
+// pieces are added in the same order whatever the number, so results do not change with it), and
+// MOE_TILE_REDUCE_ONCE=1: the warps' totals meet after one barrier instead of one a warp (the same
+// sums in the same order). These set through DELTASERVE_CUDA_DEFINES to measure.
+#ifndef MOE_TILE_PIECES
+#define MOE_TILE_PIECES 1
+#endif
+#ifndef MOE_TILE_REDUCE_ONCE
+#define MOE_TILE_REDUCE_ONCE 0
+#endif
+// MOE_TILE_FP8_WIDE=1: FP8 pieces of 64 columns, 16 codes a lane in one load (another summation
+// order than the 32-column pieces, the same for every slot).
+#ifndef MOE_TILE_FP8_WIDE
+#define MOE_TILE_FP8_WIDE 0
+#endif
+
+// What moe_tile loads of one row for one piece: 8 bf16 weights, or 8 (16 with MOE_TILE_FP8_WIDE)
+// codes, widened to bf16 only when the piece is multiplied (fewer registers for the loads in flight).
+template <int FORMAT>
+struct MoeTileCodes {
+    using type = uint4;
+};
+template <>
+struct MoeTileCodes<WEIGHTS_FP8> {
+#if MOE_TILE_FP8_WIDE
+    using type = uint4;
+#else
+    using type = uint2;
+#endif
+};
+template <int FORMAT>
+__device__ __forceinline__ typename MoeTileCodes<FORMAT>::type moe_tile_load(
+    const typename WeightElement<FORMAT>::type* row, int col) {
+    if constexpr (FORMAT == WEIGHTS_FP8 && !MOE_TILE_FP8_WIDE) {
+        return row ? load_streaming8(row + col) : make_uint2(0u, 0u);
+    } else {
+        return row ? load_streaming(reinterpret_cast<const bf16_bits*>(row + col)) : make_uint4(0u, 0u, 0u, 0u);
+    }
+}
+// The piece's bf16 fragments: one 8-weight vector, or each 8 codes of the load widened.
+template <int FORMAT>
+__device__ __forceinline__ void moe_tile_widen(typename MoeTileCodes<FORMAT>::type v, uint4* out) {
+    if constexpr (FORMAT == WEIGHTS_FP8) {
+        const uint2 a = e4m3x4_to_bf16x4(v.x), b = e4m3x4_to_bf16x4(v.y);
+        out[0] = make_uint4(a.x, a.y, b.x, b.y);
+#if MOE_TILE_FP8_WIDE
+        const uint2 c = e4m3x4_to_bf16x4(v.z), d = e4m3x4_to_bf16x4(v.w);
+        out[1] = make_uint4(c.x, c.y, d.x, d.y);
+#endif
+    } else {
+        out[0] = v;
+    }
+}
+
 // One work block of one expert against 16 of its output rows (GATE_UP: 16 gate rows and the 16 up
 // rows that pair with them), for up to 8 * TILES slots. The warps split K in interleaved 32-column
 // pieces as gemv.cu's tensor-core kernel does; their totals are added in warp order (warp 0's, then
@@ -302,43 +356,83 @@ __device__ __forceinline__ void moe_tile(const void* __restrict__ w, const float
 #pragma unroll
         for (int t = 0; t < TILES; ++t) acc[s][t][0] = acc[s][t][1] = acc[s][t][2] = acc[s][t][3] = 0.0f;
 
+    // A warp's pieces are col0 = warp * PIECE + n * MOE_WARPS * PIECE, n = 0, 1, ...; MOE_TILE_PIECES
+    // of them are loaded before the first is multiplied, then added in the same order. A piece is
+    // 32 columns (lane c's 8 at col0 + 8c), or with MOE_TILE_FP8_WIDE 64 columns of FP8 codes (lane
+    // c's 16 at col0 + 16c, one 16-byte load; two mma pairs, one scaling).
+    using Codes = typename MoeTileCodes<FORMAT>::type;
+    constexpr int SUB = FORMAT == WEIGHTS_FP8 && MOE_TILE_FP8_WIDE ? 2 : 1;
+    constexpr int PIECE = 32 * SUB;
+    constexpr int STRIDE = MOE_WARPS * PIECE;
     const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-    for (int col0 = warp * 32; col0 < k; col0 += MOE_WARPS * 32) {
-        const int col = col0 + 8 * c;
-        const bool in = col < k;
-        uint4 wv[SETS][2], xv[TILES];
-        float scale[SETS];
+    for (int base = warp * PIECE; base < k; base += STRIDE * MOE_TILE_PIECES) {
+        Codes wv[MOE_TILE_PIECES][SETS][2];
+        uint4 xv[MOE_TILE_PIECES][TILES][SUB];
+        float scale[MOE_TILE_PIECES][SETS];
 #pragma unroll
-        for (int s = 0; s < SETS; ++s) {
+        for (int p = 0; p < MOE_TILE_PIECES; ++p) {
+            const int col0 = base + p * STRIDE;
+            const int col = col0 + 8 * SUB * c;
+            const bool in = col < k;
 #pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                const W* row = wr[s][half];
-                if constexpr (FORMAT == WEIGHTS_FP8) {
-                    const uint2 codes = (in && row) ? load_streaming8(row + col) : make_uint2(0u, 0u);
-                    const uint2 lo = e4m3x4_to_bf16x4(codes.x), hi = e4m3x4_to_bf16x4(codes.y);
-                    wv[s][half] = make_uint4(lo.x, lo.y, hi.x, hi.y);
-                } else {
-                    wv[s][half] = (in && row) ? load_streaming(row + col) : zero;
-                }
+            for (int s = 0; s < SETS; ++s) {
+#pragma unroll
+                for (int half = 0; half < 2; ++half) wv[p][s][half] = moe_tile_load<FORMAT>(in ? wr[s][half] : nullptr, col);
+                scale[p][s] = FORMAT == WEIGHTS_FP8 && col0 < k ? __ldg(scale_row[s] + col0 / 128) : 1.0f;
             }
-            scale[s] = FORMAT == WEIGHTS_FP8 ? __ldg(scale_row[s] + col0 / 128) : 1.0f;
+#pragma unroll
+            for (int t = 0; t < TILES; ++t)
+#pragma unroll
+                for (int u = 0; u < SUB; ++u) xv[p][t][u] = (in && xr[t]) ? *(const uint4*)(xr[t] + col + 8 * u) : zero;
         }
 #pragma unroll
-        for (int t = 0; t < TILES; ++t) xv[t] = (in && xr[t]) ? *(const uint4*)(xr[t] + col) : zero;
+        for (int p = 0; p < MOE_TILE_PIECES; ++p) {
+            if (base + p * STRIDE >= k) break;
 #pragma unroll
-        for (int s = 0; s < SETS; ++s) {
+            for (int s = 0; s < SETS; ++s) {
+                uint4 w0[SUB], w1[SUB];
+                moe_tile_widen<FORMAT>(wv[p][s][0], w0);
+                moe_tile_widen<FORMAT>(wv[p][s][1], w1);
 #pragma unroll
-            for (int t = 0; t < TILES; ++t) {
-                if (8 * t >= rows) continue;  // the whole tile is past the block's slots
-                float piece[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                mma_bf16(piece, wv[s][0].x, wv[s][1].x, wv[s][0].y, wv[s][1].y, xv[t].x, xv[t].y);
-                mma_bf16(piece, wv[s][0].z, wv[s][1].z, wv[s][0].w, wv[s][1].w, xv[t].z, xv[t].w);
+                for (int t = 0; t < TILES; ++t) {
+                    if (8 * t >= rows) continue;  // the whole tile is past the block's slots
+                    float piece[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-                for (int i = 0; i < 4; ++i)
-                    acc[s][t][i] = FORMAT == WEIGHTS_FP8 ? fmaf(piece[i], scale[s], acc[s][t][i]) : acc[s][t][i] + piece[i];
+                    for (int u = 0; u < SUB; ++u) {
+                        mma_bf16(piece, w0[u].x, w1[u].x, w0[u].y, w1[u].y, xv[p][t][u].x, xv[p][t][u].y);
+                        mma_bf16(piece, w0[u].z, w1[u].z, w0[u].w, w1[u].w, xv[p][t][u].z, xv[p][t][u].w);
+                    }
+#pragma unroll
+                    for (int i = 0; i < 4; ++i)
+                        acc[s][t][i] = FORMAT == WEIGHTS_FP8 ? fmaf(piece[i], scale[p][s], acc[s][t][i]) : acc[s][t][i] + piece[i];
+                }
             }
         }
     }
+#if MOE_TILE_REDUCE_ONCE
+    // Every warp's totals side by side, one barrier, then warp 0 adds them in warp order: the sum the
+    // barrier-per-warp form below makes, bit for bit.
+    __shared__ float parts[MOE_WARPS][SETS * TILES * 4][32];
+#pragma unroll
+    for (int s = 0; s < SETS; ++s)
+#pragma unroll
+        for (int t = 0; t < TILES; ++t)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) parts[warp][(s * TILES + t) * 4 + i][lane] = acc[s][t][i];
+    __syncthreads();
+    if (warp != 0) return;
+#pragma unroll
+    for (int s = 0; s < SETS; ++s)
+#pragma unroll
+        for (int t = 0; t < TILES; ++t)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                float total = parts[0][(s * TILES + t) * 4 + i][lane];
+                for (int v = 1; v < MOE_WARPS; ++v) total += parts[v][(s * TILES + t) * 4 + i][lane];
+                totals[(s * TILES + t) * 4 + i][lane] = total;
+            }
+    __syncwarp();
+#else
     for (int v = 0; v < MOE_WARPS; ++v) {
         if (warp == v) {
 #pragma unroll
@@ -353,6 +447,7 @@ __device__ __forceinline__ void moe_tile(const void* __restrict__ w, const float
         }
         __syncthreads();
     }
+#endif
     if (warp != 0) return;
     // totals[(s, t, i)]: row g (i < 2) or g + 8, column 8t + 2c + (i & 1).
 #pragma unroll
