@@ -412,25 +412,18 @@ __device__ __forceinline__ void moe_tile(const void* __restrict__ w, const float
 #if MOE_TILE_REDUCE_ONCE
     // Every warp's totals side by side, one barrier, then warp 0 adds them in warp order: the sum the
     // barrier-per-warp form below makes, bit for bit.
-    __shared__ float parts[MOE_WARPS][SETS * TILES * 4][32];
+    constexpr int TOTALS = SETS * TILES * 4;  // (s, t, i) at (s * TILES + t) * 4 + i
+    __shared__ float parts[MOE_WARPS][TOTALS][32];
 #pragma unroll
-    for (int s = 0; s < SETS; ++s)
-#pragma unroll
-        for (int t = 0; t < TILES; ++t)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) parts[warp][(s * TILES + t) * 4 + i][lane] = acc[s][t][i];
+    for (int j = 0; j < TOTALS; ++j) parts[warp][j][lane] = acc[j / (TILES * 4)][j / 4 % TILES][j % 4];
     __syncthreads();
     if (warp != 0) return;
 #pragma unroll
-    for (int s = 0; s < SETS; ++s)
-#pragma unroll
-        for (int t = 0; t < TILES; ++t)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                float total = parts[0][(s * TILES + t) * 4 + i][lane];
-                for (int v = 1; v < MOE_WARPS; ++v) total += parts[v][(s * TILES + t) * 4 + i][lane];
-                totals[(s * TILES + t) * 4 + i][lane] = total;
-            }
+    for (int j = 0; j < TOTALS; ++j) {
+        float total = parts[0][j][lane];
+        for (int v = 1; v < MOE_WARPS; ++v) total += parts[v][j][lane];
+        totals[j][lane] = total;
+    }
     __syncwarp();
 #else
     for (int v = 0; v < MOE_WARPS; ++v) {

@@ -176,25 +176,77 @@ fn four_way_config() -> ModelConfig {
 
 /// `four_way_config` with `kv_heads` KV heads (2: four ranks each keep a copy of one).
 fn four_way_config_with_kv_heads(kv_heads: usize) -> ModelConfig {
-    let json = r#"{
+    small_moe_config(
+        "four_way",
+        SmallMoe {
+            vocab: 512,
+            hidden: 64,
+            layers: 4,
+            heads: 8,
+            kv_heads,
+            head_dim: 32,
+            gdn_key_heads: 4,
+            gdn_value_heads: 12,
+            gdn_head_dim: 16,
+            experts: 8,
+            expert_width: 32,
+            shared_width: 48,
+        },
+    )
+}
+
+/// The sizes of a small Qwen3.5-MoE text model (top-2 routing, GDN and attention alternating, an
+/// MTP head, untied head, f32).
+struct SmallMoe {
+    vocab: usize,
+    hidden: usize,
+    layers: usize,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    gdn_key_heads: usize,
+    gdn_value_heads: usize,
+    gdn_head_dim: usize,
+    experts: usize,
+    expert_width: usize,
+    shared_width: usize,
+}
+
+fn small_moe_config(name: &str, m: SmallMoe) -> ModelConfig {
+    let json = format!(
+        r#"{{
         "model_type": "qwen3_5_moe",
-        "text_config": {
+        "text_config": {{
             "model_type": "qwen3_5_moe_text",
-            "vocab_size": 512, "hidden_size": 64, "num_hidden_layers": 4,
-            "num_attention_heads": 8, "num_key_value_heads": KV_HEADS, "head_dim": 32,
-            "linear_num_key_heads": 4, "linear_num_value_heads": 12,
-            "linear_key_head_dim": 16, "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4,
-            "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
-            "shared_expert_intermediate_size": 48,
+            "vocab_size": {}, "hidden_size": {}, "num_hidden_layers": {},
+            "num_attention_heads": {}, "num_key_value_heads": {}, "head_dim": {},
+            "linear_num_key_heads": {}, "linear_num_value_heads": {},
+            "linear_key_head_dim": {}, "linear_value_head_dim": {}, "linear_conv_kernel_dim": 4,
+            "num_experts": {}, "num_experts_per_tok": 2, "moe_intermediate_size": {},
+            "shared_expert_intermediate_size": {},
             "full_attention_interval": 2, "rms_norm_eps": 1e-6,
-            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
-                                "partial_rotary_factor": 0.25},
+            "rope_parameters": {{"rope_type": "default", "rope_theta": 10000.0,
+                                "partial_rotary_factor": 0.25}},
             "mtp_num_hidden_layers": 1, "tie_word_embeddings": false,
             "eos_token_id": 0, "dtype": "float32"
-        }
-    }"#;
-    let json = json.replace("KV_HEADS", &kv_heads.to_string());
-    ModelConfig::from_json_str(&json, Path::new("four_way/config.json")).unwrap()
+        }}
+    }}"#,
+        m.vocab,
+        m.hidden,
+        m.layers,
+        m.heads,
+        m.kv_heads,
+        m.head_dim,
+        m.gdn_key_heads,
+        m.gdn_value_heads,
+        m.gdn_head_dim,
+        m.gdn_head_dim,
+        m.experts,
+        m.expert_width,
+        m.shared_width,
+    );
+    let path = format!("{name}/config.json");
+    ModelConfig::from_json_str(&json, Path::new(&path)).unwrap()
 }
 
 #[test]
@@ -218,24 +270,23 @@ fn dummy_weights_split_two_and_four_ways_match_the_whole_model() {
 /// the whole model's.
 #[test]
 fn block_fp8_split_on_block_boundaries_matches_the_whole_model() {
-    let json = r#"{
-        "model_type": "qwen3_5_moe",
-        "text_config": {
-            "model_type": "qwen3_5_moe_text",
-            "vocab_size": 256, "hidden_size": 128, "num_hidden_layers": 2,
-            "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 128,
-            "linear_num_key_heads": 2, "linear_num_value_heads": 4,
-            "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4,
-            "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 256,
-            "shared_expert_intermediate_size": 256,
-            "full_attention_interval": 2, "rms_norm_eps": 1e-6,
-            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
-                                "partial_rotary_factor": 0.25},
-            "mtp_num_hidden_layers": 1, "tie_word_embeddings": false,
-            "eos_token_id": 0, "dtype": "float32"
-        }
-    }"#;
-    let config = ModelConfig::from_json_str(json, Path::new("fp8_aligned/config.json")).unwrap();
+    let config = small_moe_config(
+        "fp8_aligned",
+        SmallMoe {
+            vocab: 256,
+            hidden: 128,
+            layers: 2,
+            heads: 2,
+            kv_heads: 2,
+            head_dim: 128,
+            gdn_key_heads: 2,
+            gdn_value_heads: 4,
+            gdn_head_dim: 128,
+            experts: 4,
+            expert_width: 256,
+            shared_width: 256,
+        },
+    );
     let dummy = DummySource::new(DType::F32, 9).with_tied_embeddings(false);
     let source = Fp8QuantizingSource::new(Box::new(dummy), Fp8Quantization::qwen_default());
     let prompt: Vec<u32> = (0..21u32).map(|i| (i * 53 + 3) % 256).collect();
