@@ -6,6 +6,7 @@
 //! reports its `tp_size`; `doctor --tp-size 2` passes; a split that does not divide is refused
 //! naming the config field.
 
+use deltaserve_model::config::ModelConfig;
 use deltaserve_model::npy;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -20,12 +21,17 @@ fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).to_path_buf()
 }
 
-fn run(args: &[&str]) -> std::process::Output {
-    let out = Command::new(BINARY)
+/// `deltaserve ARGS` at the machine's own cpu level.
+fn output(args: &[&str]) -> std::process::Output {
+    Command::new(BINARY)
         .args(args)
         .env_remove("DELTASERVE_CPU_LEVEL")
         .output()
-        .unwrap();
+        .unwrap()
+}
+
+fn run(args: &[&str]) -> std::process::Output {
+    let out = output(args);
     assert!(
         out.status.success(),
         "deltaserve {}: {}",
@@ -33,6 +39,13 @@ fn run(args: &[&str]) -> std::process::Output {
         String::from_utf8_lossy(&out.stderr)
     );
     out
+}
+
+/// `deltaserve ARGS` expected to fail; its stderr.
+fn run_refused(args: &[&str]) -> String {
+    let out = output(args);
+    assert!(!out.status.success(), "deltaserve {} ran", args.join(" "));
+    String::from_utf8_lossy(&out.stderr).to_string()
 }
 
 /// `score --logits-out` of `tokens` with `--tp-size tp`; the logits, read back.
@@ -88,27 +101,20 @@ fn score_logits_split_equal_whole_on_every_fixture() {
         let tokens =
             std::env::temp_dir().join(format!("tp-cli-{}-{name}.json", std::process::id()));
         std::fs::write(&tokens, expected["prefill_ids"].to_string()).unwrap();
-        let whole = score_logits(&dir, &[], &tokens, 1, &name);
-        let config = std::fs::read_to_string(dir.join("config.json")).unwrap();
-        if config.contains("\"quantization_config\"") {
+        if ModelConfig::from_dir(&dir).unwrap().quantization.is_some() {
             // The block-FP8 fixtures' matrices lie inside one 128 x 128 block each: a two-way
             // split cuts it, and the command must say so instead of running dequantized.
-            let out = Command::new(BINARY)
-                .args([
-                    "score",
-                    "--model-path",
-                    dir.to_str().unwrap(),
-                    "--backend",
-                    "cpu",
-                ])
-                .args(["--tokens", tokens.to_str().unwrap(), "--tp-size", "2"])
-                .output()
-                .unwrap();
-            let stderr = String::from_utf8_lossy(&out.stderr);
-            assert!(
-                !out.status.success(),
-                "{name}: split through FP8 blocks ran"
-            );
+            let stderr = run_refused(&[
+                "score",
+                "--model-path",
+                dir.to_str().unwrap(),
+                "--backend",
+                "cpu",
+                "--tokens",
+                tokens.to_str().unwrap(),
+                "--tp-size",
+                "2",
+            ]);
             assert!(
                 stderr.contains("--tp-size 2")
                     && stderr.contains("cuts its [128, 128] scale blocks"),
@@ -117,6 +123,7 @@ fn score_logits_split_equal_whole_on_every_fixture() {
             let _ = std::fs::remove_file(&tokens);
             continue;
         }
+        let whole = score_logits(&dir, &[], &tokens, 1, &name);
         let split = score_logits(&dir, &[], &tokens, 2, &name);
         let diff = max_abs_diff(&whole, &split);
         println!("{name}: score --tp-size 2 vs 1: max |diff| = {diff:.2e}");
@@ -187,14 +194,16 @@ fn demo_generate_split_equals_whole_and_bad_splits_name_the_field() {
 
     let tokens = std::env::temp_dir().join(format!("tp-cli-{}-three.json", std::process::id()));
     std::fs::write(&tokens, "[1, 2, 3]").unwrap();
-    let out = Command::new(BINARY)
-        .args(["score", "--backend", "cpu", "--tp-size", "4", "--tokens"])
-        .arg(&tokens)
-        .output()
-        .unwrap();
+    let stderr = run_refused(&[
+        "score",
+        "--backend",
+        "cpu",
+        "--tp-size",
+        "4",
+        "--tokens",
+        tokens.to_str().unwrap(),
+    ]);
     let _ = std::fs::remove_file(&tokens);
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("--tp-size 4") && stderr.contains("`linear_num_key_heads`"),
         "{stderr}"

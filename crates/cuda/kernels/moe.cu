@@ -293,15 +293,18 @@ __device__ __forceinline__ typename MoeTileCodes<FORMAT>::type moe_tile_load(
         return row ? load_streaming(reinterpret_cast<const bf16_bits*>(row + col)) : make_uint4(0u, 0u, 0u, 0u);
     }
 }
+// Eight codes (two words, lowest byte first) as eight bf16 in one vector.
+__device__ __forceinline__ uint4 e4m3x8_to_bf16x8(unsigned int lo, unsigned int hi) {
+    const uint2 a = e4m3x4_to_bf16x4(lo), b = e4m3x4_to_bf16x4(hi);
+    return make_uint4(a.x, a.y, b.x, b.y);
+}
 // The piece's bf16 fragments: one 8-weight vector, or each 8 codes of the load widened.
 template <int FORMAT>
 __device__ __forceinline__ void moe_tile_widen(typename MoeTileCodes<FORMAT>::type v, uint4* out) {
     if constexpr (FORMAT == WEIGHTS_FP8) {
-        const uint2 a = e4m3x4_to_bf16x4(v.x), b = e4m3x4_to_bf16x4(v.y);
-        out[0] = make_uint4(a.x, a.y, b.x, b.y);
+        out[0] = e4m3x8_to_bf16x8(v.x, v.y);
 #if MOE_TILE_FP8_WIDE
-        const uint2 c = e4m3x4_to_bf16x4(v.z), d = e4m3x4_to_bf16x4(v.w);
-        out[1] = make_uint4(c.x, c.y, d.x, d.y);
+        out[1] = e4m3x8_to_bf16x8(v.z, v.w);
 #endif
     } else {
         out[0] = v;
