@@ -773,6 +773,7 @@ __device__ __forceinline__ void moe_down_by_rank(const void* __restrict__ down, 
     constexpr int VALUES = weights_per_vector<FORMAT>();
     constexpr int UNROLL = FP8 ? 1 : 2;
     using W = typename WeightElement<FORMAT>::type;
+    static_assert(!FP8 || 128 % ROWS == 0, "a block's rows share one row of FP8 scales");
     __shared__ float products[ROWS][MOE_MAX_EXPERTS + 1];
     const int t = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     const int row0 = blockIdx.x * ROWS;
@@ -785,7 +786,7 @@ __device__ __forceinline__ void moe_down_by_rank(const void* __restrict__ down, 
         float acc[ROWS] = {};
         for (int v0 = lane; VALUES * v0 < act_stride; v0 += 32 * UNROLL) {
             uint4 av[UNROLL][VALUES / 8], wv[ROWS][UNROLL];
-            float scale[ROWS][UNROLL];
+            float scale[UNROLL];
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u) {
                 const int v = v0 + 32 * u;
@@ -797,10 +798,12 @@ __device__ __forceinline__ void moe_down_by_rank(const void* __restrict__ down, 
                     const bool in = in_cols && row0 + r < h;
                     const W* row = reinterpret_cast<const W*>(sw.down) + (i64)(row0 + r) * cols;
                     wv[r][u] = in ? load_streaming((const bf16_bits*)(row + VALUES * v)) : zero;
-                    // Rows and columns past the matrix have no scales (and zero weights).
-                    scale[r][u] = FP8 && in ? __ldg(sw.down_scales + (i64)((row0 + r) / 128) * (cols / 128) + v / 8)
-                                            : 0.0f;
                 }
+                // A block's rows lie in one 128-row block of scales (ROWS divides 128, row0 is a
+                // multiple of ROWS), so one scale serves them all; columns past the matrix have none
+                // (and zero weights).
+                scale[u] = FP8 && in_cols && row0 < h ? __ldg(sw.down_scales + (i64)(row0 / 128) * (cols / 128) + v / 8)
+                                                      : 0.0f;
             }
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u) {
@@ -810,7 +813,7 @@ __device__ __forceinline__ void moe_down_by_rank(const void* __restrict__ down, 
 #pragma unroll
                 for (int r = 0; r < ROWS; ++r) {
                     if constexpr (FP8)
-                        acc[r] = dot16_fp8(wv[r][u], af, scale[r][u], acc[r]);
+                        acc[r] = dot16_fp8(wv[r][u], af, scale[u], acc[r]);
                     else
                         acc[r] = dot8(wv[r][u], af, acc[r]);
                 }
@@ -833,11 +836,19 @@ __device__ __forceinline__ void moe_down_by_rank(const void* __restrict__ down, 
     }
 }
 
+// Blocks of the FP8 down kernels an SM should hold at once (their launch bounds' second figure; 1
+// leaves ptxas free). A block has a warp a rank, 9 for 35B-A3B: at 1 ptxas gives the 8-row kernel
+// 127 registers, so one block of 9 warps fits an SM; at 2 it stays within 64 (no spills, sm_90),
+// and three such blocks fit.
+#ifndef MOE_DOWN_FP8_MIN_BLOCKS
+#define MOE_DOWN_FP8_MIN_BLOCKS 1
+#endif
+
 // moe_down_combine_r{ROWS} (bf16) and moe_down_combine_fp8_r{ROWS} (FP8: the scales after the codes).
 // The FP8 kernels stop at 8 rows a block: with 16 a lane would hold 16 code vectors and their 256
 // widened values, more than a 512-thread block's 128 registers a thread (ptxas spills).
-#define MOE_DOWN_COMBINE_KERNEL(ROWS, FORMAT, SUFFIX)                                                          \
-    extern "C" __global__ void __launch_bounds__(512) moe_down_combine##SUFFIX##_r##ROWS(                     \
+#define MOE_DOWN_COMBINE_KERNEL(ROWS, FORMAT, SUFFIX, MIN_BLOCKS)                                              \
+    extern "C" __global__ void __launch_bounds__(512, MIN_BLOCKS) moe_down_combine##SUFFIX##_r##ROWS(         \
         MOE_WEIGHT_PARAMS(down, FORMAT), int h, int im, const bf16_bits* __restrict__ act, int act_stride,     \
         int top_k, int ranks, const int* __restrict__ ids, const float* __restrict__ weights,                 \
         const MoeShared shared, float* __restrict__ out) {                                                     \
@@ -845,13 +856,13 @@ __device__ __forceinline__ void moe_down_by_rank(const void* __restrict__ down, 
         moe_down_by_rank<ROWS, FORMAT>(down, MOE_SCALES_ARG(down, FORMAT), h, im, act, act_stride, top_k,     \
                                        ranks, ids, weights, shared, out);                                     \
     }
-MOE_DOWN_COMBINE_KERNEL(2, WEIGHTS_BF16, )
-MOE_DOWN_COMBINE_KERNEL(4, WEIGHTS_BF16, )
-MOE_DOWN_COMBINE_KERNEL(8, WEIGHTS_BF16, )
-MOE_DOWN_COMBINE_KERNEL(16, WEIGHTS_BF16, )
-MOE_DOWN_COMBINE_KERNEL(2, WEIGHTS_FP8, _fp8)
-MOE_DOWN_COMBINE_KERNEL(4, WEIGHTS_FP8, _fp8)
-MOE_DOWN_COMBINE_KERNEL(8, WEIGHTS_FP8, _fp8)
+MOE_DOWN_COMBINE_KERNEL(2, WEIGHTS_BF16, , 1)
+MOE_DOWN_COMBINE_KERNEL(4, WEIGHTS_BF16, , 1)
+MOE_DOWN_COMBINE_KERNEL(8, WEIGHTS_BF16, , 1)
+MOE_DOWN_COMBINE_KERNEL(16, WEIGHTS_BF16, , 1)
+MOE_DOWN_COMBINE_KERNEL(2, WEIGHTS_FP8, _fp8, MOE_DOWN_FP8_MIN_BLOCKS)
+MOE_DOWN_COMBINE_KERNEL(4, WEIGHTS_FP8, _fp8, MOE_DOWN_FP8_MIN_BLOCKS)
+MOE_DOWN_COMBINE_KERNEL(8, WEIGHTS_FP8, _fp8, MOE_DOWN_FP8_MIN_BLOCKS)
 
 // out [tokens, h] = sum over ranks r of weights[t, r] * y[t * top_k + r] (rank order), plus
 // sigmoid(shared_gate[t]) * shared[t] when `shared` is given.
