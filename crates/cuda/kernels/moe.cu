@@ -254,60 +254,34 @@ extern "C" __global__ void moe_plan(const int* __restrict__ ids, int slots, int 
 // its block (gemv.cu's W8A16 lanes); grouped on the bf16 tensor cores, the codes widened to bf16
 // (exact) and each 32-column piece scaled by its block before it joins the warp's sum.
 
-// The grouped kernels' K pieces in flight per warp (loaded before the first is multiplied; the
-// pieces are added in the same order whatever the number, so results do not change with it), and
-// MOE_TILE_REDUCE_ONCE=1: the warps' totals meet after one barrier instead of one a warp (the same
-// sums in the same order). These set through DELTASERVE_CUDA_DEFINES to measure.
-#ifndef MOE_TILE_PIECES
-#define MOE_TILE_PIECES 1
-#endif
-#ifndef MOE_TILE_REDUCE_ONCE
-#define MOE_TILE_REDUCE_ONCE 0
-#endif
-// MOE_TILE_FP8_WIDE=1: FP8 pieces of 64 columns, 16 codes a lane in one load (another summation
-// order than the 32-column pieces, the same for every slot).
-#ifndef MOE_TILE_FP8_WIDE
-#define MOE_TILE_FP8_WIDE 0
-#endif
-
-// What moe_tile loads of one row for one piece: 8 bf16 weights, or 8 (16 with MOE_TILE_FP8_WIDE)
-// codes, widened to bf16 only when the piece is multiplied (fewer registers for the loads in flight).
+// What moe_tile loads of one row for one piece: 8 bf16 weights, or 8 codes, widened to bf16 only
+// when the piece is multiplied (fewer registers for the loads in flight).
 template <int FORMAT>
 struct MoeTileCodes {
     using type = uint4;
 };
 template <>
 struct MoeTileCodes<WEIGHTS_FP8> {
-#if MOE_TILE_FP8_WIDE
-    using type = uint4;
-#else
     using type = uint2;
-#endif
 };
 template <int FORMAT>
 __device__ __forceinline__ typename MoeTileCodes<FORMAT>::type moe_tile_load(
     const typename WeightElement<FORMAT>::type* row, int col) {
-    if constexpr (FORMAT == WEIGHTS_FP8 && !MOE_TILE_FP8_WIDE) {
+    if constexpr (FORMAT == WEIGHTS_FP8) {
         return row ? load_streaming8(row + col) : make_uint2(0u, 0u);
     } else {
         return row ? load_streaming(reinterpret_cast<const bf16_bits*>(row + col)) : make_uint4(0u, 0u, 0u, 0u);
     }
 }
-// Eight codes (two words, lowest byte first) as eight bf16 in one vector.
-__device__ __forceinline__ uint4 e4m3x8_to_bf16x8(unsigned int lo, unsigned int hi) {
-    const uint2 a = e4m3x4_to_bf16x4(lo), b = e4m3x4_to_bf16x4(hi);
-    return make_uint4(a.x, a.y, b.x, b.y);
-}
-// The piece's bf16 fragments: one 8-weight vector, or each 8 codes of the load widened.
+// The piece's bf16 fragment: the 8-weight vector, or its 8 codes (two words, lowest byte first)
+// widened.
 template <int FORMAT>
-__device__ __forceinline__ void moe_tile_widen(typename MoeTileCodes<FORMAT>::type v, uint4* out) {
+__device__ __forceinline__ uint4 moe_tile_widen(typename MoeTileCodes<FORMAT>::type v) {
     if constexpr (FORMAT == WEIGHTS_FP8) {
-        out[0] = e4m3x8_to_bf16x8(v.x, v.y);
-#if MOE_TILE_FP8_WIDE
-        out[1] = e4m3x8_to_bf16x8(v.z, v.w);
-#endif
+        const uint2 lo = e4m3x4_to_bf16x4(v.x), hi = e4m3x4_to_bf16x4(v.y);
+        return make_uint4(lo.x, lo.y, hi.x, hi.y);
     } else {
-        out[0] = v;
+        return v;
     }
 }
 
@@ -359,76 +333,39 @@ __device__ __forceinline__ void moe_tile(const void* __restrict__ w, const float
 #pragma unroll
         for (int t = 0; t < TILES; ++t) acc[s][t][0] = acc[s][t][1] = acc[s][t][2] = acc[s][t][3] = 0.0f;
 
-    // A warp's pieces are col0 = warp * PIECE + n * MOE_WARPS * PIECE, n = 0, 1, ...; MOE_TILE_PIECES
-    // of them are loaded before the first is multiplied, then added in the same order. A piece is
-    // 32 columns (lane c's 8 at col0 + 8c), or with MOE_TILE_FP8_WIDE 64 columns of FP8 codes (lane
-    // c's 16 at col0 + 16c, one 16-byte load; two mma pairs, one scaling).
+    // A warp's pieces are col0 = warp * 32 + n * MOE_WARPS * 32, n = 0, 1, ...: 32 columns, lane c's
+    // 8 at col0 + 8c.
     using Codes = typename MoeTileCodes<FORMAT>::type;
-    constexpr int SUB = FORMAT == WEIGHTS_FP8 && MOE_TILE_FP8_WIDE ? 2 : 1;
-    constexpr int PIECE = 32 * SUB;
-    constexpr int STRIDE = MOE_WARPS * PIECE;
     const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-    for (int base = warp * PIECE; base < k; base += STRIDE * MOE_TILE_PIECES) {
-        Codes wv[MOE_TILE_PIECES][SETS][2];
-        uint4 xv[MOE_TILE_PIECES][TILES][SUB];
-        float scale[MOE_TILE_PIECES][SETS];
+    for (int col0 = warp * 32; col0 < k; col0 += MOE_WARPS * 32) {
+        const int col = col0 + 8 * c;
+        const bool in = col < k;
+        Codes wv[SETS][2];
+        uint4 xv[TILES];
+        float scale[SETS];
 #pragma unroll
-        for (int p = 0; p < MOE_TILE_PIECES; ++p) {
-            const int col0 = base + p * STRIDE;
-            const int col = col0 + 8 * SUB * c;
-            const bool in = col < k;
+        for (int s = 0; s < SETS; ++s) {
 #pragma unroll
-            for (int s = 0; s < SETS; ++s) {
-#pragma unroll
-                for (int half = 0; half < 2; ++half) wv[p][s][half] = moe_tile_load<FORMAT>(in ? wr[s][half] : nullptr, col);
-                scale[p][s] = FORMAT == WEIGHTS_FP8 && col0 < k ? __ldg(scale_row[s] + col0 / 128) : 1.0f;
-            }
-#pragma unroll
-            for (int t = 0; t < TILES; ++t)
-#pragma unroll
-                for (int u = 0; u < SUB; ++u) xv[p][t][u] = (in && xr[t]) ? *(const uint4*)(xr[t] + col + 8 * u) : zero;
+            for (int half = 0; half < 2; ++half) wv[s][half] = moe_tile_load<FORMAT>(in ? wr[s][half] : nullptr, col);
+            scale[s] = FORMAT == WEIGHTS_FP8 ? __ldg(scale_row[s] + col0 / 128) : 1.0f;
         }
 #pragma unroll
-        for (int p = 0; p < MOE_TILE_PIECES; ++p) {
-            if (base + p * STRIDE >= k) break;
+        for (int t = 0; t < TILES; ++t) xv[t] = (in && xr[t]) ? *(const uint4*)(xr[t] + col) : zero;
 #pragma unroll
-            for (int s = 0; s < SETS; ++s) {
-                uint4 w0[SUB], w1[SUB];
-                moe_tile_widen<FORMAT>(wv[p][s][0], w0);
-                moe_tile_widen<FORMAT>(wv[p][s][1], w1);
+        for (int s = 0; s < SETS; ++s) {
+            const uint4 w0 = moe_tile_widen<FORMAT>(wv[s][0]), w1 = moe_tile_widen<FORMAT>(wv[s][1]);
 #pragma unroll
-                for (int t = 0; t < TILES; ++t) {
-                    if (8 * t >= rows) continue;  // the whole tile is past the block's slots
-                    float piece[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            for (int t = 0; t < TILES; ++t) {
+                if (8 * t >= rows) continue;  // the whole tile is past the block's slots
+                float piece[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                mma_bf16(piece, w0.x, w1.x, w0.y, w1.y, xv[t].x, xv[t].y);
+                mma_bf16(piece, w0.z, w1.z, w0.w, w1.w, xv[t].z, xv[t].w);
 #pragma unroll
-                    for (int u = 0; u < SUB; ++u) {
-                        mma_bf16(piece, w0[u].x, w1[u].x, w0[u].y, w1[u].y, xv[p][t][u].x, xv[p][t][u].y);
-                        mma_bf16(piece, w0[u].z, w1[u].z, w0[u].w, w1[u].w, xv[p][t][u].z, xv[p][t][u].w);
-                    }
-#pragma unroll
-                    for (int i = 0; i < 4; ++i)
-                        acc[s][t][i] = FORMAT == WEIGHTS_FP8 ? fmaf(piece[i], scale[p][s], acc[s][t][i]) : acc[s][t][i] + piece[i];
-                }
+                for (int i = 0; i < 4; ++i)
+                    acc[s][t][i] = FORMAT == WEIGHTS_FP8 ? fmaf(piece[i], scale[s], acc[s][t][i]) : acc[s][t][i] + piece[i];
             }
         }
     }
-#if MOE_TILE_REDUCE_ONCE
-    // Every warp's totals side by side, one barrier, then warp 0 adds them in warp order: the sum the
-    // barrier-per-warp form below makes, bit for bit.
-    constexpr int TOTALS = SETS * TILES * 4;  // (s, t, i) at (s * TILES + t) * 4 + i
-    __shared__ float parts[MOE_WARPS][TOTALS][32];
-#pragma unroll
-    for (int j = 0; j < TOTALS; ++j) parts[warp][j][lane] = acc[j / (TILES * 4)][j / 4 % TILES][j % 4];
-    __syncthreads();
-    if (warp != 0) return;
-#pragma unroll
-    for (int j = 0; j < TOTALS; ++j) {
-        float total = parts[0][j][lane];
-        for (int v = 1; v < MOE_WARPS; ++v) total += parts[v][j][lane];
-        totals[j][lane] = total;
-    }
-    __syncwarp();
-#else
     for (int v = 0; v < MOE_WARPS; ++v) {
         if (warp == v) {
 #pragma unroll
@@ -443,7 +380,6 @@ __device__ __forceinline__ void moe_tile(const void* __restrict__ w, const float
         }
         __syncthreads();
     }
-#endif
     if (warp != 0) return;
     // totals[(s, t, i)]: row g (i < 2) or g + 8, column 8t + 2c + (i & 1).
 #pragma unroll
@@ -836,20 +772,11 @@ __device__ __forceinline__ void moe_down_by_rank(const void* __restrict__ down, 
     }
 }
 
-// Blocks of the FP8 down kernels an SM should hold at once (their launch bounds' second figure; 1
-// leaves ptxas free). A block has a warp a rank, 9 for 35B-A3B: at 1 ptxas gives the 8-row kernel
-// 96 registers, so two blocks of 9 warps fit an SM; at 2 it stays within 64 (no spills, sm_90), and
-// three fit. H100, 35B-A3B FP8 (session 32): MTP k=3 616.8 -> 631.1 tok/s (verify 4.93 -> 4.84 ms),
-// decode 346.4 -> 349.5.
-#ifndef MOE_DOWN_FP8_MIN_BLOCKS
-#define MOE_DOWN_FP8_MIN_BLOCKS 2
-#endif
-
 // moe_down_combine_r{ROWS} (bf16) and moe_down_combine_fp8_r{ROWS} (FP8: the scales after the codes).
 // The FP8 kernels stop at 8 rows a block: with 16 a lane would hold 16 code vectors and their 256
 // widened values, more than a 512-thread block's 128 registers a thread (ptxas spills).
-#define MOE_DOWN_COMBINE_KERNEL(ROWS, FORMAT, SUFFIX, MIN_BLOCKS)                                              \
-    extern "C" __global__ void __launch_bounds__(512, MIN_BLOCKS) moe_down_combine##SUFFIX##_r##ROWS(         \
+#define MOE_DOWN_COMBINE_KERNEL(ROWS, FORMAT, SUFFIX)                                                          \
+    extern "C" __global__ void __launch_bounds__(512) moe_down_combine##SUFFIX##_r##ROWS(                     \
         MOE_WEIGHT_PARAMS(down, FORMAT), int h, int im, const bf16_bits* __restrict__ act, int act_stride,     \
         int top_k, int ranks, const int* __restrict__ ids, const float* __restrict__ weights,                 \
         const MoeShared shared, float* __restrict__ out) {                                                     \
@@ -857,13 +784,13 @@ __device__ __forceinline__ void moe_down_by_rank(const void* __restrict__ down, 
         moe_down_by_rank<ROWS, FORMAT>(down, MOE_SCALES_ARG(down, FORMAT), h, im, act, act_stride, top_k,     \
                                        ranks, ids, weights, shared, out);                                     \
     }
-MOE_DOWN_COMBINE_KERNEL(2, WEIGHTS_BF16, , 1)
-MOE_DOWN_COMBINE_KERNEL(4, WEIGHTS_BF16, , 1)
-MOE_DOWN_COMBINE_KERNEL(8, WEIGHTS_BF16, , 1)
-MOE_DOWN_COMBINE_KERNEL(16, WEIGHTS_BF16, , 1)
-MOE_DOWN_COMBINE_KERNEL(2, WEIGHTS_FP8, _fp8, MOE_DOWN_FP8_MIN_BLOCKS)
-MOE_DOWN_COMBINE_KERNEL(4, WEIGHTS_FP8, _fp8, MOE_DOWN_FP8_MIN_BLOCKS)
-MOE_DOWN_COMBINE_KERNEL(8, WEIGHTS_FP8, _fp8, MOE_DOWN_FP8_MIN_BLOCKS)
+MOE_DOWN_COMBINE_KERNEL(2, WEIGHTS_BF16, )
+MOE_DOWN_COMBINE_KERNEL(4, WEIGHTS_BF16, )
+MOE_DOWN_COMBINE_KERNEL(8, WEIGHTS_BF16, )
+MOE_DOWN_COMBINE_KERNEL(16, WEIGHTS_BF16, )
+MOE_DOWN_COMBINE_KERNEL(2, WEIGHTS_FP8, _fp8)
+MOE_DOWN_COMBINE_KERNEL(4, WEIGHTS_FP8, _fp8)
+MOE_DOWN_COMBINE_KERNEL(8, WEIGHTS_FP8, _fp8)
 
 // out [tokens, h] = sum over ranks r of weights[t, r] * y[t * top_k + r] (rank order), plus
 // sigmoid(shared_gate[t]) * shared[t] when `shared` is given.
