@@ -37,6 +37,10 @@
 #                             last decode step, kernel by kernel
 #   ncucycle:SHAPE:FLAGS:DEFS the same for one whole MTP k=3 cycle (forced acceptance: a verify of 4
 #                             tokens and its 3 draft steps), from a bench of 8 decode tokens (up to 360 s)
+#   profile:SHAPE:FLAGS:DEFS  `bench --profile` of the shape (dummy weights, prefill 256, 8 decode steps, bench
+#                             FLAGS added, e.g. "--quantization fp8 --batch 64": FP8 kept when FLAGS name it),
+#                             every op timed by CUDA events in a separate run: a batch-64 step op by op in
+#                             seconds, where Nsight Compute over a batched bench runs for many minutes
 #   sh:COMMAND                any command (its output in sh.log)
 # Each step's one-line result goes to summary.log (also printed); the raw files to $OUT/results.tgz.
 # CARRY (default .carry) is the folder the binaries were packed into.
@@ -206,6 +210,23 @@ for step in "$@"; do
         >"$res/$name.csv" 2>"$res/$name.err"
       log "== $name rc=$?"
       python3 scripts/ncu_step.py "$res/$name.csv" --min-period $period 2>&1 | tee -a "$res/summary.log"
+      ;;
+    profile:*)
+      IFS=: read -r _ shape flags defines <<<"$step"
+      name="profile-$shape${flags:+-${flags//[^A-Za-z0-9]/}}${defines:+-${defines//[^A-Za-z0-9]/_}}"
+      fp8=0
+      case " $flags " in *" --quantization fp8 "*) fp8=1 ;; esac
+      # shellcheck disable=SC2086 # FLAGS are bench flags, split on purpose
+      DELTASERVE_CUDA_FP8_WEIGHTS=$fp8 DELTASERVE_CUDA_DEFINES="$defines" \
+        timeout "$(($(left) < 180 ? $(left) : 180))" "$bins/deltaserve" bench --backend cuda \
+        --model-path "examples/$shape" --load-format dummy --prefill-len 256 --decode-len 8 --profile $flags \
+        >"$res/$name.txt" 2>"$res/$name.err"
+      log "== $name rc=$?"
+      # The batched steps' tables past batch 1, or the plain decode's when FLAGS ask for no batch.
+      table='^decode, batch [0-9]+:'
+      grep -Eq "$table" "$res/$name.txt" || table='^decode:'
+      awk -v t="$table" '$0 ~ t { on = $3 != "1:"; if (on) print; next } on && /^  / { print; next } { on = 0 }' \
+        "$res/$name.txt" | tee -a "$res/summary.log"
       ;;
     sh:*)
       timeout "$(left)" bash -c "${step#sh:}" >>"$res/sh.log" 2>&1
