@@ -285,10 +285,26 @@ __device__ __forceinline__ uint4 moe_tile_widen(typename MoeTileCodes<FORMAT>::t
     }
 }
 
-// One work block of one expert against 16 of its output rows (GATE_UP: 16 gate rows and the 16 up
-// rows that pair with them), for up to 8 * TILES slots. The warps split K in interleaved 32-column
-// pieces as gemv.cu's tensor-core kernel does; their totals are added in warp order (warp 0's, then
-// warp 1's added to it, ...) through shared memory. Column g of token tile t is slot
+// Warps that share one 16-row tile's K (a divisor of MOE_WARPS; a block has MOE_WARPS /
+// MOE_TILE_K_WARPS tiles of consecutive rows). 8: a block is one tile, its warps split K. 1: each
+// warp sweeps the whole K of its own tile, no barrier, 8 x the rows a block: for the down projection
+// (K = im, 512 for 35B-A3B) a warp of the 8-way split has two 32-column pieces to load before the
+// block's eight barriers. Another split adds the pieces in another order (the same for every slot).
+// The launcher reads the define for its grid (moe.rs).
+#ifndef MOE_TILE_K_WARPS
+#define MOE_TILE_K_WARPS MOE_WARPS
+#endif
+// A warp's 32-column pieces loaded before the first is multiplied (more bytes in flight for a warp
+// that sweeps a long K alone; the pieces are added in the same order whatever the number).
+#ifndef MOE_TILE_K_PIECES
+#define MOE_TILE_K_PIECES 1
+#endif
+
+// One work block of one expert against 16 of its output rows per tile (GATE_UP: 16 gate rows and
+// the 16 up rows that pair with them), for up to 8 * TILES slots. A tile's MOE_TILE_K_WARPS warps
+// split K in interleaved 32-column pieces as gemv.cu's tensor-core kernel does; their totals are
+// added in warp order (the tile's first warp's, then the second's added to it, ...) through shared
+// memory. Column g of token tile t is slot
 // sorted[first + 8t + g]; its activations are row `slot / row_divisor` of `x` (the token for the
 // gate/up projection, the slot itself for down). Tiles past the block's slots are skipped, so a
 // slot's result is the same whatever TILES the launch uses. FP8: a thread's 8 codes of each of its
@@ -302,12 +318,18 @@ __device__ __forceinline__ void moe_tile(const void* __restrict__ w, const float
                                          float* __restrict__ y) {
     constexpr int SETS = GATE_UP ? 2 : 1;
     using W = typename WeightElement<FORMAT>::type;
-    __shared__ float totals[SETS * TILES * 4][32];
+    constexpr int K_WARPS = MOE_TILE_K_WARPS, BLOCK_TILES = MOE_WARPS / K_WARPS;
+    static_assert(MOE_WARPS % K_WARPS == 0, "a block holds whole tiles");
+    __shared__ float totals[BLOCK_TILES][SETS * TILES * 4][32];
     if ((int)blockIdx.y >= *block_count) return;
     const int4 work = blocks[blockIdx.y];
     const int expert = work.x, first = work.y, rows = work.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
-    const int row_lo = blockIdx.x * 16 + g, row_hi = row_lo + 8;
+    // The warp's tile and its place among the tile's warps (one tile: stated, as the compiler
+    // cannot know warp < MOE_WARPS).
+    const int tile = BLOCK_TILES == 1 ? 0 : warp / K_WARPS, k_warp = BLOCK_TILES == 1 ? warp : warp % K_WARPS;
+    const int tile_row0 = (blockIdx.x * BLOCK_TILES + tile) * 16;
+    const int row_lo = tile_row0 + g, row_hi = row_lo + 8;
     // Expert e's matrix: GATE_UP rows [e * 2 * out_rows, (e + 1) * 2 * out_rows), down [e * out_rows, ...).
     const W* base = static_cast<const W*>(w) + (i64)expert * SETS * out_rows * k;
     const W* wr[SETS][2];
@@ -316,8 +338,11 @@ __device__ __forceinline__ void moe_tile(const void* __restrict__ w, const float
     for (int s = 0; s < SETS; ++s) {
         wr[s][0] = row_lo < out_rows ? base + ((i64)s * out_rows + row_lo) * k : nullptr;
         wr[s][1] = row_hi < out_rows ? base + ((i64)s * out_rows + row_hi) * k : nullptr;
-        scale_row[s] = FORMAT == WEIGHTS_FP8
-                           ? scales + ((i64)(expert * SETS + s) * (out_rows / 128) + blockIdx.x * 16 / 128) * (k / 128)
+        // A block of several tiles may end past the matrix (bf16 only: FP8 rows are whole 128-row
+        // blocks); such a tile has no scales.
+        const bool tile_in = BLOCK_TILES == 1 || tile_row0 < out_rows;
+        scale_row[s] = FORMAT == WEIGHTS_FP8 && tile_in
+                           ? scales + ((i64)(expert * SETS + s) * (out_rows / 128) + (blockIdx.x * BLOCK_TILES + tile) * 16 / 128) * (k / 128)
                            : nullptr;
     }
     const bf16_bits* xr[TILES];
@@ -333,54 +358,67 @@ __device__ __forceinline__ void moe_tile(const void* __restrict__ w, const float
 #pragma unroll
         for (int t = 0; t < TILES; ++t) acc[s][t][0] = acc[s][t][1] = acc[s][t][2] = acc[s][t][3] = 0.0f;
 
-    // A warp's pieces are col0 = warp * 32 + n * MOE_WARPS * 32, n = 0, 1, ...: 32 columns, lane c's
-    // 8 at col0 + 8c.
+    // A warp's pieces are col0 = k_warp * 32 + n * K_WARPS * 32, n = 0, 1, ...: 32 columns, lane
+    // c's 8 at col0 + 8c. MOE_TILE_K_PIECES of them are loaded before the first is multiplied, then
+    // added in order, so the number changes no result.
+    constexpr int PIECES = MOE_TILE_K_PIECES, STRIDE = K_WARPS * 32;
     using Codes = typename MoeTileCodes<FORMAT>::type;
     const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-    for (int col0 = warp * 32; col0 < k; col0 += MOE_WARPS * 32) {
-        const int col = col0 + 8 * c;
-        const bool in = col < k;
-        Codes wv[SETS][2];
-        uint4 xv[TILES];
-        float scale[SETS];
+    for (int col0 = k_warp * 32; col0 < k; col0 += STRIDE * PIECES) {
+        Codes wv[PIECES][SETS][2];
+        uint4 xv[PIECES][TILES];
+        float scale[PIECES][SETS];
 #pragma unroll
-        for (int s = 0; s < SETS; ++s) {
+        for (int p = 0; p < PIECES; ++p) {
+            const int piece0 = col0 + p * STRIDE, col = piece0 + 8 * c;
+            const bool in = col < k;
 #pragma unroll
-            for (int half = 0; half < 2; ++half) wv[s][half] = moe_tile_load<FORMAT>(in ? wr[s][half] : nullptr, col);
-            scale[s] = FORMAT == WEIGHTS_FP8 ? __ldg(scale_row[s] + col0 / 128) : 1.0f;
+            for (int s = 0; s < SETS; ++s) {
+#pragma unroll
+                for (int half = 0; half < 2; ++half)
+                    wv[p][s][half] = moe_tile_load<FORMAT>(in ? wr[s][half] : nullptr, col);
+                scale[p][s] = FORMAT == WEIGHTS_FP8 && (BLOCK_TILES == 1 || scale_row[s]) && (p == 0 || piece0 < k)
+                                  ? __ldg(scale_row[s] + piece0 / 128)
+                                  : 1.0f;
+            }
+#pragma unroll
+            for (int t = 0; t < TILES; ++t) xv[p][t] = (in && xr[t]) ? *(const uint4*)(xr[t] + col) : zero;
         }
 #pragma unroll
-        for (int t = 0; t < TILES; ++t) xv[t] = (in && xr[t]) ? *(const uint4*)(xr[t] + col) : zero;
+        for (int p = 0; p < PIECES; ++p) {
+            if (p > 0 && col0 + p * STRIDE >= k) break;
 #pragma unroll
-        for (int s = 0; s < SETS; ++s) {
-            const uint4 w0 = moe_tile_widen<FORMAT>(wv[s][0]), w1 = moe_tile_widen<FORMAT>(wv[s][1]);
+            for (int s = 0; s < SETS; ++s) {
+                const uint4 w0 = moe_tile_widen<FORMAT>(wv[p][s][0]), w1 = moe_tile_widen<FORMAT>(wv[p][s][1]);
 #pragma unroll
-            for (int t = 0; t < TILES; ++t) {
-                if (8 * t >= rows) continue;  // the whole tile is past the block's slots
-                float piece[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                mma_bf16(piece, w0.x, w1.x, w0.y, w1.y, xv[t].x, xv[t].y);
-                mma_bf16(piece, w0.z, w1.z, w0.w, w1.w, xv[t].z, xv[t].w);
+                for (int t = 0; t < TILES; ++t) {
+                    if (8 * t >= rows) continue;  // the whole tile is past the block's slots
+                    float piece[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    mma_bf16(piece, w0.x, w1.x, w0.y, w1.y, xv[p][t].x, xv[p][t].y);
+                    mma_bf16(piece, w0.z, w1.z, w0.w, w1.w, xv[p][t].z, xv[p][t].w);
 #pragma unroll
-                for (int i = 0; i < 4; ++i)
-                    acc[s][t][i] = FORMAT == WEIGHTS_FP8 ? fmaf(piece[i], scale[s], acc[s][t][i]) : acc[s][t][i] + piece[i];
+                    for (int i = 0; i < 4; ++i)
+                        acc[s][t][i] = FORMAT == WEIGHTS_FP8 ? fmaf(piece[i], scale[p][s], acc[s][t][i])
+                                                             : acc[s][t][i] + piece[i];
+                }
             }
         }
     }
-    for (int v = 0; v < MOE_WARPS; ++v) {
-        if (warp == v) {
+    for (int v = 0; v < K_WARPS; ++v) {
+        if (k_warp == v) {
 #pragma unroll
             for (int s = 0; s < SETS; ++s)
 #pragma unroll
                 for (int t = 0; t < TILES; ++t)
 #pragma unroll
                     for (int i = 0; i < 4; ++i) {
-                        float& total = totals[(s * TILES + t) * 4 + i][lane];
+                        float& total = totals[tile][(s * TILES + t) * 4 + i][lane];
                         total = v == 0 ? acc[s][t][i] : total + acc[s][t][i];
                     }
         }
         __syncthreads();
     }
-    if (warp != 0) return;
+    if (k_warp != 0) return;
     // totals[(s, t, i)]: row g (i < 2) or g + 8, column 8t + 2c + (i & 1).
 #pragma unroll
     for (int t = 0; t < TILES; ++t) {
@@ -390,9 +428,9 @@ __device__ __forceinline__ void moe_tile(const void* __restrict__ w, const float
             const int row = i < 2 ? row_lo : row_hi;
             if (j >= rows || row >= out_rows) continue;
             const int slot = sorted[first + j];
-            const float first_sum = totals[t * 4 + i][lane];
+            const float first_sum = totals[tile][t * 4 + i][lane];
             if (GATE_UP) {
-                const float up = totals[(TILES + t) * 4 + i][lane];
+                const float up = totals[tile][(TILES + t) * 4 + i][lane];
                 act[(i64)slot * out_rows + row] = f32_to_bf16(silu_f(first_sum) * up);
             } else {
                 y[(i64)slot * out_rows + row] = first_sum;

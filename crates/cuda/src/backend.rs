@@ -45,6 +45,8 @@ pub struct CudaBackend {
     pub(crate) dependent_launch: bool,
     pub(crate) gemv_lane_shape: crate::gemv::LaneShape,
     pub(crate) moe_slot_shape: crate::moe::SlotShape,
+    /// Output rows a block of the grouped MoE kernels (moe.rs `grouped_rows_per_block`).
+    pub(crate) moe_grouped_rows: usize,
     /// Whether decode attention takes a kv head's query heads in one block (attention.rs).
     pub(crate) grouped_attention: bool,
     /// Whether the gated RMSNorm of rows up to 256 values takes a warp a row (dense.rs;
@@ -251,6 +253,7 @@ impl CudaBackend {
             dependent_launch: options.dependent_launch,
             gemv_lane_shape: crate::gemv::LaneShape::from_options(options, sm_count),
             moe_slot_shape: crate::moe::SlotShape::from_options(options),
+            moe_grouped_rows: crate::moe::grouped_rows_per_block(options),
             grouped_attention: options.define::<u32>("ATTENTION_GQA").unwrap_or(1) != 0,
             gated_norm_by_warp: options.define::<u32>("GATED_NORM_WARP").unwrap_or(1) != 0,
             bf16_act_mlp: options.define::<u32>("MLP_BF16_ACT").unwrap_or(1) != 0,

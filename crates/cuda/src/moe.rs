@@ -39,8 +39,19 @@ fn grouped_kernels(tokens: usize, fp8: bool) -> (&'static str, &'static str, usi
         (false, true) => ("moe_gate_up_fp8_t4", "moe_down_fp8_t4", 32),
     }
 }
-/// Output rows per block of the gate/up and down kernels.
+/// Output rows of one tile of the grouped gate/up and down kernels (one 16-row mma tile).
 const TILE_ROWS: usize = 16;
+
+/// Output rows a block of the grouped kernels: `MOE_WARPS / MOE_TILE_K_WARPS` tiles (moe.cu; by
+/// default all 8 warps share one tile's K), read from the same defines as the kernels so the grid
+/// matches them.
+pub(crate) fn grouped_rows_per_block(options: &crate::options::CudaOptions) -> usize {
+    let k_warps = options.define::<u32>("MOE_TILE_K_WARPS").unwrap_or(WARPS);
+    if k_warps == 0 || !WARPS.is_multiple_of(k_warps) {
+        panic!("MOE_TILE_K_WARPS={k_warps}: it must divide moe.cu's {WARPS} warps a block");
+    }
+    TILE_ROWS * (WARPS / k_warps) as usize
+}
 /// The by-slot kernels' block shapes: `moe_gate_up_slots`' `MOE_LANE_WARPS` warps of
 /// `MOE_LANE_ROWS` (gate, up) row pairs each (moe.cu's defaults unless `CudaOptions::defines` sets
 /// them, read from the same defines so the grids match the kernel), and the output rows a block of
@@ -606,7 +617,11 @@ impl CudaBackend {
         );
         let x_bf16 = self.cast_to_bf16(x, tokens * w.h);
         let gemm_cfg = |rows: usize| LaunchConfig {
-            grid_dim: (rows.div_ceil(TILE_ROWS) as u32, max_blocks as u32, 1),
+            grid_dim: (
+                rows.div_ceil(self.moe_grouped_rows) as u32,
+                max_blocks as u32,
+                1,
+            ),
             block_dim: (32 * WARPS, 1, 1),
             shared_mem_bytes: 0,
         };
@@ -871,4 +886,37 @@ impl SharedMats {
 fn device_address<T>(m: &CudaSlice<T>) -> u64 {
     let (p, _record) = m.device_ptr(m.stream());
     p
+}
+
+#[cfg(test)]
+mod tests {
+    use super::grouped_rows_per_block;
+    use crate::options::CudaOptions;
+
+    fn options_with(defines: &[(&str, &str)]) -> CudaOptions {
+        CudaOptions {
+            defines: defines
+                .iter()
+                .map(|(n, v)| (n.to_string(), v.to_string()))
+                .collect(),
+            ..CudaOptions::default()
+        }
+    }
+
+    #[test]
+    fn grouped_blocks_hold_the_tiles_the_kernels_make() {
+        assert_eq!(grouped_rows_per_block(&options_with(&[])), 16);
+        let rows =
+            |k_warps: &str| grouped_rows_per_block(&options_with(&[("MOE_TILE_K_WARPS", k_warps)]));
+        assert_eq!(rows("8"), 16);
+        assert_eq!(rows("4"), 32);
+        assert_eq!(rows("2"), 64);
+        assert_eq!(rows("1"), 128);
+    }
+
+    #[test]
+    #[should_panic(expected = "MOE_TILE_K_WARPS=3")]
+    fn a_tile_split_that_leaves_warps_over_is_refused() {
+        grouped_rows_per_block(&options_with(&[("MOE_TILE_K_WARPS", "3")]));
+    }
 }
