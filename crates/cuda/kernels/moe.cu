@@ -287,9 +287,9 @@ __device__ __forceinline__ uint4 moe_tile_widen(typename MoeTileCodes<FORMAT>::t
 
 // Warps that share one 16-row tile's K (a divisor of MOE_WARPS; a block has MOE_WARPS /
 // MOE_TILE_K_WARPS tiles of consecutive rows). 8: a block is one tile, its warps split K. 1: each
-// warp sweeps the whole K of its own tile, no barrier, 8 x the rows a block: for the down projection
-// (K = im, 512 for 35B-A3B) a warp of the 8-way split has two 32-column pieces to load before the
-// block's eight barriers. Another split adds the pieces in another order (the same for every slot).
+// warp sweeps the whole K of its own tile, one barrier, 8 x the rows a block: for the down
+// projection (K = im, 512 for 35B-A3B) a warp of the 8-way split has two 32-column pieces to load
+// before the block's eight barriers. Another split adds the pieces in another order (the same for every slot).
 // The launcher reads the define for its grid (moe.rs).
 #ifndef MOE_TILE_K_WARPS
 #define MOE_TILE_K_WARPS MOE_WARPS
@@ -304,12 +304,12 @@ __device__ __forceinline__ uint4 moe_tile_widen(typename MoeTileCodes<FORMAT>::t
 // the 16 up rows that pair with them), for up to 8 * TILES slots. A tile's MOE_TILE_K_WARPS warps
 // split K in interleaved 32-column pieces as gemv.cu's tensor-core kernel does; their totals are
 // added in warp order (the tile's first warp's, then the second's added to it, ...) through shared
-// memory. Column g of token tile t is slot
-// sorted[first + 8t + g]; its activations are row `slot / row_divisor` of `x` (the token for the
-// gate/up projection, the slot itself for down). Tiles past the block's slots are skipped, so a
-// slot's result is the same whatever TILES the launch uses. FP8: a thread's 8 codes of each of its
-// two rows are widened to bf16 for the mma, and each piece (inside one 128-column block; the tile's
-// 16 rows inside one 128-row block) is scaled by its block before it joins the accumulator.
+// memory. Column g of token tile t is slot sorted[first + 8t + g]; its activations are row `slot /
+// row_divisor` of `x` (the token for the gate/up projection, the slot itself for down). Tiles past
+// the block's slots are skipped, so a slot's result is the same whatever TILES the launch uses.
+// FP8: a thread's 8 codes of each of its two rows are widened to bf16 for the mma, and each piece
+// (inside one 128-column block; the tile's 16 rows inside one 128-row block) is scaled by its block
+// before it joins the accumulator.
 template <bool GATE_UP, int TILES, int FORMAT>
 __device__ __forceinline__ void moe_tile(const void* __restrict__ w, const float* __restrict__ scales, int out_rows,
                                          int k, const bf16_bits* __restrict__ x, int row_divisor,
@@ -338,10 +338,9 @@ __device__ __forceinline__ void moe_tile(const void* __restrict__ w, const float
     for (int s = 0; s < SETS; ++s) {
         wr[s][0] = row_lo < out_rows ? base + ((i64)s * out_rows + row_lo) * k : nullptr;
         wr[s][1] = row_hi < out_rows ? base + ((i64)s * out_rows + row_hi) * k : nullptr;
-        // A block of several tiles may end past the matrix (bf16 only: FP8 rows are whole 128-row
-        // blocks); such a tile has no scales.
-        const bool tile_in = BLOCK_TILES == 1 || tile_row0 < out_rows;
-        scale_row[s] = FORMAT == WEIGHTS_FP8 && tile_in
+        // FP8 rows are whole 128-row blocks and a block's tiles span at most 128 rows, so no FP8
+        // tile lies past the matrix (a bf16 one may, and reads no scales).
+        scale_row[s] = FORMAT == WEIGHTS_FP8
                            ? scales + ((i64)(expert * SETS + s) * (out_rows / 128) + (blockIdx.x * BLOCK_TILES + tile) * 16 / 128) * (k / 128)
                            : nullptr;
     }
@@ -377,7 +376,7 @@ __device__ __forceinline__ void moe_tile(const void* __restrict__ w, const float
 #pragma unroll
                 for (int half = 0; half < 2; ++half)
                     wv[p][s][half] = moe_tile_load<FORMAT>(in ? wr[s][half] : nullptr, col);
-                scale[p][s] = FORMAT == WEIGHTS_FP8 && (BLOCK_TILES == 1 || scale_row[s]) && (p == 0 || piece0 < k)
+                scale[p][s] = FORMAT == WEIGHTS_FP8 && (p == 0 || piece0 < k)
                                   ? __ldg(scale_row[s] + piece0 / 128)
                                   : 1.0f;
             }
