@@ -286,18 +286,24 @@ __device__ __forceinline__ uint4 moe_tile_widen(typename MoeTileCodes<FORMAT>::t
 }
 
 // Warps that share one 16-row tile's K (a divisor of MOE_WARPS; a block has MOE_WARPS /
-// MOE_TILE_K_WARPS tiles of consecutive rows). 8: a block is one tile, its warps split K. 1: each
-// warp sweeps the whole K of its own tile, one barrier, 8 x the rows a block: for the down
-// projection (K = im, 512 for 35B-A3B) a warp of the 8-way split has two 32-column pieces to load
-// before the block's eight barriers. Another split adds the pieces in another order (the same for every slot).
+// MOE_TILE_K_WARPS tiles of consecutive rows). 2: each warp sweeps half of K, so at batch 64 a warp
+// of the down projection (K = im, 512 for 35B-A3B) loads 8 pieces, not the 2 of an 8-way split,
+// and a block waits at 2 barriers, not 8. Measured on an H100 (35B-A3B, FP8, against 8): batch-64
+// step 21.9 -> 20.7 ms, 2048-token prefill 18,100 -> 22,200 tok/s; a batch-8 step 7.3 -> 7.5 ms.
+// Every grouped kernel uses the same split, so a slot's sum has one order at any batch size.
 // The launcher reads the define for its grid (moe.rs).
 #ifndef MOE_TILE_K_WARPS
-#define MOE_TILE_K_WARPS MOE_WARPS
+#define MOE_TILE_K_WARPS 2
 #endif
-// A warp's 32-column pieces loaded before the first is multiplied (more bytes in flight for a warp
-// that sweeps a long K alone; the pieces are added in the same order whatever the number).
-#ifndef MOE_TILE_K_PIECES
-#define MOE_TILE_K_PIECES 1
+// A warp's 32-column pieces loaded before the first is multiplied, by tiles a block: more bytes in
+// flight pay for a decode batch's one-tile blocks (batch 64: 23.2 -> 20.7 ms with 2) but not for a
+// prefill's four-tile ones, which have 4 x the activations in flight already (22,200 -> 19,600
+// tok/s with 2). The pieces are added in the same order whatever the number.
+#ifndef MOE_TILE_K_PIECES_T1
+#define MOE_TILE_K_PIECES_T1 2
+#endif
+#ifndef MOE_TILE_K_PIECES_T4
+#define MOE_TILE_K_PIECES_T4 1
 #endif
 
 // One work block of one expert against 16 of its output rows per tile (GATE_UP: 16 gate rows and
@@ -310,7 +316,7 @@ __device__ __forceinline__ uint4 moe_tile_widen(typename MoeTileCodes<FORMAT>::t
 // FP8: a thread's 8 codes of each of its two rows are widened to bf16 for the mma, and each piece
 // (inside one 128-column block; the tile's 16 rows inside one 128-row block) is scaled by its block
 // before it joins the accumulator.
-template <bool GATE_UP, int TILES, int FORMAT>
+template <bool GATE_UP, int TILES, int PIECES, int FORMAT>
 __device__ __forceinline__ void moe_tile(const void* __restrict__ w, const float* __restrict__ scales, int out_rows,
                                          int k, const bf16_bits* __restrict__ x, int row_divisor,
                                          const int* __restrict__ sorted, const int* __restrict__ block_count,
@@ -358,9 +364,9 @@ __device__ __forceinline__ void moe_tile(const void* __restrict__ w, const float
         for (int t = 0; t < TILES; ++t) acc[s][t][0] = acc[s][t][1] = acc[s][t][2] = acc[s][t][3] = 0.0f;
 
     // A warp's pieces are col0 = k_warp * 32 + n * K_WARPS * 32, n = 0, 1, ...: 32 columns, lane
-    // c's 8 at col0 + 8c. MOE_TILE_K_PIECES of them are loaded before the first is multiplied, then
-    // added in order, so the number changes no result.
-    constexpr int PIECES = MOE_TILE_K_PIECES, STRIDE = K_WARPS * 32;
+    // c's 8 at col0 + 8c. PIECES of them are loaded before the first is multiplied, then added in
+    // order, so the number changes no result.
+    constexpr int STRIDE = K_WARPS * 32;
     using Codes = typename MoeTileCodes<FORMAT>::type;
     const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
     for (int col0 = k_warp * 32; col0 < k; col0 += STRIDE * PIECES) {
@@ -443,13 +449,13 @@ __device__ __forceinline__ void moe_tile(const void* __restrict__ w, const float
 // weights (their scales the second parameter). Work blocks of up to 8 * TILES slots (moe_plan's
 // block_rows). Grid: (ceil(rows / 16), most work blocks) blocks of 32 * MOE_WARPS threads; h and im
 // % 8 == 0 and 16-byte aligned rows (FP8: % 128; checked by the launcher).
-#define MOE_GROUPED_KERNELS(TILES, FORMAT, SUFFIX)                                                              \
+#define MOE_GROUPED_KERNELS(TILES, PIECES, FORMAT, SUFFIX)                                                              \
     extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS) moe_gate_up##SUFFIX##_t##TILES(                \
         MOE_WEIGHT_PARAMS(gate_up, FORMAT), int im, int h, const bf16_bits* __restrict__ xb, int top_k,         \
         const int* __restrict__ sorted, const int* __restrict__ block_count, const int4* __restrict__ blocks,   \
         bf16_bits* __restrict__ act) {                                                                          \
         AFTER_PREVIOUS_KERNEL();                                                                                \
-        moe_tile<true, TILES, FORMAT>(gate_up, MOE_SCALES_ARG(gate_up, FORMAT), im, h, xb, top_k, sorted, block_count, blocks,   \
+        moe_tile<true, TILES, PIECES, FORMAT>(gate_up, MOE_SCALES_ARG(gate_up, FORMAT), im, h, xb, top_k, sorted, block_count, blocks,   \
                                       act, nullptr);                                                           \
     }                                                                                                           \
     extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS) moe_down##SUFFIX##_t##TILES(                   \
@@ -457,7 +463,7 @@ __device__ __forceinline__ void moe_tile(const void* __restrict__ w, const float
         const int* __restrict__ sorted, const int* __restrict__ block_count, const int4* __restrict__ blocks,   \
         float* __restrict__ y) {                                                                                \
         AFTER_PREVIOUS_KERNEL();                                                                                \
-        moe_tile<false, TILES, FORMAT>(down, MOE_SCALES_ARG(down, FORMAT), h, im, act, 1, sorted, block_count, blocks, nullptr, \
+        moe_tile<false, TILES, PIECES, FORMAT>(down, MOE_SCALES_ARG(down, FORMAT), h, im, act, 1, sorted, block_count, blocks, nullptr, \
                                        y);                                                                     \
     }
 // A kernel's weight parameters: `NAME` (bf16), or `NAME` codes and `NAME##_scales` (FP8); and
@@ -469,10 +475,10 @@ __device__ __forceinline__ void moe_tile(const void* __restrict__ w, const float
 #define MOE_SCALES_ARG(NAME, FORMAT) MOE_SCALES_ARG_##FORMAT(NAME)
 #define MOE_SCALES_ARG_WEIGHTS_BF16(NAME) nullptr
 #define MOE_SCALES_ARG_WEIGHTS_FP8(NAME) NAME##_scales
-MOE_GROUPED_KERNELS(1, WEIGHTS_BF16, )
-MOE_GROUPED_KERNELS(4, WEIGHTS_BF16, )
-MOE_GROUPED_KERNELS(1, WEIGHTS_FP8, _fp8)
-MOE_GROUPED_KERNELS(4, WEIGHTS_FP8, _fp8)
+MOE_GROUPED_KERNELS(1, MOE_TILE_K_PIECES_T1, WEIGHTS_BF16, )
+MOE_GROUPED_KERNELS(4, MOE_TILE_K_PIECES_T4, WEIGHTS_BF16, )
+MOE_GROUPED_KERNELS(1, MOE_TILE_K_PIECES_T1, WEIGHTS_FP8, _fp8)
+MOE_GROUPED_KERNELS(4, MOE_TILE_K_PIECES_T4, WEIGHTS_FP8, _fp8)
 
 // Decode (a few tokens) on the CUDA cores, organised by slot rather than by expert, so no plan is
 // needed: moe_gate_up_slots gives each slot (token, rank) its own blocks, and moe_down_combine_r*

@@ -42,11 +42,16 @@ fn grouped_kernels(tokens: usize, fp8: bool) -> (&'static str, &'static str, usi
 /// Output rows of one tile of the grouped gate/up and down kernels (one 16-row mma tile).
 const TILE_ROWS: usize = 16;
 
+/// moe.cu's default `MOE_TILE_K_WARPS`: warps that share one 16-row tile's K.
+const TILE_K_WARPS: u32 = 2;
+
 /// Output rows a block of the grouped kernels: `MOE_WARPS / MOE_TILE_K_WARPS` tiles (moe.cu; by
-/// default all 8 warps share one tile's K), read from the same defines as the kernels so the grid
-/// matches them.
+/// default two warps share one tile's K, so a block holds 4 tiles), read from the same defines as
+/// the kernels so the grid matches them.
 pub(crate) fn grouped_rows_per_block(options: &crate::options::CudaOptions) -> usize {
-    let k_warps = options.define::<u32>("MOE_TILE_K_WARPS").unwrap_or(WARPS);
+    let k_warps = options
+        .define::<u32>("MOE_TILE_K_WARPS")
+        .unwrap_or(TILE_K_WARPS);
     if k_warps == 0 || !WARPS.is_multiple_of(k_warps) {
         panic!("MOE_TILE_K_WARPS={k_warps}: it must divide moe.cu's {WARPS} warps a block");
     }
@@ -905,7 +910,7 @@ mod tests {
 
     #[test]
     fn grouped_blocks_hold_the_tiles_the_kernels_make() {
-        assert_eq!(grouped_rows_per_block(&options_with(&[])), 16);
+        assert_eq!(grouped_rows_per_block(&options_with(&[])), 64);
         let rows =
             |k_warps: &str| grouped_rows_per_block(&options_with(&[("MOE_TILE_K_WARPS", k_warps)]));
         assert_eq!(rows("8"), 16);
