@@ -2,35 +2,6 @@
 // (`--load-format dummy --quantization fp8`), and widening a matrix to bf16 for the cuBLAS path
 // (prefill and batches the FP8 GEMV kernels do not take). Blocks are 128 x 128 (the launcher checks).
 
-#define FP8_BLOCK 128
-#define E4M3_MAX 448.0f
-
-// The e4m3fn code nearest to x, ties to even, finite magnitudes from 448 up saturating to 448:
-// crates/tensor/src/e4m3.rs `f32_to_e4m3`, step for step.
-__device__ __forceinline__ unsigned char f32_to_e4m3(float x) {
-    if (x != x) return 0x7f;
-    const unsigned int sign = (__float_as_uint(x) >> 24) & 0x80u;
-    const float a = fabsf(x);
-    if (a >= E4M3_MAX) return (unsigned char)(sign | 0x7eu);
-    // Below the smallest normal (2^-6) the step is 2^-9.
-    if (a < 0.015625f) return (unsigned char)(sign | (unsigned int)rintf(a * 512.0f));
-    // a is a normal f32 here: its exponent field is floor(log2 a).
-    int e = (int)((__float_as_uint(a) >> 23) & 0xffu) - 127;
-    // a * 2^(3 - e) in [8, 16), exactly (a power-of-two scale).
-    int significand = (int)rintf(a * __uint_as_float((unsigned int)(127 + 3 - e) << 23));
-    if (significand == 16) {
-        significand = 8;
-        e += 1;
-    }
-    const int biased = e + 7;
-    if (biased > 15 || (biased == 15 && significand > 14)) return (unsigned char)(sign | 0x7eu);
-    return (unsigned char)(sign | ((unsigned int)biased << 3) | (unsigned int)(significand - 8));
-}
-
-// The scale of a block whose largest magnitude is amax: amax / 448, so that the block's codes span
-// e4m3's range, and 1 for an all-zero block: crates/tensor/src/e4m3.rs `block_scale`.
-__device__ __forceinline__ float block_scale(float amax) { return amax > 0.0f ? __fdiv_rn(amax, E4M3_MAX) : 1.0f; }
-
 // The exact value of an e4m3fn code (NaN codes are never written by the quantizer).
 __device__ __forceinline__ float e4m3_to_f32(unsigned char code) {
     const unsigned int e = (code >> 3) & 0xfu, m = code & 7u;

@@ -86,6 +86,70 @@ __device__ __forceinline__ void store_with_twin(float* out, bf16_bits* twin, i64
     if (twin != nullptr) twin[i] = f32_to_bf16(v);
 }
 
+#define FP8_BLOCK 128
+#define E4M3_MAX 448.0f
+
+// The e4m3fn code nearest to x, ties to even, finite magnitudes from 448 up saturating to 448:
+// crates/tensor/src/e4m3.rs `f32_to_e4m3`, step for step.
+__device__ __forceinline__ unsigned char f32_to_e4m3(float x) {
+    if (x != x) return 0x7f;
+    const unsigned int sign = (__float_as_uint(x) >> 24) & 0x80u;
+    const float a = fabsf(x);
+    if (a >= E4M3_MAX) return (unsigned char)(sign | 0x7eu);
+    // Below the smallest normal (2^-6) the step is 2^-9.
+    if (a < 0.015625f) return (unsigned char)(sign | (unsigned int)rintf(a * 512.0f));
+    // a is a normal f32 here: its exponent field is floor(log2 a).
+    int e = (int)((__float_as_uint(a) >> 23) & 0xffu) - 127;
+    // a * 2^(3 - e) in [8, 16), exactly (a power-of-two scale).
+    int significand = (int)rintf(a * __uint_as_float((unsigned int)(127 + 3 - e) << 23));
+    if (significand == 16) {
+        significand = 8;
+        e += 1;
+    }
+    const int biased = e + 7;
+    if (biased > 15 || (biased == 15 && significand > 14)) return (unsigned char)(sign | 0x7eu);
+    return (unsigned char)(sign | ((unsigned int)biased << 3) | (unsigned int)(significand - 8));
+}
+
+// The scale of a block whose largest magnitude is amax: amax / 448, so that the block's codes span
+// e4m3's range, and 1 for an all-zero block: crates/tensor/src/e4m3.rs `block_scale`.
+__device__ __forceinline__ float block_scale(float amax) { return amax > 0.0f ? __fdiv_rn(amax, E4M3_MAX) : 1.0f; }
+
+// Lane l's quad of a warp that holds group `group` (128 values, lane l's at columns 4l .. 4l + 3)
+// of row `row` of an activation matrix [rows, cols], written as the FP8 GEMMs read activations:
+// e4m3 codes [rows, cols] and one scale a token and group, group-major (`scales[group * rows +
+// row]`); scale = amax / 448 of the group, code = e4m3(value / scale): quantize_activations_fp8's
+// steps (block_fp8.cu), for the norms' FP8 twins (norm.cu; tests/fp8.rs checks the two agree bit
+// for bit). The whole warp calls it (the amax is a butterfly over its lanes).
+__device__ __forceinline__ void store_fp8_group_quad(unsigned char* codes, float* scales, int rows, int cols, i64 row,
+                                                     int group, const float4 v) {
+    const int lane = threadIdx.x & 31;
+    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float scale = block_scale(amax);
+    const unsigned int packed = (unsigned int)f32_to_e4m3(__fdiv_rn(v.x, scale)) |
+                                ((unsigned int)f32_to_e4m3(__fdiv_rn(v.y, scale)) << 8) |
+                                ((unsigned int)f32_to_e4m3(__fdiv_rn(v.z, scale)) << 16) |
+                                ((unsigned int)f32_to_e4m3(__fdiv_rn(v.w, scale)) << 24);
+    *(unsigned int*)(codes + row * cols + (i64)group * FP8_BLOCK + 4 * lane) = packed;
+    if (lane == 0) scales[(i64)group * rows + row] = scale;
+}
+
+// A norm's FP8 twin (buffer.rs): where to write the FP8 form of the row it computes.
+struct Fp8TwinRow {
+    unsigned char* codes;  // null: no FP8 twin
+    float* scales;
+    int rows;  // the twin's rows (the tokens padded), the scales' stride
+    int row;
+};
+
+// Quad `q` of the row in its FP8 twin. A block-per-row norm's thread t holds quads t, t + blockDim,
+// ..., so with blocks of whole warps and dim % 128 == 0 a warp holds one 128-value group per step,
+// lane l the group's quad l; the whole warp calls it.
+__device__ __forceinline__ void store_fp8_twin_quad(const Fp8TwinRow& t, int dim, int q, const float4 v) {
+    store_fp8_group_quad(t.codes, t.scales, t.rows, dim, t.row, q / 32, v);
+}
+
 // Quad `q` (values 4q .. 4q + 3) of out and of its twin (8-byte aligned: whole allocations).
 __device__ __forceinline__ void store4_with_twin(float4* out, bf16_bits* twin, i64 q, const float4 v) {
     out[q] = v;

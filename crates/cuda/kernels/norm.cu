@@ -29,7 +29,8 @@ extern "C" __global__ void ROW_NORM_BOUNDS rms_norm(const float* x, const float*
 // rms_norm_row sums such rows).
 __device__ __forceinline__ void add_rms_norm_quads(float4* __restrict__ acc, const float4* __restrict__ x,
                                                    const float* __restrict__ w, float4* __restrict__ out,
-                                                   bf16_bits* __restrict__ twin, int dim, float eps, float* scratch) {
+                                                   bf16_bits* __restrict__ twin, const Fp8TwinRow& fp8, int dim,
+                                                   float eps, float* scratch) {
     const int quads = dim / 4;
     float ss = 0.0f;
     if (quads <= ADD_NORM_QUADS_PER_THREAD * (int)blockDim.x) {
@@ -58,7 +59,11 @@ __device__ __forceinline__ void add_rms_norm_quads(float4* __restrict__ acc, con
 #pragma unroll
         for (int j = 0; j < ADD_NORM_QUADS_PER_THREAD; ++j) {
             const int q = threadIdx.x + j * blockDim.x;
-            if (q < quads) store4_with_twin(out, twin, q, scale4(v[j], inv, scale[j]));
+            if (q < quads) {
+                const float4 o = scale4(v[j], inv, scale[j]);
+                store4_with_twin(out, twin, q, o);
+                if (fp8.codes != nullptr) store_fp8_twin_quad(fp8, dim, q, o);
+            }
         }
         return;
     }
@@ -70,7 +75,11 @@ __device__ __forceinline__ void add_rms_norm_quads(float4* __restrict__ acc, con
     }
     const float inv = 1.0f / sqrtf(block_sum(ss, scratch) / (float)dim + eps);
     const float4* w4 = reinterpret_cast<const float4*>(w);
-    for (int q = threadIdx.x; q < quads; q += blockDim.x) store4_with_twin(out, twin, q, scale4(acc[q], inv, one_plus4(w4[q])));
+    for (int q = threadIdx.x; q < quads; q += blockDim.x) {
+        const float4 o = scale4(acc[q], inv, one_plus4(w4[q]));
+        store4_with_twin(out, twin, q, o);
+        if (fp8.codes != nullptr) store_fp8_twin_quad(fp8, dim, q, o);
+    }
 }
 
 // `twin`: null, or the output's bf16 twin (common.cuh).
@@ -82,7 +91,8 @@ extern "C" __global__ void ROW_NORM_BOUNDS add_rms_norm(float* __restrict__ acc,
     if (twin != nullptr) twin += base;
     if (BY_QUADS(dim)) {
         add_rms_norm_quads(reinterpret_cast<float4*>(acc + base), reinterpret_cast<const float4*>(x + base), w,
-                           reinterpret_cast<float4*>(out + base), twin, dim, eps, scratch);
+                           reinterpret_cast<float4*>(out + base), twin, Fp8TwinRow{nullptr, nullptr, 0, 0}, dim, eps,
+                           scratch);
         return;
     }
     float ss = 0.0f;
@@ -127,6 +137,28 @@ extern "C" __global__ void ROW_NORM_BOUNDS add_rms_norm(float* __restrict__ acc,
     }
     const float inv = 1.0f / sqrtf(block_sum(ss, scratch) / (float)dim + eps);
     for (int i = threadIdx.x; i < dim; i += blockDim.x) store_with_twin(out + base, twin, i, acc[base + i] * inv * (1.0f + w[i]));
+}
+
+// add_rms_norm that also writes the output's FP8 twin (buffer.rs): its codes [fp8_rows, dim] and
+// scales [dim / 128, fp8_rows] as quantize_activations_fp8 would make them. A block per padded
+// row: those past `rows` write the padding (zero codes, scale 1). dim % 128 == 0 and blocks of
+// whole warps (the launcher's), so each warp holds whole 128-column groups.
+extern "C" __global__ void ROW_NORM_BOUNDS add_rms_norm_fp8(float* __restrict__ acc, const float* __restrict__ x,
+                                                            const float* __restrict__ w, float* __restrict__ out,
+                                                            unsigned char* __restrict__ fp8_codes,
+                                                            float* __restrict__ fp8_scales, int fp8_rows, int rows,
+                                                            int dim, float eps) {
+    __shared__ float scratch[32];
+    const Fp8TwinRow fp8{fp8_codes, fp8_scales, fp8_rows, (int)blockIdx.x};
+    if ((int)blockIdx.x >= rows) {
+        // An earlier step's GEMM may read these codes until the wait.
+        AFTER_PREVIOUS_KERNEL();
+        for (int q = threadIdx.x; q < dim / 4; q += blockDim.x) store_fp8_twin_quad(fp8, dim, q, make_float4(0.0f, 0.0f, 0.0f, 0.0f));
+        return;
+    }
+    const i64 base = (i64)blockIdx.x * dim;
+    add_rms_norm_quads(reinterpret_cast<float4*>(acc + base), reinterpret_cast<const float4*>(x + base), w,
+                       reinterpret_cast<float4*>(out + base), nullptr, fp8, dim, eps, scratch);
 }
 
 extern "C" __global__ void ROW_NORM_BOUNDS gated_rms_norm(const float* x, const float* z, const float* w, float* out, int dim, float eps) {

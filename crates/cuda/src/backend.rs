@@ -63,6 +63,10 @@ pub struct CudaBackend {
     /// turns it off; on an H100, session 24, MTP k=3 verifies 0.6-1.4 % faster with it on the
     /// 35B-A3B, 27B and 9B shapes).
     pub(crate) gemv_twins: bool,
+    /// Whether the layer norms write an FP8 twin of outputs that go on to FP8 GEMMs and GEMVs
+    /// (buffer.rs; opt-in, `FP8_TWIN=1`, until it has run on a GPU; `ROW_QUADS=0` keeps it off:
+    /// the twin is written from the norm's quads).
+    pub(crate) fp8_twins: bool,
     /// Whether a prefill's gate and up GEMMs run as one batched cuBLAS GEMM (gemm.rs
     /// `silu_gate_of_bf16_products`; `GEMM_PAIRS=0` turns it off, to measure).
     pub(crate) gemm_pairs: bool,
@@ -259,6 +263,8 @@ impl CudaBackend {
             bf16_act_mlp: options.define::<u32>("MLP_BF16_ACT").unwrap_or(1) != 0,
             bf16_twins: options.define::<u32>("BF16_TWIN").unwrap_or(1) != 0,
             gemv_twins: options.define::<u32>("GEMV_TWIN").unwrap_or(1) != 0,
+            fp8_twins: options.define::<u32>("FP8_TWIN").unwrap_or(0) != 0
+                && options.define::<u32>("ROW_QUADS").unwrap_or(1) != 0,
             gemm_pairs: options.define::<u32>("GEMM_PAIRS").unwrap_or(1) != 0,
             bf16_gate_up: options.define::<u32>("MLP_BF16_GATE_UP").unwrap_or(1) != 0,
             gdn_scan_pipeline: options.define::<u32>("GDN_SCAN_PIPELINE").unwrap_or(1) != 0,
@@ -396,6 +402,19 @@ impl CudaBackend {
     /// are cuBLAS bf16 GEMMs, past the GEMV kernels' rows, and with `gemv_twins` where they are
     /// GEMV kernels that read rounded activations (2 rows on; the one-token kernel rounds them
     /// itself, so a one-token decode never writes one).
+    /// Whether an op whose output of `tokens` rows of `k` goes on to GEMMs writes an FP8 twin:
+    /// with block-FP8 weights kept, where those GEMMs quantize their activations (the W8A8 GEMV
+    /// kernel's rows, and the FP8 GEMM's past them; one token's kernel reads f32).
+    pub(crate) fn wants_fp8_twin(&self, tokens: usize, k: usize) -> bool {
+        let w8a8 = self.gemv_lane_shape.w8a8_tokens();
+        self.fp8_twins
+            && self.fp8_weights_loaded.load(Ordering::Relaxed)
+            && self.compute_capability() >= (8, 9)
+            && k.is_multiple_of(128)
+            && tokens >= *w8a8.start()
+            && (tokens <= *w8a8.end() || self.fp8_gemm.is_some())
+    }
+
     pub(crate) fn wants_bf16_twin(&self, tokens: usize) -> bool {
         let first_rows = if self.gemv_twins {
             2

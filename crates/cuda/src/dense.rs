@@ -4,6 +4,7 @@
 
 use crate::backend::{launch, launch_elementwise, CudaBackend};
 use crate::buffer::CudaBuf;
+use crate::fp8_gemm::fp8_activation_rows;
 use crate::launcher::KernelArg;
 use crate::mat::{CudaMat, MatData};
 use crate::upload_cache::table;
@@ -155,6 +156,33 @@ impl CudaBackend {
             w.len,
             out.len
         );
+        if rows > 0 && self.wants_fp8_twin(rows, dim) {
+            let padded = fp8_activation_rows(rows);
+            let (out_data, fp8) = out.data_and_fp8_twin_mut(rows, padded, dim, |codes, scales| {
+                self.alloc_fp8_activations(codes, scales)
+            });
+            let (padded32, rows32, dim32) = (padded as i32, rows as i32, dim as i32);
+            // Contract: a block per row of `dim` within acc, x and out, and per padded row of the
+            // FP8 twin (codes padded x dim, scales dim / 128 x padded, both written whole: the
+            // blocks past `rows` write the padding); dim % 128 == 0 (wants_fp8_twin) and blocks
+            // of whole warps (row_config), as the twin's warp groups need; w holds dim values.
+            launch!(
+                self,
+                "add_rms_norm_fp8",
+                row_config(padded, dim),
+                acc.data_mut(),
+                x.data(),
+                w.data(),
+                out_data,
+                &mut fp8.codes,
+                &mut fp8.scales,
+                &padded32,
+                &rows32,
+                &dim32,
+                &eps
+            );
+            return;
+        }
         let (out_data, twin) = self.output_with_twin(out, rows, rows * dim);
         // Contract: one block per row of `dim` within acc, x and out (and the twin, if any); w
         // holds dim values (checked).

@@ -297,7 +297,22 @@ unsafe fn set_desc<T>(
     )
 }
 
+/// The rows of a batch of `tokens` quantized activations: padded to the GEMM's multiple.
+pub(crate) fn fp8_activation_rows(tokens: usize) -> usize {
+    tokens.next_multiple_of(TOKEN_ALIGN)
+}
+
 impl CudaBackend {
+    /// Room for `codes` e4m3 activation codes and `scales` scales, to be written whole (`rows`
+    /// left for the writer to set).
+    pub(crate) fn alloc_fp8_activations(&self, codes: usize, scales: usize) -> Fp8Activations {
+        Fp8Activations {
+            codes: self.alloc_for_overwrite("fp8 activations", codes),
+            scales: self.alloc_for_overwrite("fp8 activation scales", scales),
+            rows: 0,
+        }
+    }
+
     /// `x [tokens, k]` as e4m3 codes and per-128-column scales; `k % 128 == 0` (the caller
     /// checked `fp8_gemm_fits`) and x holds `tokens * k` values (checked by `matmul_group_op`).
     pub(crate) fn quantize_activations_fp8(
@@ -306,11 +321,13 @@ impl CudaBackend {
         tokens: usize,
         k: usize,
     ) -> Fp8Activations {
-        let rows = tokens.next_multiple_of(TOKEN_ALIGN);
+        let rows = fp8_activation_rows(tokens);
         // Overwritten whole below: every (row, group) warp writes its 128 codes and its scale.
-        let mut codes: CudaSlice<u8> = self.alloc_for_overwrite("fp8 activations", rows * k);
-        let mut scales: CudaSlice<f32> =
-            self.alloc_for_overwrite("fp8 activation scales", rows * k / BLOCK);
+        let Fp8Activations {
+            mut codes,
+            mut scales,
+            ..
+        } = self.alloc_fp8_activations(rows * k, rows * k / BLOCK);
         let warps = rows * k / BLOCK;
         let cfg = LaunchConfig {
             grid_dim: (warps.div_ceil(QUANTIZE_WARPS) as u32, 1, 1),

@@ -305,9 +305,12 @@ impl CudaBackend {
                 // (a scratch of one matrix; the widening reads 1 and writes 2 bytes a weight, small
                 // against the product at these token counts).
                 if self.fp8_gemm.is_some() && fp8_gemm_fits(n, k) {
-                    let x_fp8 = inputs
-                        .fp8
-                        .get_or_insert_with(|| self.quantize_activations_fp8(x, tokens, k));
+                    let x_fp8 = match x.fp8_twin(tokens, k) {
+                        Some(twin) => twin,
+                        None => inputs
+                            .fp8
+                            .get_or_insert_with(|| self.quantize_activations_fp8(x, tokens, k)),
+                    };
                     if self.fp8_gemm_op(x_fp8, codes, scales, out, n, tokens, k) {
                         return;
                     }

@@ -108,6 +108,19 @@ enum GemvInput<'a> {
     Twin(&'a CudaSlice<u16>),
     /// Quantized to e4m3 per 128 columns (the W8A8 kernel).
     Fp8(Fp8Activations),
+    /// The same, written by the op that wrote the activations (buffer.rs).
+    Fp8Twin(&'a Fp8Activations),
+}
+
+impl GemvInput<'_> {
+    /// The quantized activations, whoever made them.
+    fn fp8(&self) -> Option<&Fp8Activations> {
+        match self {
+            GemvInput::Fp8(xq) => Some(xq),
+            GemvInput::Fp8Twin(xq) => Some(xq),
+            _ => None,
+        }
+    }
 }
 
 impl LaneShape {
@@ -137,6 +150,11 @@ impl LaneShape {
             mixed: options.define::<u32>("GEMV_MIXED").unwrap_or(1) != 0,
             sm_count,
         }
+    }
+
+    /// The token counts the W8A8 kernel takes.
+    pub(crate) fn w8a8_tokens(&self) -> std::ops::RangeInclusive<usize> {
+        self.fp8_w8a8_from..=self.fp8_w8a8_to
     }
 
     /// Whether `tokens` rows against matrices of this format take the FP8 tensor-core kernel.
@@ -391,7 +409,10 @@ impl CudaBackend {
         let fp8 = matches!(ws[0].data, MatData::Fp8 { .. });
         let len = tokens * ws[0].cols;
         if self.gemv_w8a8(ws, tokens) {
-            GemvInput::Fp8(self.quantize_activations_fp8(x, tokens, ws[0].cols))
+            match x.fp8_twin(tokens, ws[0].cols) {
+                Some(twin) => GemvInput::Fp8Twin(twin),
+                None => GemvInput::Fp8(self.quantize_activations_fp8(x, tokens, ws[0].cols)),
+            }
         } else if fp8 || tokens == 1 {
             GemvInput::F32
         } else if let Some(twin) = x.bf16_twin(len) {
@@ -406,7 +427,7 @@ impl CudaBackend {
     fn gemv_w8a8(&self, ws: &[&CudaMat], tokens: usize) -> bool {
         let shape = self.gemv_lane_shape;
         self.compute_capability() >= (8, 9)
-            && (shape.fp8_w8a8_from..=shape.fp8_w8a8_to).contains(&tokens)
+            && shape.w8a8_tokens().contains(&tokens)
             && ws[0].cols.is_multiple_of(128)
             && matches!(ws[0].data, MatData::Fp8 { .. })
     }
@@ -426,7 +447,7 @@ impl CudaBackend {
         let k = ws[0].cols;
         let fp8 = matches!(ws[0].data, MatData::Fp8 { .. });
         let shape = self.gemv_lane_shape;
-        let w8a8 = matches!(input, GemvInput::Fp8(_));
+        let w8a8 = input.fp8().is_some();
         let mma = w8a8 || shape.mma(fp8, tokens);
         let lanes = !mma && tokens <= LANE_TOKENS;
         let (group, rows, guards) = self.gemv_group(ws.iter().copied().zip(outs.iter().copied()));
@@ -511,7 +532,8 @@ impl CudaBackend {
             GemvInput::Bf16(xb) => launch!(self, kernel, cfg, &group, xb, &t32, &k32),
             GemvInput::Twin(xb) => launch!(self, kernel, cfg, &group, *xb, &t32, &k32),
             GemvInput::F32 => launch!(self, kernel, cfg, &group, x.data(), &t32, &k32),
-            GemvInput::Fp8(xq) => {
+            GemvInput::Fp8(_) | GemvInput::Fp8Twin(_) => {
+                let xq = input.fp8().expect("an FP8 input");
                 let rows32 = xq.rows as i32;
                 launch!(self, kernel, cfg, &group, &xq.codes, &xq.scales, &rows32, &t32, &k32)
             }

@@ -107,6 +107,7 @@ pub const FILES: [KernelFile; 14] = [
         functions: &[
             "rms_norm",
             "add_rms_norm",
+            "add_rms_norm_fp8",
             "gated_rms_norm",
             "gated_rms_norm_warps",
         ],

@@ -20,8 +20,8 @@ mod common;
 
 use common::{
     cuda, cuda_fp8, cuda_fp8_deep, cuda_fp8_diag, cuda_fp8_diag_deep, cuda_fp8_gemm_bf16_out,
-    cuda_fp8_tiles, cuda_fp8_unmixed, cuda_fp8_w8a16, cuda_fp8_w8a8, cuda_lanes_bounded,
-    group_products,
+    cuda_fp8_tiles, cuda_fp8_twins, cuda_fp8_unmixed, cuda_fp8_w8a16, cuda_fp8_w8a8,
+    cuda_lanes_bounded, group_products,
 };
 use deltaserve_cuda::GemmPrecision;
 use deltaserve_model::dummy::DummySource;
@@ -244,6 +244,64 @@ fn fp8_w8a8_gemv_matches_reference_on_quantized_activations() {
                 );
             }
         }
+    }
+}
+
+/// With FP8 weights kept and `FP8_TWIN=1`, a layer norm writes its output's FP8 twin (buffer.rs), which the W8A8
+/// GEMV (2-8 rows) and the FP8 GEMM (more) then read in place of quantizing the activations
+/// themselves: the products of the norm's output equal those of a copy of it (no twin) bit for
+/// bit. One output buffer for every row count, the widest first, so a twin written for more rows
+/// is rewritten, padding included, for fewer; a write after the norm drops the twin.
+#[test]
+fn fp8_twins_of_norm_outputs_equal_the_gemm_quantization_bitwise() {
+    let test = "fp8_twins_of_norm_outputs_equal_the_gemm_quantization_bitwise";
+    let Some(be) = cuda_fp8_twins(test) else {
+        return;
+    };
+    if be.compute_capability() < (8, 9) {
+        println!("skipped: no FP8 tensor cores before compute capability 8.9, so no twins");
+        return;
+    }
+    let mut rng = Rng(41);
+    let (dim, n) = (1024, 384);
+    let (w, _) = random_fp8_on(be, &mut rng, n, dim);
+    let product = |x: &_, tokens: usize| {
+        let mut out = be.zeros(tokens * n);
+        be.matmul(x, &w, &mut out, tokens);
+        be.to_host(&out)
+    };
+    let widest = 200;
+    let scale = be.upload(&rng.vec(dim, 0.5));
+    let mut normed = be.zeros(widest * dim);
+    for tokens in [widest, 40, 17, 16, 9, 8, 6, 4, 3, 2] {
+        let len = tokens * dim;
+        let mut acc = be.upload(&rng.vec(len, 2.0));
+        be.add_rms_norm(
+            &mut acc,
+            &be.upload(&rng.vec(len, 2.0)),
+            &scale,
+            1e-6,
+            dim,
+            &mut normed,
+        );
+        assert_eq!(
+            normed.fp8_twin_shape(),
+            Some((tokens, dim)),
+            "add_rms_norm of {tokens} rows wrote no FP8 twin"
+        );
+        let copy = be.copy_buf(&normed);
+        assert_eq!(
+            product(&normed, tokens),
+            product(&copy, tokens),
+            "add_rms_norm, {tokens} rows"
+        );
+        be.add_inplace(&mut normed, &copy);
+        assert_eq!(normed.fp8_twin_shape(), None);
+        assert_eq!(
+            product(&normed, tokens),
+            product(&be.copy_buf(&normed), tokens),
+            "add_rms_norm then add_inplace, {tokens} rows"
+        );
     }
 }
 

@@ -19,6 +19,7 @@ static FP8_TILES_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new(
 static FP8_W8A16_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static FP8_W8A8_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static FP8_GEMM_BF16_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
+static FP8_TWINS_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static FP8_DEEP_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static FP8_UNMIXED_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
 static FP8_DIAG_BACKEND: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
@@ -92,6 +93,12 @@ pub fn cuda_fp8_w8a8(test: &str) -> Option<&'static CudaBackend> {
 /// why not.
 pub fn cuda_fp8_gemm_bf16_out(test: &str) -> Option<&'static CudaBackend> {
     fp8_backend(&FP8_GEMM_BF16_BACKEND, &[("FP8_GEMM_F32_OUT", "0")], test)
+}
+
+/// `cuda_fp8` with the layer norms writing FP8 twins of their outputs (`FP8_TWIN=1`, opt-in until
+/// it has run on a GPU), or `None` after printing why not.
+pub fn cuda_fp8_twins(test: &str) -> Option<&'static CudaBackend> {
+    fp8_backend(&FP8_TWINS_BACKEND, &[("FP8_TWIN", "1")], test)
 }
 
 /// `cuda_fp8` with every one-token FP8 launch on the deeper-buffered lane kernel
