@@ -30,7 +30,11 @@
 #                             per DELTASERVE_CUDA_DEFINES value: raw CSV + scripts/ncu_summary.py lines
 #   ncukernel:SHAPE:REGEX:FLAGS:D,D  the same on the first 24 launches of the kernels matching REGEX in a
 #                             short un-captured bench of SHAPE with FLAGS (e.g. MTP's verify lanes:
-#                             "ncukernel:qwen3.6-35b-a3b:gemv_bf16_lanes_t4:--speculative-num-steps 3:")
+#                             "ncukernel:qwen3.6-35b-a3b:gemv_bf16_lanes_t4:--speculative-num-steps 3:"; prefill
+#                             16 and 6 decode steps unless FLAGS name their own, e.g. a batch-64 step's
+#                             expert kernels: "ncukernel:qwen3.6-35b-a3b:moe_(gate_up|down)_fp8_t1:
+#                             --quantization fp8 --batch 64 --prefill-len 4 --decode-len 3:", where 4-token
+#                             prefills take the by-slot kernels, so the matches are the batch's)
 #   ncustep:SHAPE:FLAGS:DEFS  Nsight Compute on every kernel of a short un-captured bench of the shape (prefill
 #                             8, 3 decode steps, bench FLAGS added, e.g. "--quantization fp8", under
 #                             DELTASERVE_CUDA_DEFINES=DEFS): raw CSV + scripts/ncu_step.py's table of the
@@ -180,6 +184,9 @@ for step in "$@"; do
         IFS=: read -r _ shape regex flags defs <<<"$step"
         skip=0
       fi
+      lengths=""
+      [[ " $flags " == *" --prefill-len "* ]] || lengths+=" --prefill-len 16"
+      [[ " $flags " == *" --decode-len "* ]] || lengths+=" --decode-len 6"
       split_defines "$defs"
       for defines in "${d[@]}"; do
         name="ncu-${shape}-${regex}-${defines:-default}"
@@ -189,7 +196,7 @@ for step in "$@"; do
           -k "regex:$regex" --launch-skip "$skip" --launch-count 24 --csv --page raw --metrics \
           gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum,sm__warps_active.avg.per_cycle_active,smsp__issue_active.avg.per_cycle_active,launch__grid_size,launch__registers_per_thread,smsp__average_warp_latency_issue_stalled_long_scoreboard.ratio,sm__cycles_active.avg,gpc__cycles_elapsed.max \
           "$bins/deltaserve" bench --backend cuda --model-path "examples/$shape" --load-format dummy \
-          $flags --prefill-len 16 --decode-len 6 --disable-cuda-graph >"$res/$name.csv" 2>"$res/$name.err"
+          $flags $lengths --disable-cuda-graph >"$res/$name.csv" 2>"$res/$name.err"
         log "== $name rc=$?"
         python3 scripts/ncu_summary.py "$res/$name.csv" | tee -a "$res/summary.log"
       done
