@@ -398,10 +398,6 @@ impl CudaBackend {
         m
     }
 
-    /// Whether an op whose output goes on to GEMMs of `tokens` rows writes a bf16 twin: where those
-    /// are cuBLAS bf16 GEMMs, past the GEMV kernels' rows, and with `gemv_twins` where they are
-    /// GEMV kernels that read rounded activations (2 rows on; the one-token kernel rounds them
-    /// itself, so a one-token decode never writes one).
     /// Whether an op whose output of `tokens` rows of `k` goes on to GEMMs writes an FP8 twin:
     /// with block-FP8 weights kept, where those GEMMs quantize their activations (the W8A8 GEMV
     /// kernel's rows, and the FP8 GEMM's past them; one token's kernel reads f32).
@@ -415,6 +411,10 @@ impl CudaBackend {
             && (tokens <= *w8a8.end() || self.fp8_gemm.is_some())
     }
 
+    /// Whether an op whose output goes on to GEMMs of `tokens` rows writes a bf16 twin: where those
+    /// are cuBLAS bf16 GEMMs, past the GEMV kernels' rows, and with `gemv_twins` where they are
+    /// GEMV kernels that read rounded activations (2 rows on; the one-token kernel rounds them
+    /// itself, so a one-token decode never writes one).
     pub(crate) fn wants_bf16_twin(&self, tokens: usize) -> bool {
         let first_rows = if self.gemv_twins {
             2
