@@ -75,8 +75,12 @@ pub(crate) struct LaneShape {
     /// (`load_fresh`; docs/fp8.md has session 13's race that a hoisted read caused).
     fp8_w8a8_from: usize,
     /// The most tokens the W8A8 kernel takes (`GEMV_FP8_W8A8_TO`, 8 or 16: one or two tiles of 8;
-    /// default 8). Past it, the W8A8 GEMM (fp8_gemm.rs): 9 / 16 rows a 27B step of 16.4 / 16.9 ms
-    /// there, against 13.0 ms for 8 rows on this kernel (session 13; 9-16 rows here not measured).
+    /// default 16). Past it, the W8A8 GEMM (fp8_gemm.rs). H100, FP8 kept, batch-16 steps (session
+    /// 34, one call): 35B-A3B 10.51 / 10.48 ms against 11.67 / 11.77 on the GEMM, 27B 17.13
+    /// against 18.73. (Session 14 measured the opposite on the H200, 17.75 against 16.2-16.7 ms
+    /// for the 27B, before the kernel's activations were read through L1.) Four and eight tiles
+    /// (17-64 tokens, session 34) lost to the GEMM: batch 64 21.0 against 20.7 ms (35B-A3B) and
+    /// 40.1 against 26.6 (27B).
     fp8_w8a8_to: usize,
     /// One FP8 token takes the deeper-buffered lane kernel (`gemv_fp8_lanes_deep_t1`) for launches
     /// of fewer warps than this many per SM (`GEMV_FP8_DEEP_BELOW`; default 16, the down and output
@@ -143,7 +147,7 @@ impl LaneShape {
             fp8_w8a8_from: options.define("GEMV_FP8_W8A8_FROM").unwrap_or(2),
             fp8_w8a8_to: options
                 .define("GEMV_FP8_W8A8_TO")
-                .unwrap_or(MMA_TILE)
+                .unwrap_or(W8A8_TOKENS)
                 .clamp(MMA_TILE, W8A8_TOKENS),
             fp8_deep_below: options.define("GEMV_FP8_DEEP_BELOW").unwrap_or(16),
             narrow_blocks_per_sm: options.define("GEMV_LANE_NARROW").unwrap_or(1),

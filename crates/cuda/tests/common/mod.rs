@@ -45,7 +45,7 @@ pub fn cuda_fp8(test: &str) -> Option<&'static CudaBackend> {
     shared_backend(&FP8_BACKEND, options, test)
 }
 
-/// `cuda_fp8` with W8A16 kernels only (`GEMV_FP8_W8A8_FROM=9`: 2-8 rows on the tensor-core kernel
+/// `cuda_fp8` with W8A16 kernels only (`GEMV_FP8_W8A8_FROM=17`: 2-8 rows on the tensor-core kernel
 /// that widens the codes to bf16, as on GPUs before compute capability 8.9) and one row always on
 /// the plain lane kernel (`GEMV_FP8_DEEP_BELOW=0`), or `None` after printing why not.
 pub fn cuda_fp8_w8a16(test: &str) -> Option<&'static CudaBackend> {
@@ -54,7 +54,7 @@ pub fn cuda_fp8_w8a16(test: &str) -> Option<&'static CudaBackend> {
 
 /// The defines of `cuda_fp8_w8a16`, which the backends described as its variants extend.
 const W8A16_DEFINES: [(&str, &str); 2] =
-    [("GEMV_FP8_W8A8_FROM", "9"), ("GEMV_FP8_DEEP_BELOW", "0")];
+    [("GEMV_FP8_W8A8_FROM", "17"), ("GEMV_FP8_DEEP_BELOW", "0")];
 
 /// `cuda_fp8_w8a16` with one launch per format for a group mixing FP8 and bf16 matrices
 /// (`GEMV_MIXED=0`; one launch for one token by default), or `None` after printing why not.
@@ -77,12 +77,12 @@ pub fn cuda_lanes_bounded(test: &str) -> Option<&'static CudaBackend> {
 /// `cuda_fp8_w8a16` with all four tiles of the widening tensor-core kernel (2-32 rows;
 /// `GEMV_FP8_MMA_TILES=4`, one tile by default), or `None` after printing why not.
 pub fn cuda_fp8_tiles(test: &str) -> Option<&'static CudaBackend> {
-    let defines = [("GEMV_FP8_W8A8_FROM", "9"), ("GEMV_FP8_MMA_TILES", "4")];
+    let defines = [("GEMV_FP8_W8A8_FROM", "17"), ("GEMV_FP8_MMA_TILES", "4")];
     fp8_backend(&FP8_TILES_BACKEND, &defines, test)
 }
 
 /// `cuda_fp8` with the W8A8 GEMV for 1-16 rows (`GEMV_FP8_W8A8_FROM=1`, `GEMV_FP8_W8A8_TO=16`;
-/// 2-8 by default), or `None` after printing why not.
+/// 2-16 by default), or `None` after printing why not.
 pub fn cuda_fp8_w8a8(test: &str) -> Option<&'static CudaBackend> {
     let defines = [("GEMV_FP8_W8A8_FROM", "1"), ("GEMV_FP8_W8A8_TO", "16")];
     fp8_backend(&FP8_W8A8_BACKEND, &defines, test)
