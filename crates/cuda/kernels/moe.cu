@@ -444,13 +444,28 @@ __device__ __forceinline__ void moe_tile(const void* __restrict__ w, const float
     }
 }
 
+// Blocks an SM the one-tile (decode batch) gate/up kernels are compiled to fit, which caps their
+// registers (0: no cap, the compiler's choice). Opt-in, not yet measured: at batch 64 the FP8 one
+// takes 71 registers, so three 8-warp blocks share an SM (22.7 warps/SM under Nsight Compute,
+// 70-72 % of DRAM peak, session 34); 4 holds it to 64 registers for four (ptxas, sm_90: 36 bytes
+// spilled). The down kernels take 48 (FP8) and 40 registers, five or six blocks, as they are.
+#ifndef MOE_GATE_UP_T1_MIN_BLOCKS
+#define MOE_GATE_UP_T1_MIN_BLOCKS 0
+#endif
+#if MOE_GATE_UP_T1_MIN_BLOCKS > 0
+#define MOE_GATE_UP_BOUNDS_1 __launch_bounds__(32 * MOE_WARPS, MOE_GATE_UP_T1_MIN_BLOCKS)
+#else
+#define MOE_GATE_UP_BOUNDS_1 __launch_bounds__(32 * MOE_WARPS)
+#endif
+#define MOE_GATE_UP_BOUNDS_4 __launch_bounds__(32 * MOE_WARPS)
+
 // moe_gate_up_t{TILES}: act [slots, im] (bf16) from xb [tokens, h] (bf16); moe_down_t{TILES}: y
 // [slots, h] (f32) from act; moe_gate_up_fp8_t{TILES}, moe_down_fp8_t{TILES}: the same with FP8
 // weights (their scales the second parameter). Work blocks of up to 8 * TILES slots (moe_plan's
 // block_rows). Grid: (ceil(rows / 16), most work blocks) blocks of 32 * MOE_WARPS threads; h and im
 // % 8 == 0 and 16-byte aligned rows (FP8: % 128; checked by the launcher).
 #define MOE_GROUPED_KERNELS(TILES, PIECES, FORMAT, SUFFIX)                                                              \
-    extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS) moe_gate_up##SUFFIX##_t##TILES(                \
+    extern "C" __global__ void MOE_GATE_UP_BOUNDS_##TILES moe_gate_up##SUFFIX##_t##TILES(                       \
         MOE_WEIGHT_PARAMS(gate_up, FORMAT), int im, int h, const bf16_bits* __restrict__ xb, int top_k,         \
         const int* __restrict__ sorted, const int* __restrict__ block_count, const int4* __restrict__ blocks,   \
         bf16_bits* __restrict__ act) {                                                                          \
