@@ -74,13 +74,5 @@ extern "C" __global__ void quantize_activations_fp8(const float* __restrict__ x,
     const int t = (int)(warp / groups), g = (int)(warp - (i64)t * groups);
     const i64 at = (i64)t * cols + (i64)g * FP8_BLOCK + 4 * lane;
     const float4 v = t < tokens ? *(const float4*)(x + at) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const float scale = block_scale(amax);
-    const unsigned int packed = (unsigned int)f32_to_e4m3(__fdiv_rn(v.x, scale)) |
-                                ((unsigned int)f32_to_e4m3(__fdiv_rn(v.y, scale)) << 8) |
-                                ((unsigned int)f32_to_e4m3(__fdiv_rn(v.z, scale)) << 16) |
-                                ((unsigned int)f32_to_e4m3(__fdiv_rn(v.w, scale)) << 24);
-    *(unsigned int*)(codes + at) = packed;
-    if (lane == 0) scales[(i64)g * rows + t] = scale;
+    store_fp8_group_quad(codes, scales, rows, cols, t, g, v);
 }

@@ -118,9 +118,9 @@ __device__ __forceinline__ float block_scale(float amax) { return amax > 0.0f ? 
 // Lane l's quad of a warp that holds group `group` (128 values, lane l's at columns 4l .. 4l + 3)
 // of row `row` of an activation matrix [rows, cols], written as the FP8 GEMMs read activations:
 // e4m3 codes [rows, cols] and one scale a token and group, group-major (`scales[group * rows +
-// row]`); scale = amax / 448 of the group, code = e4m3(value / scale): quantize_activations_fp8's
-// steps (block_fp8.cu), for the norms' FP8 twins (norm.cu; tests/fp8.rs checks the two agree bit
-// for bit). The whole warp calls it (the amax is a butterfly over its lanes).
+// row]`); scale = amax / 448 of the group, code = e4m3(value / scale): the steps of
+// quantize_activations_fp8 (block_fp8.cu) and of the norms' FP8 twins (norm.cu; tests/fp8.rs checks
+// the two agree bit for bit). The whole warp calls it (the amax is a butterfly over its lanes).
 __device__ __forceinline__ void store_fp8_group_quad(unsigned char* codes, float* scales, int rows, int cols, i64 row,
                                                      int group, const float4 v) {
     const int lane = threadIdx.x & 31;
