@@ -64,8 +64,8 @@ pub struct CudaBackend {
     /// 35B-A3B, 27B and 9B shapes).
     pub(crate) gemv_twins: bool,
     /// Whether the layer norms write an FP8 twin of outputs that go on to FP8 GEMMs and GEMVs
-    /// (buffer.rs; opt-in, `FP8_TWIN=1`, until it has run on a GPU; `ROW_QUADS=0` keeps it off:
-    /// the twin is written from the norm's quads).
+    /// (buffer.rs; opt-in, `FP8_TWIN=1`: no faster on an H100, session 34; `ROW_QUADS=0` keeps it
+    /// off: the twin is written from the norm's quads).
     pub(crate) fp8_twins: bool,
     /// Whether a prefill's gate and up GEMMs run as one batched cuBLAS GEMM (gemm.rs
     /// `silu_gate_of_bf16_products`; `GEMM_PAIRS=0` turns it off, to measure).
