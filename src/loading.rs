@@ -113,11 +113,16 @@ pub fn open_source(args: &ModelSettings) -> Result<(ModelConfig, Box<dyn TensorS
     };
     // A block-FP8 checkpoint is already what --quantization fp8 asks for: its weights are read
     // as stored (quantizing its dequantized values again would change nothing but load time).
-    let source = match args.quantization {
-        Some(Quantization::Fp8) if config.quantization.is_none() => Box::new(
-            Fp8QuantizingSource::new(source, Fp8Quantization::qwen_default()),
-        ),
-        _ => source,
+    // Dummy weights for an FP8 checkpoint's config take that checkpoint's format, as its real
+    // weights would: generated, then quantized with the config's own scheme.
+    let scheme = match (args.load_format, &config.quantization, args.quantization) {
+        (LoadFormat::Dummy, Some(stated), _) => Some(stated.clone()),
+        (_, None, Some(Quantization::Fp8)) => Some(Fp8Quantization::qwen_default()),
+        _ => None,
+    };
+    let source = match scheme {
+        Some(scheme) => Box::new(Fp8QuantizingSource::new(source, scheme)),
+        None => source,
     };
     if args.draft_quantization.is_some() && config.mtp_num_hidden_layers == 0 {
         bail!(

@@ -288,3 +288,28 @@ fn quantization_fp8_flag_quantizes_a_bf16_checkpoint_at_load() {
     );
     assert!(again == stored);
 }
+
+#[test]
+fn dummy_weights_of_an_fp8_config_are_block_fp8() {
+    // `--load-format dummy` on an FP8 checkpoint's config generates what the checkpoint would hold:
+    // the generated weights quantized with its scheme. The two fixtures' configs differ only in
+    // `quantization_config`, whose list keeps the same modules unconverted as --quantization fp8.
+    let dummy = ["--load-format", "dummy"];
+    let fp8_config = score_logits(&fixture("qwen35_fp8"), "cpu", &dummy, "fp8-config");
+    let quantized = score_logits(
+        &fixture("qwen35_bf16"),
+        "cpu",
+        &["--load-format", "dummy", "--quantization", "fp8"],
+        "quantized",
+    );
+    let plain = score_logits(&fixture("qwen35_bf16"), "cpu", &dummy, "plain");
+    assert!(
+        fp8_config == quantized,
+        "dummy weights of the FP8 config differ from quantized dummy weights: max |diff| = {:.2e}",
+        max_abs_diff(&fp8_config, &quantized)
+    );
+    assert!(
+        max_abs_diff(&fp8_config, &plain) > 1e-3,
+        "the FP8 config's dummy weights were not quantized"
+    );
+}

@@ -1,4 +1,5 @@
-//! `--quantization fp8` on an unquantized checkpoint: every linear weight outside the scheme's
+//! `--quantization fp8` on an unquantized checkpoint (and dummy weights for an FP8 checkpoint's
+//! config, with its scheme): every linear weight outside the scheme's
 //! `modules_to_not_convert` is quantized to block FP8 as it is read (the 128 x 128 recipe of
 //! block_fp8.rs) and handed on dequantized with the codes and scales attached, so the model computes
 //! with exactly the weights an FP8 checkpoint made with that recipe would hold; backends that keep
@@ -83,10 +84,7 @@ impl TensorSource for Fp8QuantizingSource {
     }
 
     fn describe(&self) -> String {
-        format!(
-            "{}, quantized to block FP8 at load (--quantization fp8)",
-            self.inner.describe()
-        )
+        format!("{}, quantized to block FP8 at load", self.inner.describe())
     }
 }
 

@@ -4,6 +4,8 @@
 //! fp8` applies it to a bf16 checkpoint. Parsing and validation live in config.rs with the other
 //! fields; the block arithmetic in block_fp8.rs.
 
+use crate::source::checkpoint_names;
+
 /// The one block shape deltaserve accepts: Qwen's (and DeepSeek-V3's) `[128, 128]`. The later GPU
 /// kernels read whole 128-column scale blocks, so another shape is refused at start-up rather than
 /// loaded through a path nothing else supports.
@@ -52,13 +54,21 @@ impl Fp8Quantization {
     /// module listed in `modules_to_not_convert`. An entry matches a run of whole dotted
     /// components of the module name: `mlp.gate` matches `layers.0.mlp.gate` but not
     /// `layers.0.mlp.gate_proj`, and `model.visual` matches every vision-tower module.
+    ///
+    /// Released configs list checkpoint names (`model.language_model.layers.0.linear_attn.in_proj_a`)
+    /// while sources are asked for canonical ones (`layers.0.linear_attn.in_proj_a.weight`), so a
+    /// canonical name is also matched under each checkpoint name it may be stored as.
     pub fn keeps_unconverted(&self, tensor: &str) -> bool {
         let module = tensor.strip_suffix(".weight").unwrap_or(tensor);
-        let padded = format!(".{module}.");
+        let padded: Vec<String> = std::iter::once(module.to_string())
+            .chain(checkpoint_names(module))
+            .map(|name| format!(".{name}."))
+            .collect();
         self.modules_to_not_convert
             .iter()
             .filter(|entry| !entry.is_empty())
-            .any(|entry| padded.contains(&format!(".{entry}.")))
+            .map(|entry| format!(".{entry}."))
+            .any(|entry| padded.iter().any(|name| name.contains(&entry)))
     }
 }
 
@@ -107,5 +117,14 @@ mod tests {
         );
         assert!(!listed
             .keeps_unconverted("model.language_model.layers.10.linear_attn.in_proj_a.weight"));
+        // ... and match the canonical names sources are asked for.
+        assert!(listed.keeps_unconverted("layers.0.linear_attn.in_proj_a.weight"));
+        assert!(!listed.keeps_unconverted("layers.10.linear_attn.in_proj_a.weight"));
+        let embed = Fp8Quantization {
+            block: FP8_BLOCK,
+            modules_to_not_convert: vec!["model.language_model.embed_tokens".into()],
+        };
+        assert!(embed.keeps_unconverted("embed_tokens.weight"));
+        assert!(!embed.keeps_unconverted("layers.0.mlp.gate_proj.weight"));
     }
 }
