@@ -5,8 +5,9 @@
 #   of 32k rows (--speculative-token-map; ids 0..32767, dummy weights); the cuBLAS GEMV floors
 #   of the 27B and 9B; the 27B FP8 decode and MTP with the FP8 draft; prefill of 2048 tokens (the
 #   27B's in FP8 too); batched decode steps; `serve` at concurrency 64 (27B, then 35B-A3B); a
-#   32k-token prompt's time to first token. llama.cpp (issue 12's 9B peer) needs its own call:
-#   scripts/llama_cpp_cuda_peer.sh.
+#   32k-token prompt's time to first token; last, the 35B-A3B as its FP8 checkpoint ships
+#   (examples/qwen3.6-35b-a3b-fp8: decode, MTP and `serve` c=64 with default flags). llama.cpp
+#   (issue 12's 9B peer) needs its own call: scripts/llama_cpp_cuda_peer.sh.
 #
 #   scripts/pack_device_binaries.sh                          # here, then on the GPU machine:
 #   DEADLINE=560 scripts/h200_targets.sh                     # results: $OUT/results.tgz, $OUT/summary.log
@@ -23,5 +24,6 @@ DEADLINE=${DEADLINE:-560} scripts/h200_call.sh "mtp:qwen3.6-35b-a3b+qwen3.6-27b+
   "fp8mtp:qwen3.6-27b::--speculative-draft-model-quantization fp8" \
   "sh:PREFILL=2048 DECODE=8 scripts/h200_decode_variants.sh /tmp/b/deltaserve /tmp/res/p 'qwen3.6-27b qwen3.6-35b-a3b' ''" \
   "sh:DELTASERVE_CUDA_FP8_WEIGHTS=1 ARGS='--quantization fp8' TAG=fp8 PREFILL=2048 DECODE=8 scripts/h200_decode_variants.sh /tmp/b/deltaserve /tmp/res/p qwen3.6-27b ''" \
-  batch:qwen3.6-27b+qwen3.6-35b-a3b: servebench:qwen3.6-27b:64 "sh:$long" servebench:qwen3.6-35b-a3b:64
+  batch:qwen3.6-27b+qwen3.6-35b-a3b: servebench:qwen3.6-27b:64 "sh:$long" servebench:qwen3.6-35b-a3b:64 \
+  "mtp:qwen3.6-35b-a3b-fp8:" servebench:qwen3.6-35b-a3b-fp8:64
 python3 scripts/targets_table.py /tmp/res | tee "$OUT/targets.md"
