@@ -4,6 +4,7 @@
 use crate::kv_cache_dtype::{resolve_kv_cache_dtype, KvCacheChoice};
 use crate::model_flags::{BackendKind, LoadFormat, Quantization};
 use crate::serve_flags::flag_values::KvCacheDtype;
+use crate::weight_format::fp8_scheme_at_load;
 use anyhow::{bail, Context, Result};
 use deltaserve_cuda::{CudaBackend, CudaOptions, GemmPrecision, NcclCommunicator};
 use deltaserve_model::config::ModelConfig;
@@ -111,15 +112,11 @@ pub fn open_source(args: &ModelSettings) -> Result<(ModelConfig, Box<dyn TensorS
                 .with_tied_embeddings(config.tie_word_embeddings),
         ),
     };
-    // A block-FP8 checkpoint is already what --quantization fp8 asks for: its weights are read
-    // as stored (quantizing its dequantized values again would change nothing but load time).
-    // Dummy weights for an FP8 checkpoint's config take that checkpoint's format, as its real
-    // weights would: generated, then quantized with the config's own scheme.
-    let scheme = match (args.load_format, &config.quantization, args.quantization) {
-        (LoadFormat::Dummy, Some(stated), _) => Some(stated.clone()),
-        (_, None, Some(Quantization::Fp8)) => Some(Fp8Quantization::qwen_default()),
-        _ => None,
-    };
+    let scheme = fp8_scheme_at_load(
+        args.load_format,
+        config.quantization.as_ref(),
+        args.quantization,
+    );
     let source = match scheme {
         Some(scheme) => Box::new(Fp8QuantizingSource::new(source, scheme)),
         None => source,

@@ -10,6 +10,7 @@ mod model_flags;
 mod serve_flags;
 mod spellings;
 mod watchdog;
+mod weight_format;
 
 use check_outcome::CheckOutcome;
 use clap::{Parser, Subcommand};

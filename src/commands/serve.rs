@@ -6,6 +6,7 @@ use crate::loading::{load_model, resolve_backend, with_model, AnyModel, ModelSet
 use crate::model_flags::BackendKind;
 use crate::serve_flags::chat_template_flag::load_chat_template;
 use crate::serve_flags::{ModelDtype, ServeArgs, SpeculativeConfig};
+use crate::weight_format::describe_weights;
 use anyhow::{Context, Result};
 use deltaserve_api::{AppState, EngineCapacity, HealthStatus, ModelIdentity};
 use deltaserve_doctor::canary::{judge, CanaryOutcome, CanarySpec};
@@ -163,6 +164,10 @@ fn print_summary(
         args.model_path().display(),
         config.architecture,
         config.num_hidden_layers
+    );
+    eprintln!(
+        "  weights          {}",
+        describe_weights(config, args.model.load_format, args.model.quantization)
     );
     eprintln!("  backend          {backend}");
     if dp.replicas > 1 {
