@@ -6,6 +6,7 @@ use super::bench_picks::is_greedy;
 use super::bench_runs::{measure, median, Measured, Phase, RunPlan};
 use crate::loading::{load_model, with_model};
 use crate::model_flags::ModelFlags;
+use crate::weight_format::describe_weights;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use deltaserve_engine::SamplingParams;
@@ -351,6 +352,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         "cpu_kernels": cpu_kernels,
         "kv_cache_dtype": kv_cache_dtype,
         "quantization": settings.quantization.map(|q| format!("{q:?}").to_lowercase()),
+        "weights": describe_weights(&config, settings.load_format, settings.quantization),
         "decode_sampling": (!is_greedy(&plan.sampling)).then(|| json!({
             "temperature": plan.sampling.temperature,
             "top_k": plan.sampling.top_k,
