@@ -57,11 +57,11 @@ impl Fp8Quantization {
     ///
     /// Released configs list checkpoint names (`model.language_model.layers.0.linear_attn.in_proj_a`)
     /// while sources are asked for canonical ones (`layers.0.linear_attn.in_proj_a.weight`), so a
-    /// canonical name is also matched under each checkpoint name it may be stored as.
+    /// name is matched as each checkpoint name it may be stored as (the name itself among them).
     pub fn keeps_unconverted(&self, tensor: &str) -> bool {
         let module = tensor.strip_suffix(".weight").unwrap_or(tensor);
-        let padded: Vec<String> = std::iter::once(module.to_string())
-            .chain(checkpoint_names(module))
+        let padded: Vec<String> = checkpoint_names(module)
+            .into_iter()
             .map(|name| format!(".{name}."))
             .collect();
         self.modules_to_not_convert
